@@ -1,0 +1,26 @@
+"""The interface between the agent and any retriever (in process or over HTTP)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One retrieved passage. `contents` is `title\\ntext` (wiki-18 format)."""
+
+    id: str
+    contents: str
+    score: float = 0.0
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Batched search: one call for all live trajectories of a turn.
+
+    `search(queries, top_n)` returns one list of at most `top_n` hits per query, best first.
+    Implementations may return an `error` attribute-free empty list for a failed query; the HTTP
+    client instead raises nothing and reports failures through `RetrievalError` hits (see client).
+    """
+
+    def search(self, queries: list[str], top_n: int) -> list[list[Hit]]: ...
