@@ -5,6 +5,9 @@ import dataclasses
 from typing import Protocol, runtime_checkable
 
 
+ERROR_HIT_ID = "__error__"
+
+
 @dataclasses.dataclass(frozen=True)
 class Hit:
     """One retrieved passage. `contents` is `title\\ntext` (wiki-18 format)."""
@@ -19,8 +22,9 @@ class Retriever(Protocol):
     """Batched search: one call for all live trajectories of a turn.
 
     `search(queries, top_n)` returns one list of at most `top_n` hits per query, best first.
-    Implementations may return an `error` attribute-free empty list for a failed query; the HTTP
-    client instead raises nothing and reports failures through `RetrievalError` hits (see client).
+    A retriever used in a rollout never raises because search failed: a failed query gets a
+    single `Hit(id=ERROR_HIT_ID, contents="<error message>")`, which the agent shows the model
+    as the observation.
     """
 
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]: ...

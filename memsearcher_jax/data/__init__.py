@@ -1,0 +1,1 @@
+"""memsearcher_jax.data"""
