@@ -1,0 +1,294 @@
+"""A synthetic closed world for proving the agent learns: people, cities, companies, countries.
+
+No QA data or Wikipedia can be downloaded here, so a tiny model is trained on a world of made-up
+entities whose facts live only in a passage corpus. Everything is templated and low-entropy, the
+names are unique made-up words (so BM25 finds an entity's passage from its name), and questions
+cannot be answered without retrieval:
+
+- 1-hop: "What year was Bolin born?" -> the fact sits in Bolin's passage.
+- 2-hop: "In which city was the founder of Zumatek born?" -> Zumatek's passage names the founder
+  (the intermediate entity), whose own passage holds the answer. The answer never appears in the
+  first passage, so both hops are needed.
+
+Split rule (no memorisation shortcut): entities are assigned to a train or held-out group. A
+question goes to `train` only if every entity whose fact it reads (subject, and intermediate for
+2-hop) is in the train group; otherwise to `heldout`. So every held-out question reads at least
+one fact that no training question ever uses, and the two splits share no question.
+
+Question rows: {"id", "question", "golden_answers", "hops", "gold_passage_ids" (one per hop,
+in hop order), "intermediate" ("" for 1-hop), "subject", "relation", "facts" (the supporting
+sentence of each hop), "queries" (a search query per hop that retrieves that hop's passage)}.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from typing import Any
+
+ONSETS = "bdfgklmnprstvz"
+VOWELS = "aeiou"
+CODAS = "nrsl"
+# Suffixes give each entity type a recognisable shape (helps a tiny model know what an answer
+# looks like) while names stay unique whole words for retrieval.
+SUFFIXES = {
+    "city": ("dor", "ton", "var"),
+    "company": ("tek", "corp", "lux"),
+    "country": ("nia", "via", "ria"),
+}
+OCCUPATIONS = ("painter", "farmer", "doctor", "teacher", "baker", "pilot", "sailor", "writer",
+               "singer", "lawyer")
+COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "white", "black", "pink", "grey")
+PRODUCTS = ("lamps", "boats", "shoes", "clocks", "bikes", "tables", "radios", "hats", "bells",
+            "kites")
+LANDMARKS = ("bridges", "markets", "towers", "gardens", "harbours", "castles", "fountains",
+             "museums")
+
+# One template per relation: (question, search query, supporting sentence). Placeholders:
+# {s} subject, {a} answer. The sentence template is also how the passage states the fact.
+ONE_HOP = {
+    "person": {
+        "born_year": ("What year was {s} born?", "{s} born year", "{s} was born in the year {a}."),
+        "born_in": ("In which city was {s} born?", "{s} born city", "{s} was born in the city of {a}."),
+        "works_for": ("Which company does {s} work for?", "{s} works for company", "{s} works for {a}."),
+        "occupation": ("What job does {s} have?", "{s} job", "{s} has the job of {a}."),
+        "colour": ("What is the favourite colour of {s}?", "{s} favourite colour",
+                   "The favourite colour of {s} is {a}."),
+    },
+    "city": {
+        "country": ("In which country is {s}?", "{s} city country", "{s} is a city in the country of {a}."),
+        "known_for": ("What is {s} known for?", "{s} known for", "{s} is known for its {a}."),
+    },
+    "company": {
+        "founder": ("Who founded {s}?", "{s} founded by", "{s} is a company founded by {a}."),
+        "founded_year": ("What year was {s} founded?", "{s} founded year", "{s} was founded in the year {a}."),
+        "based_in": ("In which city is {s} based?", "{s} based city", "{s} is based in the city of {a}."),
+        "product": ("What does {s} make?", "{s} makes", "{s} makes {a}."),
+    },
+}
+# Passage sentence order per type (fixed: lower entropy for a tiny model).
+PASSAGE_ORDER = {
+    "person": ("born_year", "born_in", "works_for", "occupation", "colour"),
+    "city": ("country", "known_for"),
+    "company": ("founder", "founded_year", "based_in", "product"),
+}
+# 2-hop: (subject type, bridge relation, second relation, question template).
+TWO_HOP = (
+    ("company", "founder", "born_in", "In which city was the founder of {s} born?"),
+    ("company", "founder", "born_year", "What year was the founder of {s} born?"),
+    ("company", "founder", "occupation", "What job does the founder of {s} have?"),
+    ("company", "based_in", "country", "In which country is {s} based?"),
+    ("person", "works_for", "founder", "Who founded the company that {s} works for?"),
+    ("person", "works_for", "based_in", "In which city is the company that {s} works for based?"),
+    ("person", "works_for", "product", "What does the company that {s} works for make?"),
+    ("person", "born_in", "country", "In which country was {s} born?"),
+    ("person", "born_in", "known_for", "What is the city where {s} was born known for?"),
+)
+# Answer aliases by the answer's entity type (SQuAD-normalised F1 picks the best one).
+ALIAS_SUFFIX = {"city": " city", "company": " company", "country": " country"}
+
+
+@dataclasses.dataclass
+class World:
+    """The generated world. `entities[name] = {"type": ..., relation: value, ...}`."""
+
+    seed: int
+    entities: dict[str, dict[str, Any]]
+    corpus: list[dict[str, str]]  # {"id", "contents": "title\ntext"}
+    train: list[dict[str, Any]]
+    heldout: list[dict[str, Any]]
+
+    def split(self, name: str) -> list[dict[str, Any]]:
+        if name not in ("train", "heldout"):
+            raise ValueError(f"unknown synthetic split {name!r}; expected 'train' or 'heldout'")
+        return self.train if name == "train" else self.heldout
+
+    def passage_by_id(self) -> dict[str, dict[str, str]]:
+        return {p["id"]: p for p in self.corpus}
+
+    def texts(self) -> list[str]:
+        """All text of the world (passages, questions, answers), e.g. for tokenizer training."""
+        out = [p["contents"] for p in self.corpus]
+        for row in self.train + self.heldout:
+            out.append(row["question"])
+            out.extend(row["golden_answers"])
+            out.extend(row["queries"])
+        return out
+
+
+def _make_name(rng: random.Random, kind: str, taken: set[str]) -> str:
+    for _ in range(10_000):
+        n_syll = 2
+        word = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) for _ in range(n_syll))
+        if kind == "person":
+            word += rng.choice(CODAS)
+        else:
+            word += rng.choice(SUFFIXES[kind])
+        name = word.capitalize()
+        if name.lower() not in taken:
+            taken.add(name.lower())
+            return name
+    raise RuntimeError(f"could not find a fresh {kind} name; the world is too large for the syllable set")
+
+
+def _template_words() -> set[str]:
+    words: set[str] = set()
+    texts = [t for rels in ONE_HOP.values() for tpl in rels.values() for t in tpl]
+    texts += [t[3] for t in TWO_HOP]
+    texts += list(OCCUPATIONS + COLOURS + PRODUCTS + LANDMARKS)
+    for t in texts:
+        for w in t.replace("?", " ").replace(".", " ").split():
+            if not w.startswith("{"):
+                words.add(w.lower())
+    return words
+
+
+def _aliases(value: str, value_type: str) -> list[str]:
+    if value_type in ALIAS_SUFFIX:
+        return [value, value + ALIAS_SUFFIX[value_type]]
+    return [value]
+
+
+# The entity type of each relation's value ("" for plain attribute values).
+VALUE_TYPE = {"born_in": "city", "works_for": "company", "founder": "person", "based_in": "city",
+              "country": "country"}
+
+
+def generate_world(
+    seed: int,
+    num_entities: int = 100,
+    num_countries: int = 6,
+    heldout_fraction: float = 0.15,
+) -> World:
+    """Build a world deterministically from `seed`.
+
+    num_entities people + cities + companies (60% / 15% / 25%, at least 2 each); countries are
+    answer-only entities. heldout_fraction: share of people/cities/companies in the held-out group.
+    """
+    if num_entities < 6:
+        raise ValueError(f"num_entities={num_entities}: need at least 6 (2 people, 2 cities, 2 companies)")
+    rng = random.Random(seed)
+    n_city = max(2, round(0.15 * num_entities))
+    n_company = max(2, round(0.25 * num_entities))
+    n_person = max(n_company, num_entities - n_city - n_company)  # every company needs a founder
+    taken = _template_words()
+    countries = [_make_name(rng, "country", taken) for _ in range(num_countries)]
+    cities = [_make_name(rng, "city", taken) for _ in range(n_city)]
+    companies = [_make_name(rng, "company", taken) for _ in range(n_company)]
+    people = [_make_name(rng, "person", taken) for _ in range(n_person)]
+
+    ent: dict[str, dict[str, Any]] = {}
+    for c in countries:
+        ent[c] = {"type": "country"}
+    for c in cities:
+        ent[c] = {"type": "city", "country": rng.choice(countries), "known_for": rng.choice(LANDMARKS)}
+    for p in people:
+        ent[p] = {"type": "person", "born_year": str(rng.randint(1900, 1979)), "born_in": rng.choice(cities),
+                  "works_for": rng.choice(companies), "occupation": rng.choice(OCCUPATIONS),
+                  "colour": rng.choice(COLOURS)}
+    founders = rng.sample(people, n_company)
+    for y, f in zip(companies, founders):
+        ent[y] = {"type": "company", "founder": f,
+                  "founded_year": str(int(ent[f]["born_year"]) + rng.randint(20, 40)),
+                  "based_in": rng.choice(cities), "product": rng.choice(PRODUCTS)}
+
+    # One passage per non-country entity; ids are strings like the wiki-18 corpus.
+    corpus: list[dict[str, str]] = []
+    pid: dict[str, str] = {}
+    for name in cities + companies + people:
+        e = ent[name]
+        sents = [ONE_HOP[e["type"]][rel][2].format(s=name, a=e[rel]) for rel in PASSAGE_ORDER[e["type"]]]
+        pid[name] = str(len(corpus))
+        corpus.append({"id": pid[name], "contents": name + "\n" + " ".join(sents)})
+
+    heldout_group = set()
+    for group in (people, cities, companies):
+        k = max(1, round(heldout_fraction * len(group))) if heldout_fraction > 0 else 0
+        heldout_group.update(rng.sample(group, k))
+
+    rows: list[tuple[bool, dict[str, Any]]] = []
+    for name in people + cities + companies:
+        e = ent[name]
+        for rel, (q, query, sent) in ONE_HOP[e["type"]].items():
+            rows.append((name in heldout_group, {
+                "question": q.format(s=name), "golden_answers": _aliases(e[rel], VALUE_TYPE.get(rel, "")),
+                "hops": 1, "gold_passage_ids": [pid[name]], "intermediate": "", "subject": name,
+                "relation": rel, "facts": [sent.format(s=name, a=e[rel])], "queries": [query.format(s=name)],
+            }))
+    for stype, bridge, rel2, qtpl in TWO_HOP:
+        for name in (people if stype == "person" else companies):
+            mid = ent[name][bridge]
+            mtype = ent[mid]["type"]
+            answer = ent[mid][rel2]
+            question = qtpl.format(s=name)
+            first_passage = corpus[int(pid[name])]["contents"]
+            # Skip chains that leak: answer in the question, or already in the first passage.
+            if answer.lower() in question.lower() or answer.lower() in first_passage.lower():
+                continue
+            rows.append((name in heldout_group or mid in heldout_group, {
+                "question": question, "golden_answers": _aliases(answer, VALUE_TYPE.get(rel2, "")),
+                "hops": 2, "gold_passage_ids": [pid[name], pid[mid]], "intermediate": mid, "subject": name,
+                "relation": f"{bridge}/{rel2}",
+                "facts": [ONE_HOP[stype][bridge][2].format(s=name, a=mid),
+                          ONE_HOP[mtype][rel2][2].format(s=mid, a=answer)],
+                "queries": [ONE_HOP[stype][bridge][1].format(s=name), ONE_HOP[mtype][rel2][1].format(s=mid)],
+            }))
+
+    train, heldout = [], []
+    for is_heldout, row in rows:
+        split = heldout if is_heldout else train
+        row["id"] = f"{'heldout' if is_heldout else 'train'}-{len(split)}"
+        split.append(row)
+    # Shuffle within splits so 1-hop and 2-hop questions interleave; ids keep generation order.
+    rng.shuffle(train)
+    rng.shuffle(heldout)
+    return World(seed=seed, entities=ent, corpus=corpus, train=train, heldout=heldout)
+
+
+def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not a JSON object per line ({e})") from e
+    return rows
+
+
+WORLD_FILES = ("corpus.jsonl", "train.jsonl", "heldout.jsonl", "entities.json")
+
+
+def save_world(world: World, out_dir: str) -> dict[str, str]:
+    """Write corpus.jsonl, train.jsonl, heldout.jsonl and entities.json; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {f.split(".")[0]: os.path.join(out_dir, f) for f in WORLD_FILES}
+    _write_jsonl(paths["corpus"], world.corpus)
+    _write_jsonl(paths["train"], world.train)
+    _write_jsonl(paths["heldout"], world.heldout)
+    with open(paths["entities"], "w", encoding="utf-8") as f:
+        json.dump({"seed": world.seed, "entities": world.entities}, f, indent=1, sort_keys=True)
+    return paths
+
+
+def load_world(world_dir: str) -> World:
+    """Read a world written by `save_world`."""
+    missing = [f for f in WORLD_FILES if not os.path.isfile(os.path.join(world_dir, f))]
+    if missing:
+        raise FileNotFoundError(
+            f"{world_dir}: missing {missing}; a synthetic world directory holds {list(WORLD_FILES)} "
+            "(write one with memsearcher_jax.data.synthetic.save_world)")
+    with open(os.path.join(world_dir, "entities.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    return World(seed=meta["seed"], entities=meta["entities"],
+                 corpus=_read_jsonl(os.path.join(world_dir, "corpus.jsonl")),
+                 train=_read_jsonl(os.path.join(world_dir, "train.jsonl")),
+                 heldout=_read_jsonl(os.path.join(world_dir, "heldout.jsonl")))

@@ -1,0 +1,132 @@
+"""The synthetic world: deterministic, leak-free splits, answers grounded in gold passages."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from memsearcher_jax.data.synthetic import World, generate_world, load_world, save_world
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return generate_world(seed=0)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def test_same_seed_same_world_and_different_seed_differs(world):
+    again = generate_world(seed=0)
+    assert again.corpus == world.corpus and again.train == world.train and again.heldout == world.heldout
+    other = generate_world(seed=1)
+    assert other.corpus != world.corpus
+    assert {r["question"] for r in other.train} != {r["question"] for r in world.train}
+
+
+def test_sizes_follow_num_entities():
+    small = generate_world(seed=3, num_entities=20)
+    big = generate_world(seed=3, num_entities=200)
+    assert len(small.corpus) == 20 and len(big.corpus) == 200
+    assert len(big.train) > 5 * len(small.train) / 2
+
+
+def test_splits_disjoint_and_both_hops_present(world):
+    train_q = [r["question"] for r in world.train]
+    held_q = [r["question"] for r in world.heldout]
+    assert len(set(train_q)) == len(train_q) and len(set(held_q)) == len(held_q)
+    assert not set(train_q) & set(held_q)
+    ids = [r["id"] for r in world.train + world.heldout]
+    assert len(set(ids)) == len(ids)
+    for split in (world.train, world.heldout):
+        assert {r["hops"] for r in split} == {1, 2}
+
+
+def test_heldout_reads_a_fact_no_training_question_reads(world):
+    # A fact = (entity, relation). Training questions must never read a held-out question's
+    # unseen fact, so held-out accuracy measures retrieval, not memorisation.
+    def facts(row):
+        rels = row["relation"].split("/")
+        ents = [row["subject"]] + ([row["intermediate"]] if row["hops"] == 2 else [])
+        return set(zip(ents, rels))
+
+    seen = set().union(*(facts(r) for r in world.train))
+    for row in world.heldout:
+        assert facts(row) - seen, row["question"]
+    # And the held-out 2-hop chains are not chains used in training.
+    train_chains = {(r["subject"], r["intermediate"]) for r in world.train if r["hops"] == 2}
+    held_chains = {(r["subject"], r["intermediate"]) for r in world.heldout if r["hops"] == 2}
+    assert not train_chains & held_chains
+
+
+def test_questions_normalised(world):
+    for row in world.train + world.heldout:
+        q = row["question"]
+        assert q == q.strip() and q.endswith("?")
+        assert row["golden_answers"] and all(isinstance(a, str) and a for a in row["golden_answers"])
+
+
+def test_gold_answer_appears_in_its_gold_passage(world):
+    passages = world.passage_by_id()
+    for row in world.train + world.heldout:
+        last = passages[row["gold_passage_ids"][-1]]["contents"]
+        assert row["golden_answers"][0] in _words(last) or row["golden_answers"][0] in last
+        assert row["facts"][-1] in last  # the supporting sentence is verbatim in the passage
+        for fact, pid in zip(row["facts"], row["gold_passage_ids"]):
+            assert fact in passages[pid]["contents"]
+
+
+def test_two_hop_facts_in_two_different_passages(world):
+    passages = world.passage_by_id()
+    two_hop = [r for r in world.train + world.heldout if r["hops"] == 2]
+    assert len(two_hop) > 50
+    for row in two_hop:
+        first, second = row["gold_passage_ids"]
+        assert first != second
+        p1, p2 = passages[first]["contents"], passages[second]["contents"]
+        # Hop 1 names the intermediate entity; only hop 2 holds the answer.
+        assert row["intermediate"] in _words(p1) or row["intermediate"] in p1
+        assert row["golden_answers"][0].lower() not in p1.lower()
+        assert p2.split("\n")[0] == row["intermediate"]  # hop 2 is the intermediate's own passage
+        assert row["golden_answers"][0].lower() not in row["question"].lower()
+
+
+def test_corpus_layout(world):
+    for p in world.corpus:
+        assert set(p) == {"id", "contents"}
+        title, text = p["contents"].split("\n", 1)
+        assert title and text.startswith(title)
+    # Titles (entity names) are unique, so a name query has one right passage.
+    titles = [p["contents"].split("\n")[0] for p in world.corpus]
+    assert len(set(titles)) == len(titles)
+
+
+def test_bm25_finds_each_hop_passage_from_its_query(world):
+    bm25s = pytest.importorskip("bm25s")
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([p["contents"] for p in world.corpus], show_progress=False),
+                    show_progress=False)
+    queries, gold = [], []
+    for row in world.train + world.heldout:
+        for q, pid in zip(row["queries"], row["gold_passage_ids"]):
+            queries.append(q)
+            gold.append(int(pid))
+    top, _ = retriever.retrieve(bm25s.tokenize(queries, show_progress=False), k=1, show_progress=False)
+    assert np.mean(top[:, 0] == np.array(gold)) == 1.0
+
+
+def test_save_and_load_round_trip(world, tmp_path):
+    paths = save_world(world, str(tmp_path))
+    for key in ("corpus", "train", "heldout"):
+        with open(paths[key]) as f:
+            first = json.loads(f.readline())
+        assert "id" in first
+    loaded = load_world(str(tmp_path))
+    assert loaded == world
+
+
+def test_load_world_names_missing_files(tmp_path):
+    (tmp_path / "corpus.jsonl").write_text('{"id": "0", "contents": "A\\nA."}\n')
+    with pytest.raises(FileNotFoundError, match=r"train\.jsonl.*synthetic world directory"):
+        load_world(str(tmp_path))
