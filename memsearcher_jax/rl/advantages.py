@@ -1,0 +1,96 @@
+"""Group-relative advantages (SPEC §2), host-side NumPy.
+
+A group is the G trajectories sampled for one question. Each trajectory has one scalar
+reward; its advantage is the group-normalised reward, and every conversation (row) of the
+trajectory gets that same scalar on every loss-masked token: no per-turn baseline, no discount.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _as_1d(name: str, x) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    return a
+
+
+def group_advantages(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
+    """A_i = (R_i - mean_g) / (std_g + eps), with the unbiased (N-1) std of i's group.
+
+    rewards: [N] floats; group_ids: [N] any hashable labels (ints, strings).
+    A group of one has mean 0 and std 1 (so A = R / (1 + eps)); equal rewards give 0.
+    Returns [N] float32. Computed in float64.
+    """
+    r = _as_1d("rewards", rewards).astype(np.float64)
+    g = _as_1d("group_ids", group_ids)
+    if r.shape != g.shape:
+        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"rewards must be finite, got {r[~np.isfinite(r)][:5]}")
+    if r.size == 0:
+        return np.zeros(0, np.float32)
+    _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    sums = np.bincount(inv, weights=r)
+    means = sums / counts
+    sq = np.bincount(inv, weights=(r - means[inv]) ** 2)
+    # Unbiased std; a singleton group uses mean 0, std 1 (the recipe's convention).
+    std = np.sqrt(sq / np.maximum(counts - 1, 1))
+    single = counts == 1
+    means = np.where(single, 0.0, means)
+    std = np.where(single, 1.0, std)
+    return ((r - means[inv]) / (std[inv] + eps)).astype(np.float32)
+
+
+def broadcast_to_rows(traj_advantages, row_traj_ids, traj_ids=None) -> np.ndarray:
+    """Give every row (conversation) its trajectory's advantage.
+
+    traj_advantages: [N]; row_traj_ids: [R].
+    With `traj_ids` None, row_traj_ids are positions 0..N-1 into traj_advantages; otherwise
+    traj_ids [N] labels traj_advantages and row_traj_ids holds those labels.
+    Returns [R] float32.
+    """
+    adv = _as_1d("traj_advantages", traj_advantages)
+    rows = _as_1d("row_traj_ids", row_traj_ids)
+    if traj_ids is None:
+        if rows.size and (not np.issubdtype(rows.dtype, np.integer) or rows.min() < 0 or rows.max() >= adv.size):
+            raise ValueError(
+                f"row_traj_ids must be integer positions in [0, {adv.size}) when traj_ids is None, "
+                f"got dtype {rows.dtype} range [{rows.min()}, {rows.max()}]"
+            )
+        return adv[rows.astype(np.int64)].astype(np.float32)
+    labels = _as_1d("traj_ids", traj_ids)
+    if labels.shape != adv.shape:
+        raise ValueError(f"traj_ids {labels.shape} must match traj_advantages {adv.shape}")
+    index = {lab: i for i, lab in enumerate(labels.tolist())}
+    if len(index) != labels.size:
+        raise ValueError("traj_ids must be unique")
+    missing = [t for t in rows.tolist() if t not in index]
+    if missing:
+        raise ValueError(f"row_traj_ids has ids not in traj_ids: {missing[:5]}")
+    return adv[np.array([index[t] for t in rows.tolist()], np.int64)].astype(np.float32)
+
+
+def zero_variance_fraction(rewards, group_ids) -> float:
+    """Fraction of groups with >= 2 members whose rewards are all equal (they carry no signal).
+
+    Singleton groups are left out (their advantage is R, not 0). 0.0 if no such group exists.
+    """
+    r = _as_1d("rewards", rewards).astype(np.float64)
+    g = _as_1d("group_ids", group_ids)
+    if r.shape != g.shape:
+        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    if r.size == 0:
+        return 0.0
+    _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    lo = np.full(counts.size, np.inf)
+    hi = np.full(counts.size, -np.inf)
+    np.minimum.at(lo, inv, r)
+    np.maximum.at(hi, inv, r)
+    multi = counts >= 2
+    if not multi.any():
+        return 0.0
+    return float(np.mean(lo[multi] == hi[multi]))
