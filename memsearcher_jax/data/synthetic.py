@@ -107,6 +107,14 @@ class World:
     def passage_by_id(self) -> dict[str, dict[str, str]]:
         return {p["id"]: p for p in self.corpus}
 
+    def name_pieces(self) -> dict[str, list[str]]:
+        """Each made-up name split into its syllables ("Gebin" -> ["Ge", "bin"]).
+
+        The tokenizer learns names only as these shared pieces, so a held-out name is a sequence
+        of tokens the model has produced in training, not a never-seen whole-name token.
+        """
+        return {name: split_name(name) for name in self.entities}
+
     def texts(self) -> list[str]:
         """All text of the world (passages, questions, answers), e.g. for tokenizer training."""
         out = [p["contents"] for p in self.corpus]
@@ -130,6 +138,11 @@ def _make_name(rng: random.Random, kind: str, taken: set[str]) -> str:
             taken.add(name.lower())
             return name
     raise RuntimeError(f"could not find a fresh {kind} name; the world is too large for the syllable set")
+
+
+def split_name(name: str) -> list[str]:
+    # Names are CV CV + (coda | suffix): person "Gebin" -> Ge|bin, others "Lopaton" -> Lo|pa|ton.
+    return [name[:2], name[2:]] if len(name) == 5 else [name[:2], name[2:4], name[4:]]
 
 
 def _template_words() -> set[str]:
