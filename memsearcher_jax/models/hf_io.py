@@ -1,0 +1,323 @@
+"""Hugging Face import and export for Qwen2, driven by ONE key table.
+
+`from_pretrained(path)` streams tensors straight from memory-mapped safetensors onto their
+`NamedSharding`s: each device's shard is read by `jax.make_array_from_callback`, so a 14B
+model never needs a full host copy (at most one layer tensor at a time is materialised).
+`save_pretrained(model, path)` writes the same table back out, so a round trip is exact.
+
+Everything that can be wrong with a checkpoint (unsupported model_type, missing or unexpected
+keys, wrong shapes, corrupt or truncated files) is checked from the headers first, and the
+error names the key or file, before any array is created or anything compiled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+from memsearcher_jax.models.config import ModelConfig
+from memsearcher_jax.models.qwen2 import Qwen2
+from memsearcher_jax.models.safetensors_io import SafetensorsError, TensorDirectory, save_file
+from memsearcher_jax.models.sharding import ShardingConfig, fit_spec, param_spec
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+
+
+class CheckpointError(ValueError):
+    """A Hugging Face checkpoint does not match what the model expects."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRule:
+    """One row of the key table.
+
+    hf: HF key, with `{i}` for the layer index when `stacked`.
+    ours: our parameter name (state path joined by ".").
+    to_ours / to_hf: per-tensor layout changes (for stacked params, one layer's slice).
+    """
+
+    hf: str
+    ours: str
+    to_ours: Callable[[np.ndarray, ModelConfig], np.ndarray]
+    to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
+    stacked: bool = True
+    tied_only: bool | None = None  # None: always; False: only when untied
+
+
+def _same(w, c):
+    return w
+
+
+def _t(w, c):
+    return w.T
+
+
+def _heads_in(n_attr):  # [N*Dh, D] -> [D, N, Dh]
+    return lambda w, c: w.T.reshape(c.hidden_size, getattr(c, n_attr), c.head_dim)
+
+
+def _heads_in_inv(w, c):  # [D, N, Dh] -> [N*Dh, D]
+    return w.reshape(w.shape[0], -1).T
+
+
+def _bias_in(n_attr):  # [N*Dh] -> [N, Dh]
+    return lambda w, c: w.reshape(getattr(c, n_attr), c.head_dim)
+
+
+def _bias_inv(w, c):
+    return w.reshape(-1)
+
+
+def _o_in(w, c):  # [D, H*Dh] -> [H, Dh, D]
+    return w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)
+
+
+def _o_inv(w, c):  # [H, Dh, D] -> [D, H*Dh]
+    return w.reshape(-1, w.shape[-1]).T
+
+
+_L = "model.layers.{i}."
+KEY_TABLE: tuple[KeyRule, ...] = (
+    KeyRule("model.embed_tokens.weight", "embed", _same, _same, stacked=False),
+    KeyRule("model.norm.weight", "final_norm", _same, _same, stacked=False),
+    KeyRule("lm_head.weight", "lm_head", _t, _t, stacked=False, tied_only=False),
+    KeyRule(_L + "input_layernorm.weight", "layers.attn_norm", _same, _same),
+    KeyRule(_L + "post_attention_layernorm.weight", "layers.mlp_norm", _same, _same),
+    KeyRule(_L + "self_attn.q_proj.weight", "layers.q_kernel", _heads_in("num_heads"), _heads_in_inv),
+    KeyRule(_L + "self_attn.q_proj.bias", "layers.q_bias", _bias_in("num_heads"), _bias_inv),
+    KeyRule(_L + "self_attn.k_proj.weight", "layers.k_kernel", _heads_in("num_kv_heads"), _heads_in_inv),
+    KeyRule(_L + "self_attn.k_proj.bias", "layers.k_bias", _bias_in("num_kv_heads"), _bias_inv),
+    KeyRule(_L + "self_attn.v_proj.weight", "layers.v_kernel", _heads_in("num_kv_heads"), _heads_in_inv),
+    KeyRule(_L + "self_attn.v_proj.bias", "layers.v_bias", _bias_in("num_kv_heads"), _bias_inv),
+    KeyRule(_L + "self_attn.o_proj.weight", "layers.o_kernel", _o_in, _o_inv),
+    KeyRule(_L + "mlp.gate_proj.weight", "layers.gate_kernel", _t, _t),
+    KeyRule(_L + "mlp.up_proj.weight", "layers.up_kernel", _t, _t),
+    KeyRule(_L + "mlp.down_proj.weight", "layers.down_kernel", _t, _t),
+)
+
+
+def active_rules(cfg: ModelConfig) -> list[KeyRule]:
+    return [r for r in KEY_TABLE if r.tied_only is None or r.tied_only == cfg.tie_word_embeddings]
+
+
+def hf_shape(rule: KeyRule, cfg: ModelConfig) -> tuple[int, ...]:
+    """The HF tensor shape a rule expects (for one layer if stacked)."""
+    D, F, H, K, Dh, V = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                         cfg.head_dim, cfg.vocab_size)
+    return {
+        "embed": (V, D), "final_norm": (D,), "lm_head": (V, D), "layers.attn_norm": (D,),
+        "layers.mlp_norm": (D,), "layers.q_kernel": (H * Dh, D), "layers.q_bias": (H * Dh,),
+        "layers.k_kernel": (K * Dh, D), "layers.k_bias": (K * Dh,), "layers.v_kernel": (K * Dh, D),
+        "layers.v_bias": (K * Dh,), "layers.o_kernel": (D, H * Dh), "layers.gate_kernel": (F, D),
+        "layers.up_kernel": (F, D), "layers.down_kernel": (D, F),
+    }[rule.ours]
+
+
+def expected_hf_keys(cfg: ModelConfig) -> dict[str, tuple[KeyRule, int | None]]:
+    out = {}
+    for rule in active_rules(cfg):
+        if rule.stacked:
+            for i in range(cfg.num_layers):
+                out[rule.hf.format(i=i)] = (rule, i)
+        else:
+            out[rule.hf] = (rule, None)
+    return out
+
+
+def check_checkpoint(tensors: TensorDirectory, cfg: ModelConfig) -> None:
+    """Validate key set and shapes from the headers alone; raise CheckpointError naming the problem."""
+    expected = expected_hf_keys(cfg)
+    present = set(tensors.keys())
+    # Tied checkpoints sometimes also store lm_head.weight (equal to the embedding); accept it.
+    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    ignorable |= {k for k in present if k.endswith("rotary_emb.inv_freq")}
+    missing = sorted(set(expected) - present)
+    unexpected = sorted(present - set(expected) - ignorable)
+    if missing:
+        raise CheckpointError(f"{tensors.model_dir}: missing keys {missing[:10]}"
+                              + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else ""))
+    if unexpected:
+        raise CheckpointError(f"{tensors.model_dir}: unexpected keys {unexpected[:10]}"
+                              + (f" (+{len(unexpected) - 10} more)" if len(unexpected) > 10 else ""))
+    for key, (rule, _) in expected.items():
+        want = hf_shape(rule, cfg)
+        got = tensors.shape(key)
+        if tuple(got) != want:
+            raise CheckpointError(f"{tensors.file_of(key)}: key {key!r} has shape {tuple(got)}, expected {want}")
+
+
+def our_shape(rule: KeyRule, cfg: ModelConfig) -> tuple[int, ...]:
+    one = tuple(rule.to_ours(np.empty(hf_shape(rule, cfg), np.float32), cfg).shape)
+    return (cfg.num_layers,) + one if rule.stacked else one
+
+
+def _param_sharding(name: str, shape, mesh: Mesh | None, sharding: ShardingConfig):
+    if mesh is None:
+        return SingleDeviceSharding(jax.devices()[0])
+    return NamedSharding(mesh, fit_spec(shape, param_spec(name, len(shape), sharding), mesh))
+
+
+def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
+                    mesh: Mesh | None = None, sharding: ShardingConfig | None = None,
+                    **config_overrides) -> Qwen2:
+    """Load a local Hugging Face Qwen2 directory into a (sharded) Qwen2 module.
+
+    dtype: compute dtype; param_dtype: storage dtype (defaults to `dtype`).
+    mesh/sharding: place each parameter on `NamedSharding(mesh, spec)`; without a mesh the
+    model lives on the first device. Extra keyword arguments override ModelConfig fields
+    (e.g. scan_layers=True).
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory not found: {path}")
+    cfg = ModelConfig.from_hf_config(path, dtype=dtype, param_dtype=param_dtype or dtype, **config_overrides)
+    try:
+        tensors = TensorDirectory(path)
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from e
+    check_checkpoint(tensors, cfg)
+    sharding = sharding or ShardingConfig.training()
+    np_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
+    rules = {r.ours: r for r in active_rules(cfg)}
+
+    def load(rule: KeyRule) -> jax.Array:
+        shape = our_shape(rule, cfg)
+        last: dict = {}
+
+        def layer_tensor(i):
+            key = rule.hf.format(i=i) if rule.stacked else rule.hf
+            if key not in last:  # consecutive devices usually ask for the same layer
+                last.clear()
+                last[key] = np.asarray(rule.to_ours(tensors.get(key), cfg)).astype(np_dtype)
+            return last[key]
+
+        def callback(index):
+            if not rule.stacked:
+                return layer_tensor(None)[index]
+            layers = range(cfg.num_layers)[index[0]]
+            return np.stack([layer_tensor(i)[index[1:]] for i in layers])
+
+        return jax.make_array_from_callback(shape, _param_sharding(rule.ours, shape, mesh, sharding), callback)
+
+    abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0), mesh=mesh, sharding=sharding))
+    graphdef, state = nnx.split(abstract)
+    flat = nnx.to_flat_state(state)
+    for path_key, var in flat:
+        name = ".".join(str(p) for p in path_key)
+        if name not in rules:
+            raise CheckpointError(f"no key-table rule for parameter {name!r}")
+        var.set_value(load(rules[name]))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def param_dict(model: Qwen2) -> dict[str, jax.Array]:
+    """{"layers.q_kernel": array, ...} for every parameter of the model."""
+    return {".".join(str(p) for p in k): v.get_value() for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def shard_model(model: Qwen2, mesh: Mesh, sharding: ShardingConfig) -> Qwen2:
+    """Place every parameter on its NamedSharding and return a model that constrains activations."""
+    graphdef, state = nnx.split(model)
+    flat = nnx.to_flat_state(state)
+    for k, var in flat:
+        name = ".".join(str(p) for p in k)
+        value = var.get_value()
+        var.set_value(jax.device_put(value, _param_sharding(name, value.shape, mesh, sharding)))
+    new = nnx.merge(graphdef, nnx.from_flat_state(flat))
+    new.mesh = mesh
+    new.sharding = sharding
+    return new
+
+
+def hf_state_dict(model: Qwen2):
+    """Yield (hf_key, numpy array) pairs, one tensor at a time, in the checkpoint dtype."""
+    cfg = model.config
+    params = param_dict(model)
+    for rule in active_rules(cfg):
+        arr = params[rule.ours]
+        if rule.stacked:
+            for i in range(cfg.num_layers):
+                yield rule.hf.format(i=i), np.asarray(rule.to_hf(np.asarray(jax.device_get(arr[i])), cfg))
+        else:
+            yield rule.hf, np.asarray(rule.to_hf(np.asarray(jax.device_get(arr)), cfg))
+
+
+def save_pretrained(model: Qwen2, path: str | os.PathLike, *, tokenizer_dir: str | None = None,
+                    max_shard_bytes: int = 5 * 1024 ** 3, dtype: str | None = None) -> str:
+    """Write a Hugging Face model directory: config.json, generation_config.json,
+    model.safetensors (or shards + model.safetensors.index.json), and tokenizer files.
+
+    dtype: tensor dtype to store (defaults to the model's param_dtype).
+    The directory is assembled under a temporary name and renamed into place.
+    """
+    path = os.fspath(path)
+    cfg = model.config
+    out_dtype = dtype or cfg.param_dtype
+    np_dtype = np.dtype(jnp.dtype(out_dtype))
+    tmp = path.rstrip("/") + ".tmp-export"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    sizes = [0]
+    total = 0
+    weight_map: dict[str, int] = {}
+    shard_files: list[str] = []
+
+    def flush_index():  # write the full shard and release its host memory
+        idx = len(shard_files)
+        name = f"model-{idx + 1:05d}.safetensors"
+        save_file(shards[-1], os.path.join(tmp, name), metadata={"format": "pt"})
+        shard_files.append(name)
+        shards[-1] = {}
+        sizes[-1] = 0
+
+    for key, arr in hf_state_dict(model):
+        arr = arr.astype(np_dtype)
+        if sizes[-1] and sizes[-1] + arr.nbytes > max_shard_bytes:
+            flush_index()
+        shards[-1][key] = arr
+        sizes[-1] += arr.nbytes
+        total += arr.nbytes
+        weight_map[key] = len(shard_files)
+    if not shard_files:
+        save_file(shards[-1], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        if shards[-1]:
+            flush_index()
+        n = len(shard_files)
+        final_names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        for old, new in zip(shard_files, final_names):
+            os.replace(os.path.join(tmp, old), os.path.join(tmp, new))
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {k: final_names[v] for k, v in sorted(weight_map.items())}}
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=2)
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg.to_hf_config(torch_dtype=out_dtype), f, indent=2)
+    with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+                   "pad_token_id": cfg.bos_token_id, "do_sample": True, "temperature": 1.0,
+                   "top_p": 1.0}, f, indent=2)
+    if tokenizer_dir is not None:
+        copied = 0
+        for name in TOKENIZER_FILES:
+            src = os.path.join(tokenizer_dir, name)
+            if os.path.exists(src):
+                shutil.copy2(src, os.path.join(tmp, name))
+                copied += 1
+        if not copied:
+            raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {tokenizer_dir}")
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
+

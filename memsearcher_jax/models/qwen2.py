@@ -1,0 +1,235 @@
+"""Qwen2 / Qwen2.5 decoder as a Flax NNX module.
+
+Layer parameters are stacked along a leading [L] axis, so the same parameter layout
+serves a Python loop over layers and `lax.scan` (`ModelConfig.scan_layers`), and the
+Hugging Face key table maps `model.layers.{i}.*` onto slice i of one array.
+
+Two entry points:
+- `model(input_ids, positions=None, attention_mask=None) -> logits [B, T, V]` for
+  training and scoring padded batches (left or right padding, causal + padding mask);
+- `model.forward_cached(...)` for the sampler: writes K/V for a chunk of tokens into a
+  preallocated cache at `write_index` and attends over the cache's valid slots.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from memsearcher_jax.models.config import ModelConfig
+from memsearcher_jax.models.sharding import ShardingConfig, constrain
+
+_NEG = -1e30  # finite "minus infinity": a fully masked (padding) query row stays finite
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys and values, stacked: k, v [L, B, S, K, Dh]."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, cast back to x's dtype before the scale (as transformers does)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """positions [B, T] -> cos, sin [B, T, 1, Dh] in float32 (half-rotation layout)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, N, Dh]; rotate-half convention of the Hugging Face Qwen2 port."""
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention.
+
+    q [B, T, H, Dh], k/v [B, S, K, Dh], mask [B, T, S] (True = may attend) -> [B, T, H, Dh].
+    Scores and softmax in float32.
+    """
+    b, t, h, d = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, h // kh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+def _init(rngs: nnx.Rngs, shape, dtype, std=0.02):
+    return std * jax.random.normal(rngs.params(), shape, dtype=jnp.float32).astype(dtype)
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers' parameters, stacked along a leading [L] axis."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        L, D, F, H, K, Dh = (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                             cfg.num_kv_heads, cfg.head_dim)
+        pd = jnp.dtype(cfg.param_dtype)
+        self.attn_norm = nnx.Param(jnp.ones((L, D), pd))
+        self.q_kernel = nnx.Param(_init(rngs, (L, D, H, Dh), pd))
+        self.q_bias = nnx.Param(jnp.zeros((L, H, Dh), pd))
+        self.k_kernel = nnx.Param(_init(rngs, (L, D, K, Dh), pd))
+        self.k_bias = nnx.Param(jnp.zeros((L, K, Dh), pd))
+        self.v_kernel = nnx.Param(_init(rngs, (L, D, K, Dh), pd))
+        self.v_bias = nnx.Param(jnp.zeros((L, K, Dh), pd))
+        self.o_kernel = nnx.Param(_init(rngs, (L, H, Dh, D), pd))
+        self.mlp_norm = nnx.Param(jnp.ones((L, D), pd))
+        self.gate_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
+        self.up_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
+        self.down_kernel = nnx.Param(_init(rngs, (L, F, D), pd))
+
+    PARAM_NAMES = ("attn_norm", "q_kernel", "q_bias", "k_kernel", "k_bias", "v_kernel", "v_bias",
+                   "o_kernel", "mlp_norm", "gate_kernel", "up_kernel", "down_kernel")
+
+    def stacked(self) -> dict[str, jax.Array]:
+        return {n: getattr(self, n)[...] for n in self.PARAM_NAMES}
+
+
+class Qwen2(nnx.Module):
+    """Qwen2.5 causal LM. `model(input_ids)` -> logits [B, T, V] (float32)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None,
+                 mesh: Mesh | None = None, sharding: ShardingConfig | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = config
+        self.mesh = mesh
+        self.sharding = sharding or ShardingConfig.training()
+        pd = jnp.dtype(config.param_dtype)
+        self.embed = nnx.Param(_init(rngs, (config.vocab_size, config.hidden_size), pd))
+        self.layers = DecoderLayers(config, rngs=rngs)
+        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), pd))
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(_init(rngs, (config.hidden_size, config.vocab_size), pd))
+
+    # ----- one layer, a pure function of its (sliced) parameters -----
+    def _layer(self, p: dict, x: jax.Array, cos, sin, mask, kv_in=None, write_index=None):
+        cfg, sh, mesh = self.config, self.sharding, self.mesh
+        dt = jnp.dtype(cfg.dtype)
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt)) + p["q_bias"].astype(dt)
+        k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt)) + p["k_bias"].astype(dt)
+        v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt)) + p["v_bias"].astype(dt)
+        q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
+        k = apply_rope(k, cos, sin)
+        kv_out = None
+        if kv_in is not None:
+            ck, cv = kv_in  # [B, S, K, Dh]
+            ck = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), write_index, axis=1)
+            cv = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), write_index, axis=1)
+            kv_out = (ck, cv)
+            k, v = ck.astype(dt), cv.astype(dt)
+        attn = attention(q, k, v, mask)
+        attn = constrain(attn, sh.act_bthd, mesh)
+        x = x + constrain(jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), sh.act_btd, mesh)
+        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+        gate = jnp.einsum("btd,df->btf", h, p["gate_kernel"].astype(dt))
+        up = jnp.einsum("btd,df->btf", h, p["up_kernel"].astype(dt))
+        act = constrain(jax.nn.silu(gate) * up, sh.act_btf, mesh)
+        x = x + constrain(jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), sh.act_btd, mesh)
+        return x, kv_out
+
+    def _run_layers(self, x, cos, sin, mask, cache: KVCache | None, write_index):
+        params = self.layers.stacked()
+        layer = self._layer
+        if self.config.remat:
+            layer = jax.checkpoint(layer)
+        if self.config.scan_layers:
+            def body(carry, xs):
+                p, kv = xs
+                y, kv_out = layer(p, carry, cos, sin, mask, kv, write_index)
+                return y, kv_out
+            kv_xs = (cache.k, cache.v) if cache is not None else None
+            x, kv_ys = jax.lax.scan(body, x, (params, kv_xs))
+            new_cache = KVCache(*kv_ys) if cache is not None else None
+            return x, new_cache
+        new_k, new_v = [], []
+        for i in range(self.config.num_layers):
+            p = {n: a[i] for n, a in params.items()}
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x, kv_out = layer(p, x, cos, sin, mask, kv, write_index)
+            if kv_out is not None:
+                new_k.append(kv_out[0])
+                new_v.append(kv_out[1])
+        new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v)) if cache is not None else None
+        return x, new_cache
+
+    def _embed(self, input_ids):
+        x = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.dtype(self.config.dtype))
+        return constrain(x, self.sharding.act_btd, self.mesh)
+
+    def logits_from_hidden(self, h: jax.Array) -> jax.Array:
+        """Final hidden [B, T, D] (already normed) -> float32 logits [B, T, V]."""
+        dt = jnp.dtype(self.config.dtype)
+        if self.config.tie_word_embeddings:
+            logits = jnp.einsum("btd,vd->btv", h, self.embed[...].astype(dt), preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("btd,dv->btv", h, self.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
+        return constrain(logits, self.sharding.logits_btv, self.mesh)
+
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                      attention_mask: jax.Array | None = None) -> jax.Array:
+        """input_ids [B, T] -> final-normed hidden states [B, T, D]."""
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), dtype=bool)
+        attention_mask = attention_mask.astype(bool)
+        if positions is None:
+            # Count real tokens so left padding gives positions 0.. on the real tokens.
+            positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        mask = causal[None] & attention_mask[:, None, :]
+        x = self._embed(input_ids)
+        x, _ = self._run_layers(x, cos, sin, mask, None, None)
+        return rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None) -> jax.Array:
+        """input_ids int32 [B, T] -> logits float32 [B, T, V].
+
+        attention_mask [B, T] marks real tokens (1) and padding (0); positions default to
+        the running count of real tokens, so left padding leaves real-token logits unchanged.
+        """
+        return self.logits_from_hidden(self.hidden_states(input_ids, positions, attention_mask))
+
+    def forward_cached(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
+                       kv_valid: jax.Array, write_index: jax.Array) -> tuple[jax.Array, KVCache]:
+        """One chunk through the model with a KV cache.
+
+        input_ids, positions [B, T]; cache k/v [L, B, S, K, Dh]; kv_valid [B, S] marks the
+        slots holding real tokens AFTER this chunk is written at slots
+        [write_index, write_index + T). A query at slot s attends to valid slots <= s.
+        Returns float32 logits [B, T, V] and the updated cache.
+        """
+        t = input_ids.shape[1]
+        s = cache.k.shape[2]
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        q_slot = write_index + jnp.arange(t)
+        mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
+        x = self._embed(input_ids)
+        x, cache = self._run_layers(x, cos, sin, mask, cache, write_index)
+        h = rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
+        return self.logits_from_hidden(h), cache
+
+    def init_cache(self, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
+        cfg = self.config
+        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
