@@ -1,0 +1,56 @@
+"""prepare_world: builds once, reuses after, never leaves a half-written entry."""
+import json
+import os
+
+import pytest
+
+from memsearcher_jax.data import world_cache
+from memsearcher_jax.data.synthetic import load_world
+
+
+def test_build_then_reuse(tmp_path, monkeypatch):
+    paths = world_cache.prepare_world(str(tmp_path), seed=2, num_entities=30, extra_texts=["You are an agent."])
+    world = load_world(paths.world_dir)
+    assert len(world.corpus) == 30
+    with open(paths.stats) as f:
+        stats = json.load(f)
+    assert stats["passages"] == 30 and stats["train_questions"] == len(world.train) > 0
+    assert 0 < stats["mean_question_tokens"] < stats["mean_passage_tokens"]
+    assert os.path.isfile(os.path.join(paths.tokenizer_dir, "tokenizer_config.json"))
+
+    def boom(*a, **k):
+        raise AssertionError("rebuilt a cached world")
+
+    monkeypatch.setattr(world_cache, "_build", boom)
+    again = world_cache.prepare_world(str(tmp_path), seed=2, num_entities=30, extra_texts=["You are an agent."])
+    assert again == paths
+    # Other arguments are other entries (and would need a build).
+    with pytest.raises(AssertionError, match="rebuilt"):
+        world_cache.prepare_world(str(tmp_path), seed=2, num_entities=30, extra_texts=["Other prompt."])
+    assert [d for d in os.listdir(tmp_path) if d.startswith(".tmp-")] == []
+
+
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    def fail(*a, **k):
+        raise RuntimeError("tokenizer crashed")
+
+    monkeypatch.setattr(world_cache, "train_tokenizer", fail)
+    with pytest.raises(RuntimeError, match="tokenizer crashed"):
+        world_cache.prepare_world(str(tmp_path), seed=1, num_entities=20)
+    assert os.listdir(tmp_path) == []
+
+
+def test_lost_race_uses_winner(tmp_path, monkeypatch):
+    # Another writer finishes first: our rename fails, and the winner's entry is used.
+    real_build = world_cache._build
+
+    def build_and_lose(tmp, *args):
+        real_build(tmp, *args)
+        final = os.path.join(str(tmp_path), world_cache.cache_key(*args))
+        real_build(final + ".w", *args)
+        os.rename(final + ".w", final)
+
+    monkeypatch.setattr(world_cache, "_build", build_and_lose)
+    paths = world_cache.prepare_world(str(tmp_path), seed=4, num_entities=20)
+    assert load_world(paths.world_dir).seed == 4
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(paths.root)]
