@@ -20,8 +20,9 @@ Concurrency: handlers never search on the event loop. They enqueue their queries
 `SearchBatcher`, whose single worker thread merges whatever requests are waiting into one
 `retriever.search` call (one encoder forward + one FAISS search) and resolves their futures.
 """
-from __future__ import annotations
 
+# No `from __future__ import annotations`: FastAPI must see the request models defined in
+# create_app as real classes, not strings it cannot resolve in that local scope.
 import asyncio
 import concurrent.futures
 import dataclasses
