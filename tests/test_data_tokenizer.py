@@ -43,6 +43,8 @@ def test_autotokenizer_special_ids(tok):
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     assert tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     assert tok.pad_token_id != tok.eos_token_id
+    # Like Qwen: no BOS or other tokens are added around encoded text.
+    assert tok("What year?")["input_ids"] == tok.encode("What year?", add_special_tokens=False)
     ids = set()
     for t in SPECIAL_TOKENS + AGENT_TAGS:
         enc = tok.encode(t, add_special_tokens=False)
