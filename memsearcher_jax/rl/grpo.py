@@ -1,0 +1,310 @@
+"""Multi-context GRPO: from trajectories to one optimizer update. START HERE for the RL step.
+
+    trajectories --rewards--> R_i --group_advantages--> A_i --broadcast--> every conversation row
+    rows --pack--> [R, S] token arrays --trainer log-probs--> old / ref log-probs
+    rows --shuffle, split into `optimizer_steps` mini-batches--> for each mini-batch:
+        aggregation weights over the mini-batch (exact global token mean by default)
+        --micro-batches under lax.scan, gradients summed--> / denominator --AdamW--> params
+
+Everything numeric is a pure function of arrays; `GRPOLearner` only holds the jitted programs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from memsearcher_jax.agent.rollout import Trajectory
+from memsearcher_jax.models.sharding import BATCH
+from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
+from memsearcher_jax.rl.losses import LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, weighted_loss_sum
+from memsearcher_jax.rl.reward import RewardResult, compute_reward
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    learning_rate: float = 1e-6
+    b1: float = 0.9
+    b2: float = 0.999
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """AdamW with a constant learning rate (no warm-up) after global-norm clipping."""
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                       optax.adamw(cfg.learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+
+
+# ----------------------------------------------------------------------------- rows
+
+@dataclasses.dataclass
+class RowBatch:
+    """Packed conversation rows, right-padded. All arrays numpy, [R, S] unless noted.
+
+    tokens: prompt + response ids; attention: 1 on real tokens; loss_mask: 1 on generated
+    response tokens (position j holds token j, predicted from positions < j);
+    sampler_logp: the sampler's log-prob of token j (0 elsewhere); advantages, traj_ids,
+    group_ids, turns, is_final: [R].
+    """
+
+    tokens: np.ndarray
+    attention: np.ndarray
+    loss_mask: np.ndarray
+    sampler_logp: np.ndarray
+    advantages: np.ndarray
+    traj_ids: np.ndarray
+    group_ids: np.ndarray
+    turns: np.ndarray
+    is_final: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    def take(self, idx: np.ndarray) -> "RowBatch":
+        return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
+
+
+def bucket(n: int, minimum: int) -> int:
+    """Smallest power of two >= max(n, minimum): bounds the number of compiled shapes."""
+    return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+def score_trajectories(trajs: Sequence[Trajectory]) -> list[RewardResult]:
+    """SPEC §3 reward on each trajectory's final conversation."""
+    return [compute_reward(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
+
+
+def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: int,
+              min_len: int = 64, max_len: int | None = None) -> RowBatch:
+    """One row per conversation; every conversation of trajectory i carries A_i."""
+    convs = [c for t in trajs for c in t.conversations]
+    lengths = [len(c.prompt_ids) + len(c.response_ids) for c in convs]
+    s = bucket(max(lengths), min_len)
+    if max_len is not None and max(lengths) > max_len:
+        raise ValueError(f"a conversation has {max(lengths)} tokens, over the trainer's max_len {max_len}")
+    if max_len is not None:
+        s = min(s, max_len)
+    r = len(convs)
+    tokens = np.full((r, s), pad_id, np.int32)
+    attention = np.zeros((r, s), np.int32)
+    loss_mask = np.zeros((r, s), np.float32)
+    sampler_logp = np.zeros((r, s), np.float32)
+    for i, c in enumerate(convs):
+        p, n = len(c.prompt_ids), len(c.response_ids)
+        tokens[i, :p + n] = c.prompt_ids + c.response_ids
+        attention[i, :p + n] = 1
+        loss_mask[i, p:p + n] = c.loss_mask
+        sampler_logp[i, p:p + n] = c.sampler_logprobs
+    traj_ids = np.array([c.traj_id for c in convs], np.int64)
+    ordered_ids = np.array([t.traj_id for t in trajs], np.int64)
+    adv = broadcast_to_rows(traj_advantages, traj_ids, ordered_ids).astype(np.float32)
+    return RowBatch(tokens=tokens, attention=attention, loss_mask=loss_mask, sampler_logp=sampler_logp,
+                    advantages=adv, traj_ids=traj_ids,
+                    group_ids=np.array([c.group_id for c in convs], np.int64),
+                    turns=np.array([c.turn for c in convs], np.int64),
+                    is_final=np.array([c.is_final for c in convs], bool))
+
+
+def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> np.ndarray:
+    return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
+
+
+# ----------------------------------------------------------------------------- pure math
+
+def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array):
+    """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
+
+    logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
+    entropy of the distribution that predicted token j. Softmax in float32.
+    """
+    logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
+    logp = tgt - logz
+    probs = jax.nn.softmax(logits, axis=-1)
+    entropy = logz - jnp.sum(probs * logits, axis=-1)
+    pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+
+
+def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig):
+    """sum(weights * per-token loss) for one micro-batch, plus masked metric sums."""
+    model = nnx.merge(graphdef, params)
+    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"])
+    loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg)
+    aux = dict(aux, entropy=entropy, trainer_logp=logp)
+    sums = masked_aux_sums({k: aux[k] for k in ("ratio", "is_clipped", "is_dual_clipped", "kl", "pg_loss", "entropy")},
+                           mb["loss_mask"])
+    return weighted_loss_sum(loss, mb["weights"]), sums
+
+
+def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossConfig):
+    """Sum of per-micro-batch gradients (and loss/metric sums) under lax.scan.
+
+    micro_batches: dict of [M, mb, ...] arrays. Because each micro-batch's loss is a plain
+    weighted SUM, the accumulated gradient equals the gradient of the whole mini-batch.
+    """
+    grad_fn = jax.value_and_grad(micro_batch_loss, has_aux=True)
+
+    def body(carry, mb):
+        g_acc, l_acc, s_acc = carry
+        (loss, sums), g = grad_fn(params, graphdef, mb, loss_cfg)
+        g_acc = jax.tree.map(jnp.add, g_acc, g)
+        s_acc = {k: (jnp.maximum(s_acc[k], v) if k == "ratio_max" else jnp.minimum(s_acc[k], v) if k == "ratio_min"
+                     else s_acc[k] + v) for k, v in sums.items()}
+        return (g_acc, l_acc + loss, s_acc), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    init_sums = {k: jnp.zeros((), jnp.float32) for k in ("ratio", "is_clipped", "is_dual_clipped", "kl", "pg_loss",
+                                                          "entropy", "n_tokens")}
+    init_sums["ratio_max"] = jnp.array(-jnp.inf, jnp.float32)
+    init_sums["ratio_min"] = jnp.array(jnp.inf, jnp.float32)
+    (grads, loss_sum, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32), init_sums), micro_batches)
+    return grads, loss_sum, sums
+
+
+def apply_update(params, opt_state, grads, tx: optax.GradientTransformation):
+    """One optimizer step; a step with non-finite gradients leaves params and state unchanged."""
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+    updates, new_opt = tx.update(safe, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    return keep(new_params, params), keep(new_opt, opt_state), grad_norm, jnp.logical_not(finite)
+
+
+# ----------------------------------------------------------------------------- learner
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    optimizer_steps: int = 2           # mini-batches (optimizer steps) per training step, fixed
+    micro_batch_size: int = 8          # rows per micro-batch (gradient accumulation unit)
+    logprob_batch_size: int = 16       # rows per forward when recomputing old/ref log-probs
+    shuffle_rows: bool = True          # the recipe does not shuffle; we do (SPEC §2)
+    min_seq_len: int = 64              # smallest sequence-length bucket
+    max_seq_len: int = 32768
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+
+
+class GRPOLearner:
+    """Holds params, the frozen reference, the optimizer state, and the jitted programs."""
+
+    def __init__(self, model, config: GRPOConfig, mesh: Mesh | None = None):
+        self.config = config
+        self.mesh = mesh
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.params = params
+        # The reference is the initial weights, frozen: a separate copy of the arrays.
+        self.ref_params = jax.tree.map(lambda x: x.copy(), params)
+        self.tx = make_optimizer(config.optim)
+        self.opt_state = self.tx.init(params)
+        self.skipped_steps = 0
+        graphdef, loss_cfg, tx = self.graphdef, config.loss, self.tx
+
+        @jax.jit
+        def logprobs(params, tokens, attention):
+            return token_logprobs_and_entropy(nnx.merge(graphdef, params), tokens, attention)[0]
+
+        @jax.jit
+        def update(params, opt_state, micro_batches, denominator):
+            grads, loss_sum, sums = accumulate_gradients(params, graphdef, micro_batches, loss_cfg)
+            grads = jax.tree.map(lambda g: g / denominator, grads)
+            params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx)
+            return params, opt_state, loss_sum / denominator, gnorm, skipped, sums
+
+        self._logprobs = logprobs
+        self._update = update
+
+    def model(self):
+        return nnx.merge(self.graphdef, self.params)
+
+    def _put(self, x: np.ndarray, batch_axis: int):
+        if self.mesh is None or self.mesh.size == 1:
+            return jnp.asarray(x)
+        spec = [None] * x.ndim
+        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if x.shape[batch_axis] % n == 0:
+            spec[batch_axis] = BATCH
+        return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
+
+    def compute_logprobs(self, params, rows: RowBatch) -> np.ndarray:
+        """Trainer log-probs [R, S] of exactly the sampled ids, in fixed-size chunks."""
+        bs = self.config.logprob_batch_size
+        out = []
+        for i in range(0, rows.num_rows, bs):
+            tok, att = rows.tokens[i:i + bs], rows.attention[i:i + bs]
+            n = tok.shape[0]
+            if n < bs:  # pad the last chunk so one program serves every chunk
+                tok = np.concatenate([tok, np.zeros((bs - n, tok.shape[1]), tok.dtype)])
+                att = np.concatenate([att, np.zeros((bs - n, att.shape[1]), att.dtype)])
+            lp = self._logprobs(params, self._put(tok, 0), self._put(att, 0))
+            out.append(np.asarray(lp)[:n])
+        return np.concatenate(out)
+
+    def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
+        """Old/ref log-probs, then `optimizer_steps` updates over shuffled mini-batches."""
+        cfg = self.config
+        old_logp = self.compute_logprobs(self.params, rows)
+        ref_logp = self.compute_logprobs(self.ref_params, rows)
+        order = rng.permutation(rows.num_rows) if cfg.shuffle_rows else np.arange(rows.num_rows)
+        chunks = np.array_split(order, cfg.optimizer_steps)
+        metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0}
+        totals: dict[str, float] = {}
+        ratio_max, ratio_min = -np.inf, np.inf
+        mask = rows.loss_mask
+        gap = np.abs(rows.sampler_logp - old_logp)[mask > 0]
+        for idx in chunks:
+            mbs = cfg.micro_batch_size
+            n_micro = bucket(max(1, math.ceil(len(idx) / mbs)), 1)
+            micro_ids = np.arange(len(idx)) // mbs
+            weights, denom = aggregation_weights(cfg.loss.aggregation, mask[idx], rows.traj_ids[idx], micro_ids,
+                                                 max(1, math.ceil(len(idx) / mbs)))
+            total_rows = n_micro * mbs
+            pad = total_rows - len(idx)
+
+            def stack(a, fill=0):
+                a = np.concatenate([a, np.full((pad,) + a.shape[1:], fill, a.dtype)]) if pad else a
+                return a.reshape((n_micro, mbs) + a.shape[1:])
+
+            micro = {
+                "tokens": stack(rows.tokens[idx]), "attention": stack(rows.attention[idx]),
+                "loss_mask": stack(mask[idx]), "weights": stack(weights), "advantages": stack(rows.advantages[idx]),
+                "old_logp": stack(old_logp[idx]), "ref_logp": stack(ref_logp[idx]),
+            }
+            micro = {k: self._put(v, 1) for k, v in micro.items()}
+            self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(
+                self.params, self.opt_state, micro, jnp.float32(denom))
+            skipped = bool(skipped)
+            self.skipped_steps += int(skipped)
+            metrics["skipped"] += int(skipped)
+            metrics["loss"] += float(loss) / len(chunks)
+            metrics["grad_norm"] = max(metrics["grad_norm"], float(gnorm))
+            for k, v in sums.items():
+                if k == "ratio_max":
+                    ratio_max = max(ratio_max, float(v))
+                elif k == "ratio_min":
+                    ratio_min = min(ratio_min, float(v))
+                else:
+                    totals[k] = totals.get(k, 0.0) + float(v)
+        n = max(totals.get("n_tokens", 0.0), 1.0)
+        metrics.update({
+            "clip_fraction": totals.get("is_clipped", 0.0) / n,
+            "dual_clip_fraction": totals.get("is_dual_clipped", 0.0) / n,
+            "approx_kl": totals.get("kl", 0.0) / n,
+            "entropy": totals.get("entropy", 0.0) / n,
+            "ratio_max": ratio_max, "ratio_min": ratio_min,
+            "logprob_gap_max": float(gap.max()) if gap.size else 0.0,
+            "trained_tokens": int(mask.sum()),
+        })
+        return metrics
