@@ -1,0 +1,149 @@
+"""`memsearcher-jax index` and `memsearcher-jax serve-retriever`.
+
+`register(subparsers)` adds both subcommands to an argparse subparsers object; each sets
+`func(args) -> int`. `python -m retrieval.cli ...` runs them standalone.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from retrieval.index import INDEX_TYPES, MANIFEST, IndexConfig
+
+_INDEX_EPILOG = """examples:
+  # exact inner-product index with e5 (the paper's setup)
+  memsearcher-jax index --corpus wiki-18.jsonl --encoder ./e5-base-v2 --out indexes/wiki18-e5
+  # approximate index for corpora that do not fit exact search
+  memsearcher-jax index --corpus wiki-18.jsonl --encoder ./e5-base-v2 --out idx --index-type ivf_pq \\
+      --nlist 65536 --pq-m 64 --nprobe 64
+  # no encoder: BM25
+  memsearcher-jax index --corpus wiki-18.jsonl --out indexes/wiki18-bm25 --index-type bm25
+
+corpus format: one JSON object per line, {"id": "...", "contents": "title\\ntext"}."""
+
+_SERVE_EPILOG = """endpoints:
+  POST /search        {"query": str, "top_n": 10, "return_score": false}
+  POST /batch_search  {"query": [str, ...], "top_n": 10, "return_score": false}
+  POST /retrieve      {"queries": [str, ...], "topk": 3, "return_scores": false}   (Search-R1)
+  GET  /health"""
+
+
+def register(subparsers) -> None:
+    defaults = IndexConfig()
+    p = subparsers.add_parser(
+        "index", help="build a dense (FAISS) or BM25 index directory from a jsonl corpus",
+        description="Stream a jsonl corpus into a saved index directory (manifest.json + index + doc store).",
+        epilog=_INDEX_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True, help="jsonl corpus, one {\"id\", \"contents\"} object per line")
+    p.add_argument("--out", required=True, help="output directory (created; must not already hold an index)")
+    p.add_argument("--encoder", help="local Hugging Face BERT directory (required unless --index-type bm25)")
+    p.add_argument("--index-type", default="flat", choices=(*INDEX_TYPES, "bm25"),
+                   help="flat = exact IndexFlatIP (default); ivf_flat / ivf_pq / hnsw approximate; bm25 needs no encoder")
+    p.add_argument("--convention", default="auto", choices=("auto", "e5", "sentence-transformers"),
+                   help="e5: 'query: '/'passage: ' prefixes + mean pooling; sentence-transformers: mean pooling")
+    p.add_argument("--max-length", type=int, help="token limit per passage (default from the convention)")
+    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default 64)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="encoder compute dtype")
+    p.add_argument("--chunk-size", type=int, default=8192, help="passages read and encoded per chunk")
+    p.add_argument("--nlist", type=int, default=defaults.nlist, help="IVF cells")
+    p.add_argument("--nprobe", type=int, default=defaults.nprobe, help="IVF cells searched per query")
+    p.add_argument("--pq-m", type=int, default=defaults.pq_m, help="PQ sub-quantizers (must divide the dimension)")
+    p.add_argument("--pq-nbits", type=int, default=defaults.pq_nbits, help="bits per PQ code")
+    p.add_argument("--hnsw-m", type=int, default=defaults.hnsw_m, help="HNSW neighbours per node")
+    p.add_argument("--ef-construction", type=int, default=defaults.ef_construction, help="HNSW build beam")
+    p.add_argument("--ef-search", type=int, default=defaults.ef_search, help="HNSW search beam")
+    p.add_argument("--train-size", type=int, default=defaults.train_size, help="vectors used to train IVF/PQ")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip (and count) corpus lines that are not JSON or lack 'contents' instead of stopping")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_index)
+
+    s = subparsers.add_parser(
+        "serve-retriever", help="serve an index directory over HTTP (MemSearcher and Search-R1 APIs)",
+        description="Serve a saved index over HTTP; compatible with MemSearcher/FlashRAG and Search-R1 clients.",
+        epilog=_SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--index", required=True, help="directory written by `memsearcher-jax index`")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--encoder", help="override the encoder directory recorded in the manifest")
+    s.add_argument("--nprobe", type=int, help="override IVF nprobe at query time")
+    s.add_argument("--ef-search", type=int, help="override HNSW efSearch at query time")
+    s.add_argument("--max-query-chars", type=int, default=4096, help="longer queries get 413")
+    s.add_argument("--max-batch", type=int, default=512, help="larger batches get 413")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    s.set_defaults(func=run_serve)
+
+
+def run_index(args) -> int:
+    from retrieval.corpus import CorpusFormatError, ReadStats, read_corpus
+
+    if not os.path.isfile(args.corpus):
+        print(f"error: corpus file {args.corpus!r} not found", file=sys.stderr)
+        return 2
+    if os.path.exists(os.path.join(args.out, MANIFEST)) and not args.overwrite:
+        print(f"error: {args.out!r} already holds an index; pass --overwrite to replace it", file=sys.stderr)
+        return 2
+    stats = ReadStats()
+    passages = read_corpus(args.corpus, skip_bad=args.skip_bad_lines, stats=stats)
+    try:
+        if args.index_type == "bm25":
+            from retrieval.bm25 import build_bm25_index
+
+            count = build_bm25_index(passages, args.out)
+            desc = "bm25"
+        else:
+            if not args.encoder:
+                print("error: --encoder DIR is required for dense index types (or use --index-type bm25)",
+                      file=sys.stderr)
+                return 2
+            from retrieval.dense import build_dense_index
+            from retrieval.encoder import DenseEncoder
+
+            cfg = IndexConfig(type=args.index_type, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
+                              pq_nbits=args.pq_nbits, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                              ef_search=args.ef_search, train_size=args.train_size)
+            encoder = DenseEncoder.from_pretrained(args.encoder, args.convention, max_length=args.max_length,
+                                                   batch_size=args.batch_size, dtype=args.dtype)
+            count = build_dense_index(passages, encoder, args.out, cfg, chunk_size=args.chunk_size,
+                                      progress=not args.no_progress)
+            desc = f"{args.index_type} ({encoder.config.name}, dim {encoder.dim})"
+    except (CorpusFormatError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    skipped = f", skipped {stats.skipped} bad line(s)" if stats.skipped else ""
+    print(f"indexed {count} passages into {args.out} [{desc}]{skipped}")
+    for msg in stats.first_errors:
+        print(f"  skipped: {msg}", file=sys.stderr)
+    return 0
+
+
+def run_serve(args) -> int:
+    from retrieval.index import read_manifest
+    from retrieval.loading import load_retriever
+    from retrieval.server import ServerLimits, serve
+
+    try:
+        manifest = read_manifest(args.index)
+        retriever = load_retriever(args.index, encoder_dir=args.encoder, nprobe=args.nprobe,
+                                   ef_search=args.ef_search)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    limits = ServerLimits(max_query_chars=args.max_query_chars, max_batch=args.max_batch)
+    kind = f"{manifest['kind']}:{manifest['index_type']}"
+    print(f"serving {manifest['count']} passages ({kind}) on http://{args.host}:{args.port}", flush=True)
+    serve(retriever, host=args.host, port=args.port, limits=limits, log_level=args.log_level, kind=kind)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m retrieval.cli", description="memsearcher-jax retrieval tools")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

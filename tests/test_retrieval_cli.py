@@ -1,0 +1,109 @@
+"""`index` and `serve-retriever` subcommands, run as the user would."""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from memsearcher_jax.assets import minilm_encoder_dir
+from retrieval.cli import main, register
+from retrieval.index import read_manifest
+from retrieval.loading import load_retriever
+from retrieval.synthetic import generate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    passages, queries, gold = generate(60, seed=5)
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in passages), encoding="utf-8")
+    return str(path), queries, gold
+
+
+def test_register_adds_both_subcommands_with_funcs():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="cmd"))
+    a = parser.parse_args(["index", "--corpus", "c.jsonl", "--out", "o", "--index-type", "hnsw"])
+    b = parser.parse_args(["serve-retriever", "--index", "o"])
+    assert callable(a.func) and callable(b.func) and a.func is not b.func
+    assert (a.index_type, b.host, b.port) == ("hnsw", "127.0.0.1", 8000)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["index", "--corpus", "c", "--out", "o", "--index-type", "annoy"])
+
+
+def test_help_mentions_formats(capsys):
+    with pytest.raises(SystemExit):
+        main(["index", "--help"])
+    out = capsys.readouterr().out
+    assert "--index-type" in out and "title\\ntext" in out and "bm25" in out
+    with pytest.raises(SystemExit):
+        main(["serve-retriever", "--help"])
+    out = capsys.readouterr().out
+    assert "/retrieve" in out and "127.0.0.1" in out
+
+
+def test_index_dense_flat_then_search(corpus, tmp_path, capsys):
+    path, queries, gold = corpus
+    out = str(tmp_path / "dense")
+    rc = main(["index", "--corpus", path, "--encoder", minilm_encoder_dir(), "--out", out, "--no-progress"])
+    assert rc == 0 and "indexed 60 passages" in capsys.readouterr().out
+    m = read_manifest(out)
+    assert (m["kind"], m["index_type"], m["count"], m["dim"]) == ("dense", "flat", 60, 384)
+    r = load_retriever(out)
+    hits = r.search(queries[:10], 5)
+    assert sum(g in [h.id for h in hs] for hs, g in zip(hits, gold)) >= 9
+    # A second run into the same directory refuses rather than silently overwriting.
+    assert main(["index", "--corpus", path, "--encoder", minilm_encoder_dir(), "--out", out]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_index_requires_encoder_for_dense(corpus, tmp_path, capsys):
+    assert main(["index", "--corpus", corpus[0], "--out", str(tmp_path / "x")]) == 2
+    assert "--encoder DIR is required" in capsys.readouterr().err
+
+
+def test_bad_corpus_line_named_or_skipped(corpus, tmp_path, capsys):
+    path = corpus[0]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"id": "bad", "title": "no contents"}\n')
+    assert main(["index", "--corpus", path, "--out", str(tmp_path / "a"), "--index-type", "bm25"]) == 1
+    assert "corpus line 61: missing string field 'contents'" in capsys.readouterr().err
+    assert main(["index", "--corpus", path, "--out", str(tmp_path / "b"), "--index-type", "bm25",
+                 "--skip-bad-lines"]) == 0
+    cap = capsys.readouterr()
+    assert "indexed 60 passages" in cap.out and "skipped 1 bad line(s)" in cap.out and "line 61" in cap.err
+
+
+def test_serve_retriever_subprocess(corpus, tmp_path):
+    path, queries, _ = corpus
+    out = str(tmp_path / "bm25")
+    assert main(["index", "--corpus", path, "--out", out, "--index-type", "bm25"]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve-retriever", "--index", out,
+                             "--port", str(port), "--log-level", "warning"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url, health = f"http://127.0.0.1:{port}", None
+        for _ in range(150):  # up to ~30 s for the interpreter to import and bind
+            try:
+                health = httpx.get(url + "/health", timeout=1).json()
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.2)
+        assert health == {"status": "ok", "kind": "bm25:bm25", "count": 60}
+        r = httpx.post(url + "/retrieve", json={"queries": queries[:2], "topk": 2, "return_scores": True})
+        assert r.status_code == 200 and [len(x) for x in r.json()["result"]] == [2, 2]
+    finally:
+        proc.terminate()
+        proc.wait(10)
