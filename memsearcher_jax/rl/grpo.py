@@ -174,7 +174,7 @@ def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossCo
 
 def apply_update(params, opt_state, grads, tx: optax.GradientTransformation):
     """One optimizer step; a step with non-finite gradients leaves params and state unchanged."""
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
     safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
     updates, new_opt = tx.update(safe, opt_state, params)

@@ -1,0 +1,55 @@
+"""The MemSearcher recipe: Qwen2.5-3B-Instruct, B=256, G=5, 5 turns, 512 tokens per call,
+memory 1024, temperature 1.0, top-p 0.99, lr 1e-6, 2 optimizer steps of 128 questions each.
+
+Needs accelerators (see the README's scale-out page); it cannot run on a CPU.
+    memsearcher-jax train --config configs/memsearcher_qwen2_5_3b.py \
+        --config.model.source=/path/to/Qwen2.5-3B-Instruct --config.data.train_path=/data/nq_hotpotqa_train \
+        --config.retrieval.kind=http --config.retrieval.url=http://127.0.0.1:8000
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import default  # noqa: E402
+
+
+def get_config():
+    c = default.get_config()
+    c.model.source = "Qwen2.5-3B-Instruct"  # a local Hugging Face directory
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.model.scan_layers = True
+    c.model.remat = True
+    c.world.enabled = False
+    c.data.train_path = "data/nq_hotpotqa_train"
+    c.data.eval_path = "data"
+    c.retrieval.kind = "http"
+    c.retrieval.url = "http://127.0.0.1:8000"
+    c.agent.max_turns = 5
+    c.agent.eval_max_turns = 20
+    c.agent.max_new_tokens = 512
+    c.agent.memory_budget = 1024
+    c.agent.max_response_tokens = 8192
+    c.agent.max_context_tokens = 16384
+    c.agent.default_top_n = 5
+    c.agent.max_top_n = 10
+    c.agent.temperature = 1.0
+    c.agent.top_p = 0.99
+    c.sampler.cache_dtype = "bfloat16"
+    c.sft.steps = 0
+    c.rl.batch_questions = 256
+    c.rl.group_size = 5
+    c.rl.optimizer_steps = 2
+    c.rl.micro_batch_size = 8
+    c.rl.logprob_batch_size = 32
+    c.rl.min_seq_len = 1024
+    c.optim.learning_rate = 1e-6
+    c.train.steps = 1000
+    c.train.output_dir = "runs/memsearcher_qwen2_5_3b"
+    c.train.save_every = 20
+    c.train.keep = 3
+    c.train.eval_questions = 0
+    c.mesh.data = 1
+    c.mesh.fsdp = 4
+    c.mesh.tp = 2
+    return c

@@ -1,0 +1,194 @@
+"""Multi-context GRPO: rows from the turn loop, loss masks, exact gradient accumulation, the update."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from memsearcher_jax.agent.prompts import PromptBuilder
+from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
+from memsearcher_jax.models import ModelConfig, Qwen2
+from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, accumulate_gradients, pack_rows,
+                                     score_trajectories, trajectory_advantages)
+from memsearcher_jax.rl.losses import LossConfig, aggregation_weights
+from retrieval.base import Hit
+
+
+@dataclasses.dataclass
+class Out:
+    tokens: list
+    logprobs: list
+    finish_reason: str
+
+
+class ScriptedSampler:
+    """Replies from a script keyed on (question, phase, memory): no model, exact token streams."""
+
+    def __init__(self, tok, builder, searches_before_answer: dict[str, int]):
+        self.tok, self.b, self.plan = tok, builder, searches_before_answer
+        self.emitted: list[list[int]] = []
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed):
+        outs = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            q = text.split("<question> ")[-1].split(" </question>")[0]
+            memory = text.split("</question>\n<memory> ")[1].split("</memory>")[0]
+            done = memory.count("fact")
+            if p[-1] == self.b.think_id:  # act
+                if done >= self.plan[q]:
+                    body = "ok</think>\n\\boxed{Paris}"
+                else:
+                    body = 'go</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "q%d"}}</tool_call>' % done
+            else:  # memory update
+                body = "<memory>" + " ".join(["fact"] * (done + 1)) + "</memory>"
+            ids = self.tok.encode(body, add_special_tokens=False) + [self.b.eos_id]
+            self.emitted.append(ids)
+            outs.append(Out(ids, [-0.5] * len(ids), "stop"))
+        return outs
+
+
+class EchoRetriever:
+    def __init__(self):
+        self.calls = []
+
+    def search(self, queries, top_n):
+        self.calls.append(list(queries))
+        return [[Hit(id=f"{q}-{i}", contents=f"Title {q}\ntext {i}") for i in range(top_n)] for q in queries]
+
+
+@pytest.fixture(scope="module")
+def qwen_tok():
+    from transformers import AutoTokenizer
+
+    from memsearcher_jax.assets import qwen_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+
+
+def test_k_conversations_give_k_rows_with_one_advantage_and_exact_masks(qwen_tok):
+    b = PromptBuilder(qwen_tok, default_top_n=2)
+    plan = {"Where is A?": 0, "Where is B?": 4, "Where is C?": 2}
+    sampler = ScriptedSampler(qwen_tok, b, plan)
+    retriever = EchoRetriever()
+    runner = AgentRunner(b, sampler, retriever, AgentConfig(max_turns=5, max_new_tokens=64, default_top_n=2))
+    qs = [{"question": q, "golden_answers": ["Paris"] if q != "Where is C?" else ["London"]} for q in plan]
+    trajs = runner.run(qs, group_size=2, seed=0)
+    # One batched retriever call per turn that had searches, covering every searching row.
+    assert [len(c) for c in retriever.calls] == [4, 4, 2, 2]
+    by_q = {}
+    for t in trajs:
+        by_q.setdefault(t.question, []).append(t)
+        assert len(t.conversations) == plan[t.question] + 1
+        assert t.end_reason == "answer"
+        assert [c.turn for c in t.conversations] == list(range(len(t.conversations)))
+        assert [c.is_final for c in t.conversations] == [False] * plan[t.question] + [True]
+    results = score_trajectories(trajs)
+    rewards = [r.reward for r in results]
+    assert rewards == [1.0, 1.0, 1.0, 1.0, 0.1, 0.1]  # C answers Paris, gold London: format credit
+    # Group 2 has rewards (0.1, 0.1): zero advantage. Make group 0 unequal to see non-zero ones.
+    rewards[0] = 0.0
+    adv = trajectory_advantages(trajs, rewards)
+    rows = pack_rows(trajs, adv, b.pad_id, min_len=16)
+    assert rows.num_rows == sum(len(t.conversations) for t in trajs) == 2 * (1 + 5 + 3)
+    for t in trajs:
+        idx = np.where(rows.traj_ids == t.traj_id)[0]
+        assert len(idx) == len(t.conversations)
+        assert np.all(rows.advantages[idx] == adv[t.traj_id])
+    assert adv[0] == pytest.approx(-0.5 / np.sqrt(0.5), rel=1e-5) and adv[4] == 0.0
+    # Loss mask: 1 exactly on the sampler's emitted tokens, 0 on prompt/observation/padding.
+    for r in range(rows.num_rows):
+        conv = [c for t in trajs for c in t.conversations][r]
+        p = len(conv.prompt_ids)
+        resp = rows.tokens[r, p:p + len(conv.response_ids)]
+        m = rows.loss_mask[r, p:p + len(conv.response_ids)]
+        assert rows.loss_mask[r, :p].sum() == 0 and rows.loss_mask[r, p + len(conv.response_ids):].sum() == 0
+        generated = [tok for tok, mm in zip(resp, m) if mm == 1]
+        injected = [tok for tok, mm in zip(resp, m) if mm == 0]
+        # The generated tokens are the act (+ memory update), each ending with <|im_end|>.
+        text = qwen_tok.decode(generated)
+        assert text.count("<|im_end|>") == (1 if conv.is_final else 2)
+        if not conv.is_final:
+            assert "<tool_response>" in qwen_tok.decode(injected) and "<tool_response>" not in text
+            assert injected[-3:] == b.observation([[Hit("x", "t\nx")]])[-3:]  # ends with the assistant header
+        assert np.all(rows.sampler_logp[r][rows.loss_mask[r] == 1] == -0.5)
+
+
+def _random_rows(rng, n, s, vocab):
+    tokens = rng.integers(0, vocab, (n, s)).astype(np.int32)
+    lengths = rng.integers(s // 2, s + 1, n)
+    attention = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
+    prompt = rng.integers(2, s // 2, n)
+    mask = ((np.arange(s)[None] >= prompt[:, None]) & (attention == 1)).astype(np.float32)
+    mask[:, ::5] = 0  # observation holes
+    return tokens, attention, mask
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "trajectory_mean"])
+def test_four_micro_batches_give_the_one_batch_gradient(mode):
+    cfg = ModelConfig.tiny(vocab_size=64, num_layers=2)
+    model = Qwen2(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    rng = np.random.default_rng(0)
+    n, s = 8, 24
+    tokens, attention, mask = _random_rows(rng, n, s, 64)
+    traj = np.array([0, 0, 1, 2, 2, 2, 3, 4])
+    adv = rng.normal(size=n).astype(np.float32)
+    old = rng.normal(-3, 0.3, (n, s)).astype(np.float32)
+    ref = rng.normal(-3, 0.3, (n, s)).astype(np.float32)
+    loss_cfg = LossConfig(aggregation=mode)
+
+    def grads_with(m):
+        weights, denom = aggregation_weights(mode, mask, traj, np.arange(n) // (n // m), m)
+        batch = {"tokens": tokens, "attention": attention, "loss_mask": mask, "weights": weights, "advantages": adv,
+                 "old_logp": old, "ref_logp": ref}
+        batch = {k: jnp.asarray(v).reshape((m, n // m) + v.shape[1:]) for k, v in batch.items()}
+        g, loss, _ = jax.jit(accumulate_gradients, static_argnums=(1, 3))(params, graphdef, batch, loss_cfg)
+        return jax.tree.map(lambda x: x / denom, g), loss / denom
+
+    g1, l1 = grads_with(1)
+    g4, l4 = grads_with(4)
+    assert abs(float(l1) - float(l4)) <= 1e-6 * abs(float(l1))
+    flat1 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g1)])
+    flat4 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g4)])
+    assert np.linalg.norm(flat1) > 0
+    assert np.linalg.norm(flat1 - flat4) / np.linalg.norm(flat1) < 1e-6
+
+
+def _toy_rows(n=6, s=16, vocab=64, seed=0):
+    from memsearcher_jax.rl.grpo import RowBatch
+
+    rng = np.random.default_rng(seed)
+    tokens, attention, mask = _random_rows(rng, n, s, vocab)
+    return RowBatch(tokens=tokens, attention=attention, loss_mask=mask, sampler_logp=np.zeros((n, s), np.float32),
+                    advantages=rng.normal(size=n).astype(np.float32), traj_ids=np.arange(n),
+                    group_ids=np.arange(n) // 2, turns=np.zeros(n, int), is_final=np.ones(n, bool))
+
+
+def test_learner_updates_params_and_skips_non_finite_steps():
+    cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
+    learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(1)),
+                          GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
+                                     optim=OptimConfig(learning_rate=1e-3)))
+    before = jax.tree.map(np.asarray, learner.params)
+    rows = _toy_rows()
+    m = learner.train_on_rows(rows, np.random.default_rng(0))
+    after = jax.tree.map(np.asarray, learner.params)
+    changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))]
+    assert all(changed)
+    assert m["skipped"] == 0 and learner.skipped_steps == 0
+    # First mini-batch: policy == old policy, so no ratio moved away from 1 before any update.
+    assert m["ratio_min"] <= 1.0 + 1e-6
+    # Reference stays frozen at the initial weights.
+    assert all(np.array_equal(np.asarray(r), b) for r, b in zip(jax.tree.leaves(learner.ref_params),
+                                                               jax.tree.leaves(before)))
+    bad = _toy_rows(seed=1)
+    bad.advantages[:] = np.nan
+    m2 = learner.train_on_rows(bad, np.random.default_rng(1))
+    assert m2["skipped"] == 2 and learner.skipped_steps == 2
+    assert all(np.array_equal(np.asarray(a), b) for a, b in zip(jax.tree.leaves(learner.params),
+                                                               jax.tree.leaves(after)))
