@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from retrieval.index import INDEX_TYPES, MANIFEST, IndexConfig
 
@@ -72,6 +73,8 @@ def register(subparsers) -> None:
     s.add_argument("--ef-search", type=int, help="override HNSW efSearch at query time")
     s.add_argument("--max-query-chars", type=int, default=4096, help="longer queries get 413")
     s.add_argument("--max-batch", type=int, default=512, help="larger batches get 413")
+    s.add_argument("--no-warmup", action="store_true",
+                   help="skip compiling the encoder for query-sized shapes before accepting requests")
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     s.set_defaults(func=run_serve)
 
@@ -131,6 +134,11 @@ def run_serve(args) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    encoder = getattr(retriever, "encoder", None)
+    if encoder is not None and not args.no_warmup:
+        t0 = time.perf_counter()
+        n = encoder.warmup()
+        print(f"compiled the encoder for {n} query shapes in {time.perf_counter() - t0:.1f} s", flush=True)
     limits = ServerLimits(max_query_chars=args.max_query_chars, max_batch=args.max_batch)
     kind = f"{manifest['kind']}:{manifest['index_type']}"
     print(f"serving {manifest['count']} passages ({kind}) on http://{args.host}:{args.port}", flush=True)

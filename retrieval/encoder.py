@@ -179,6 +179,17 @@ class DenseEncoder:
             bar.close()
         return out
 
+    def warmup(self, max_tokens: int = 64) -> int:
+        """Compile every batch bucket for the length buckets up to `max_tokens` (query-sized inputs),
+        so a server's first requests do not pay XLA compile time. Returns how many shapes compiled."""
+        n = 0
+        for t in (b for b in self._len_buckets if b <= max(max_tokens, self._len_buckets[0])):
+            for b in self._batch_buckets:
+                ids = np.zeros((b, t), np.int32)
+                self._forward(self._state, jnp.asarray(ids), jnp.asarray(np.ones_like(ids))).block_until_ready()
+                n += 1
+        return n
+
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         return self.encode(queries, prefix=self.config.query_prefix)
 

@@ -96,3 +96,10 @@ def test_query_prefix_changes_the_embedding(tmp_path):
     plain = enc.encode(["capital of france"])[0]
     prefixed = enc.encode(["query: capital of france"])[0]
     assert _cos(q, prefixed) > 0.99999 and _cos(q, plain) < 0.999
+
+
+def test_warmup_compiles_query_shapes_and_keeps_results(encoder):
+    before = encoder.encode(["capital of france"])
+    n = encoder.warmup(max_tokens=32)
+    assert n == 2 * 7  # length buckets 16, 32 x batch buckets 1..64
+    np.testing.assert_allclose(encoder.encode(["capital of france"]), before, atol=1e-6)
