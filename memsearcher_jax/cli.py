@@ -1,0 +1,135 @@
+"""`memsearcher-jax`: train, eval, export-hf, index, serve-retriever, plan.
+
+Configs are ml-collections files (`--config configs/default.py`); any value can be
+overridden on the command line, e.g. `--config.rl.group_size=8 --config.model.dtype=bfloat16`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from memsearcher_jax.config_utils import ConfigError, load_config, split_overrides
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
+
+_OVERRIDE_HELP = ("Override any config value with --config.SECTION.KEY=VALUE "
+                  "(e.g. --config.train.steps=10 --config.rl.group_size=4).")
+
+
+def _config_arg(p: argparse.ArgumentParser):
+    p.add_argument("--config", default=DEFAULT_CONFIG,
+                   help=f"ml-collections config file with get_config() (default: configs/default.py). {_OVERRIDE_HELP}")
+
+
+def _load(args) -> "object":
+    return load_config(args.config, args.config_overrides)
+
+
+def cmd_train(args) -> int:
+    from memsearcher_jax.pipeline import run_default_pipeline
+
+    cfg = _load(args)
+    if args.print_config:
+        print(cfg)
+        return 0
+    run_default_pipeline(cfg, resume=not args.fresh)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from memsearcher_jax.pipeline import run_eval
+
+    cfg = _load(args)
+    run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
+             out=args.out, workflow=args.workflow)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from memsearcher_jax.pipeline import export_checkpoint
+
+    path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype)
+    print(f"wrote Hugging Face model to {path}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    try:
+        from memsearcher_jax.planner import main as plan_main
+    except ImportError:
+        print("the memory planner is not available in this build", file=sys.stderr)
+        return 2
+    return plan_main(_load(args), args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memsearcher-jax",
+        description="Train LLM search agents with multi-context GRPO (MemSearcher) in JAX.",
+        epilog=_OVERRIDE_HELP)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("train", help="run GRPO training (resumes from the latest checkpoint in train.output_dir)",
+                       description="Run multi-context GRPO. With configs/default.py: build the synthetic world, "
+                                   "warm-start a tiny model on demonstrations, evaluate held-out EM, train with "
+                                   "GRPO, evaluate again. " + _OVERRIDE_HELP)
+    _config_arg(p)
+    p.add_argument("--fresh", action="store_true", help="ignore existing checkpoints in the output dir")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",
+                       description="Evaluate a checkpoint or a Hugging Face model directory greedily "
+                                   "(up to agent.eval_max_turns turns). " + _OVERRIDE_HELP)
+    _config_arg(p)
+    p.add_argument("--checkpoint", help="a training output dir (latest step) or its checkpoints/ dir")
+    p.add_argument("--model", help="a Hugging Face model directory (instead of --checkpoint)")
+    p.add_argument("--split", default="heldout", help="synthetic split, or a dataset name for real data")
+    p.add_argument("--limit", type=int, default=0, help="evaluate at most this many questions (0: all)")
+    p.add_argument("--workflow", choices=("memsearcher", "react"), default=None, help="override agent.workflow")
+    p.add_argument("--out", default="", help="directory for the trajectories JSONL and the results table")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("export-hf", help="write a Hugging Face model directory from a checkpoint",
+                       description="Convert an Orbax training checkpoint to a Hugging Face Qwen2 directory "
+                                   "(config.json, safetensors, tokenizer) loadable by transformers and vLLM.")
+    p.add_argument("--checkpoint", required=True, help="training output dir or its checkpoints/ dir")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="tensor dtype to write (default: the parameter dtype)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("plan", help="per-device memory plan for a config (does it fit?)")
+    _config_arg(p)
+    p.add_argument("--device-memory-gib", type=float, default=None, help="device memory (default: from the config)")
+    p.set_defaults(func=cmd_plan)
+
+    try:
+        from retrieval.cli import register
+    except ImportError:  # retrieval extras missing: the other commands still work
+        register = None
+    if register is not None:
+        register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rest, overrides = split_overrides(argv)
+        parser = build_parser()
+        args = parser.parse_args(rest)
+        args.config_overrides = overrides
+        if overrides and not hasattr(args, "config"):
+            parser.error(f"--config.* overrides are not used by '{args.command}'")
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
