@@ -137,3 +137,20 @@ def test_constructor_rejects_bad_arguments():
         HTTPRetriever("http://127.0.0.1:1", api="flashrag")
     with pytest.raises(ValueError, match="max_retries=-1"):
         HTTPRetriever("http://127.0.0.1:1", max_retries=-1)
+
+
+def test_event_loop_stays_responsive_during_a_long_search():
+    """Search runs on the batcher thread, so /health answers while a slow search is in flight."""
+    backend = _Scripted(delay=1.0)
+    with BackgroundServer(create_app(backend)) as srv:
+        results = []
+        t = threading.Thread(target=lambda: results.append(HTTPRetriever(srv.url, timeout=10).search(["q"], 1)))
+        t.start()
+        time.sleep(0.2)  # the search is now sleeping inside the retriever
+        t0 = time.monotonic()
+        import httpx
+
+        assert httpx.get(srv.url + "/health", timeout=5).json()["status"] == "ok"
+        assert time.monotonic() - t0 < 0.5
+        t.join(10)
+        assert results and results[0][0][0].id == "ok"

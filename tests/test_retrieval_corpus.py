@@ -107,3 +107,17 @@ def test_flat_index_is_exact_inner_product():
 def test_missing_manifest_is_explained(tmp_path):
     with pytest.raises(FileNotFoundError, match="manifest.json"):
         load_retriever(str(tmp_path))
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=0, max_size=20), st.text(min_size=0, max_size=200)), max_size=30))
+def test_doc_store_round_trips_arbitrary_text(tmp_path_factory, rows):
+    passages = [{"id": i, "contents": c} for i, c in rows]
+    d = str(tmp_path_factory.mktemp("store"))
+    assert DocStore.write(passages, d) == len(passages)
+    store = DocStore(d)
+    assert [store.get(k) for k in range(len(store))] == passages
+    store.close()
