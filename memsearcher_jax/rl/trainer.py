@@ -297,9 +297,10 @@ class Trainer:
                 "skipped_steps": self.learner.skipped_steps, "seed": self.cfg.train.seed,
                 "model_config": dataclasses.asdict(self.learner.model().config),
                 "tokenizer_dir": os.path.abspath(self.setup.tokenizer_dir)}
-        state = {"params": self.learner.params, "opt_state": self.learner.opt_state}
-        self.checkpoints.save(self.step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                                 meta=ocp.args.JsonSave(meta)), force=True)
+        # Params, optimizer state and metadata are separate items: export restores params alone.
+        self.checkpoints.save(self.step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(self.learner.params), opt_state=ocp.args.StandardSave(self.learner.opt_state),
+            meta=ocp.args.JsonSave(meta)), force=True)
         if block:
             self.checkpoints.wait_until_finished()
 
@@ -309,12 +310,12 @@ class Trainer:
         latest = self.checkpoints.latest_step()
         if latest is None:
             return False
-        state = {"params": self.learner.params, "opt_state": self.learner.opt_state}
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
         restored = self.checkpoints.restore(latest, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        self.learner.params = restored["state"]["params"]
-        self.learner.opt_state = restored["state"]["opt_state"]
+            params=ocp.args.StandardRestore(abstract(self.learner.params)),
+            opt_state=ocp.args.StandardRestore(abstract(self.learner.opt_state)), meta=ocp.args.JsonRestore()))
+        self.learner.params = restored["params"]
+        self.learner.opt_state = restored["opt_state"]
         self.learner.skipped_steps = int(restored["meta"]["skipped_steps"])
         self.step = int(restored["meta"]["step"])
         self.sampler.update_params(self._sampling_model())

@@ -1,0 +1,202 @@
+"""End-to-end jobs behind the CLI: the default training pipeline, evaluation, checkpoint export."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from memsearcher_jax.agent.rollout import AgentRunner
+from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
+from memsearcher_jax.rl.trainer import Setup, Trainer, agent_config, build_setup, evaluate, validate
+
+
+def _log(msg: str):
+    print(f"[memsearcher-jax {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
+    """Supervised warm start on scripted demonstrations; cached as a HF model dir in out_dir."""
+    from memsearcher_jax.data.demos import make_demonstrations
+    from memsearcher_jax.rl.sft import SFTConfig, train_sft
+    from memsearcher_jax.rl.trainer import load_policy
+
+    if os.path.exists(os.path.join(out_dir, "config.json")):
+        _log(f"warm start: reusing {out_dir}")
+        return out_dir
+    rng_questions = setup.train_questions[: cfg.sft.num_demos]
+    demos = make_demonstrations(rng_questions, setup.builder, setup.retriever, seed=cfg.train.seed)
+    _log(f"warm start: {len(demos)} demonstration trajectories, {cfg.sft.steps} SFT steps")
+    policy = load_policy(cfg, setup)
+    sft_cfg = SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, learning_rate=cfg.sft.learning_rate,
+                        seed=cfg.train.seed)
+    policy, history = train_sft(policy, demos, sft_cfg, pad_id=setup.builder.pad_id)
+    _log(f"warm start: loss {history[0]:.3f} -> {history[-1]:.3f}")
+    save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
+    return out_dir
+
+
+def _eval_runner(cfg, trainer: Trainer, workflow: str | None = None) -> AgentRunner:
+    agent = agent_config(cfg).evaluation(cfg.agent.eval_max_turns)
+    if workflow:
+        agent = dataclasses.replace(agent, workflow=workflow)
+    return AgentRunner(trainer.setup.builder, trainer.sampler, trainer.setup.retriever, agent)
+
+
+def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
+    """Warm start (if configured), held-out EM before, GRPO, held-out EM after."""
+    validate(cfg)
+    out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
+    if not resume and os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(out, exist_ok=True)
+    _log(f"output dir {out}")
+    setup = build_setup(cfg)
+    _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
+    policy = None
+    if cfg.sft.steps > 0:
+        ws = warm_start(cfg, setup, os.path.join(out, "warmstart"))
+        policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                                 scan_layers=cfg.model.scan_layers, remat=cfg.model.remat)
+    trainer = Trainer(cfg, setup, policy)
+    n_eval = min(cfg.train.eval_questions, len(setup.eval_questions))
+    summary_path = os.path.join(out, "summary.json")
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    eval_qs = setup.eval_questions[:n_eval]
+    if n_eval and "em_before" not in summary:
+        _log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
+        before = evaluate(_eval_runner(cfg, trainer), eval_qs)
+        summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
+        json.dump(summary, open(summary_path, "w"), indent=2)
+    _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
+    trainer.train()
+    if n_eval:
+        after = evaluate(_eval_runner(cfg, trainer), eval_qs)
+        summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
+                       steps=trainer.step)
+        json.dump(summary, open(summary_path, "w"), indent=2)
+        print(f"held-out EM: before {100 * summary['em_before']:.1f} after {100 * summary['em_after']:.1f} "
+              f"gain {100 * (summary['em_after'] - summary['em_before']):.1f}", flush=True)
+    return summary
+
+
+# ----------------------------------------------------------------------------- checkpoints -> HF
+
+def _checkpoint_manager(path: str):
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        path = os.path.join(path, "checkpoints")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    mngr = ocp.CheckpointManager(path)
+    if mngr.latest_step() is None:
+        raise FileNotFoundError(f"{path} holds no checkpoint")
+    return mngr
+
+
+def restore_policy(checkpoint: str, step: int | None = None) -> tuple[Qwen2, dict]:
+    """A Qwen2 with the params of a training checkpoint (latest step by default), and its metadata."""
+    import orbax.checkpoint as ocp
+
+    mngr = _checkpoint_manager(checkpoint)
+    step = mngr.latest_step() if step is None else step
+    if step not in mngr.all_steps():
+        raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
+    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    mc = ModelConfig(**meta["model_config"])
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0))), nnx.Param)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
+    params = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+    return nnx.merge(graphdef, params), meta
+
+
+def export_checkpoint(checkpoint: str, out: str, step: int | None = None, dtype: str | None = None) -> str:
+    model, meta = restore_policy(checkpoint, step)
+    tok = meta.get("tokenizer_dir")
+    return save_pretrained(model, out, tokenizer_dir=tok if tok and os.path.isdir(tok) else None, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- evaluation job
+
+def _context_table(trajs) -> list[tuple[int, float, int, int]]:
+    by_turn: dict[int, list[int]] = {}
+    for t in trajs:
+        for i, n in enumerate(t.context_tokens):
+            by_turn.setdefault(i, []).append(n)
+    return [(i + 1, float(np.mean(v)), int(np.max(v)), len(v)) for i, v in sorted(by_turn.items())]
+
+
+def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
+             split: str = "heldout", limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
+    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
+    validate(cfg)
+    setup = build_setup(cfg)
+    if model_dir:
+        policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    elif checkpoint:
+        policy, _ = restore_policy(checkpoint)
+    else:
+        raise SystemExit("memsearcher-jax eval: give --checkpoint or --model")
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    cfg.sft.steps = 0
+    trainer = Trainer(cfg, setup, policy, progress=False)
+    runner = _eval_runner(cfg, trainer, workflow)
+    benchmarks: dict[str, list[dict]] = {}
+    if cfg.world.enabled:
+        from memsearcher_jax.rl.trainer import _read_jsonl
+
+        benchmarks[f"synthetic-{split}"] = (_read_jsonl(setup.world.heldout) if split == "heldout"
+                                            else _read_jsonl(setup.world.train))
+    else:
+        from memsearcher_jax.data.qa import EVAL_SETS, load_paper_dataset
+
+        names = EVAL_SETS if split in ("all", "heldout") else [split]
+        for name in names:
+            try:
+                splits = load_paper_dataset(cfg.data.eval_path, name)
+            except (FileNotFoundError, ValueError) as e:
+                print(f"skipping {name}: {e}", file=sys.stderr)
+                continue
+            benchmarks[name] = next(iter(splits.values()))
+    rows = []
+    all_trajs = []
+    for name, qs in benchmarks.items():
+        if limit:
+            qs = qs[:limit]
+        res = evaluate(runner, qs)
+        rows.append((name, len(qs), 100 * res["em"], 100 * res["f1"]))
+        for t, r in zip(res["trajectories"], res["results"]):
+            all_trajs.append((name, t, r))
+    print(f"{'benchmark':<24}{'n':>6}{'EM':>8}{'F1':>8}")
+    for name, n, em, f1 in rows:
+        print(f"{name:<24}{n:>6}{em:>8.1f}{f1:>8.1f}")
+    if rows:
+        print(f"{'average':<24}{sum(r[1] for r in rows):>6}{np.mean([r[2] for r in rows]):>8.1f}"
+              f"{np.mean([r[3] for r in rows]):>8.1f}")
+    table = _context_table([t for _, t, _ in all_trajs])
+    print(f"\n{'turn':>4}{'mean prompt tokens':>20}{'max':>8}{'n':>6}")
+    for turn, mean, mx, n in table:
+        print(f"{turn:>4}{mean:>20.1f}{mx:>8}{n:>6}")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "trajectories.jsonl"), "w", encoding="utf-8") as f:
+            for name, t, r in all_trajs:
+                f.write(json.dumps({
+                    "benchmark": name, "question": t.question, "golds": t.golds, "answer": r.answer, "em": r.em,
+                    "f1": r.f1, "end_reason": t.end_reason, "memories": t.memories,
+                    "context_tokens": t.context_tokens,
+                    "conversations": [trainer.setup.builder.decode(c.prompt_ids + c.response_ids)
+                                      for c in t.conversations]}) + "\n")
+        with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+            json.dump({"benchmarks": rows, "context_by_turn": table}, f, indent=2)
+    return {"benchmarks": rows, "context_by_turn": table}
