@@ -103,3 +103,9 @@ def test_warmup_compiles_query_shapes_and_keeps_results(encoder):
     n = encoder.warmup(max_tokens=32)
     assert n == 2 * 7  # length buckets 16, 32 x batch buckets 1..64
     np.testing.assert_allclose(encoder.encode(["capital of france"]), before, atol=1e-6)
+
+
+def test_bfloat16_encoder_stays_close_to_float32(encoder):
+    bf16 = DenseEncoder.from_pretrained(minilm_encoder_dir(), dtype="bfloat16")
+    a, b = bf16.encode(TEXTS[:3]), encoder.encode(TEXTS[:3])
+    assert a.dtype == np.float32 and _cos(a, b).min() > 0.99
