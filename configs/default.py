@@ -43,7 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.retrieval.kind = "bm25"        # "bm25" | "index" (a saved index dir) | "http"
     c.retrieval.index_dir = ""
     c.retrieval.url = ""
-    c.retrieval.api = "memsearcher"  # for http: "memsearcher" or "search_r1"
+    c.retrieval.api = "memsearcher"  # for http: "memsearcher" or "search-r1"
 
     c.agent = ml_collections.ConfigDict()
     c.agent.workflow = "memsearcher"
