@@ -1,0 +1,140 @@
+"""Scripted demonstrations: parse as intended, match the rollout's rows, flaws at the configured rates."""
+import dataclasses
+import json
+
+import pytest
+
+from memsearcher_jax.agent.parsing import ActKind
+from memsearcher_jax.agent.prompts import PromptBuilder
+from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
+from memsearcher_jax.data.demos import (FLAWS, DemoConfig, check_demonstration, demo_stats,
+                                        make_demonstrations)
+from memsearcher_jax.data.tokenizer import load_tokenizer
+from memsearcher_jax.data.world_cache import prepare_world
+from memsearcher_jax.rl.reward import compute_reward
+from retrieval.bm25 import BM25Retriever
+
+
+def _jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    paths = prepare_world(str(tmp_path_factory.mktemp("world")), seed=3, num_entities=60)
+    builder = PromptBuilder(load_tokenizer(paths.tokenizer_dir))
+    retriever = BM25Retriever.from_passages(_jsonl(paths.corpus))
+    return _jsonl(paths.train) + _jsonl(paths.heldout), builder, retriever
+
+
+def test_every_demo_parses_as_intended(world):
+    rows, builder, retriever = world
+    demos = make_demonstrations(rows, builder, retriever, seed=0)
+    assert len(demos) == len(rows)
+    for d in demos:
+        assert check_demonstration(d, builder) == [], (d.row["question"], d.flaw)
+    clean = [d for d in demos if d.flaw is None]
+    assert clean and all(compute_reward(d.trajectory.final.blocks, True, d.row["golden_answers"]).reward == 1.0
+                         for d in clean)
+    # A clean demo searches exactly once per hop and answers in the next turn.
+    for d in clean:
+        assert d.act_kinds == [ActKind.TOOL_CALLS] * d.row["hops"] + [ActKind.ANSWER]
+        assert d.memories[-1] == " ".join(d.row["facts"])
+    stats = demo_stats(demos)
+    assert 0 < stats["mean_tokens"] <= stats["max_tokens"] < 1500
+
+
+def test_check_catches_a_broken_demo(world):
+    rows, builder, retriever = world
+    demo = make_demonstrations(rows[:5], builder, retriever, seed=0, config=DemoConfig(0, 0, 0))[0]
+    conv = demo.conversations[0]
+    # Drop the closing </tool_call>: the act no longer classifies as a tool call.
+    close_id = builder._enc("</tool_call>")[0]
+    k = conv.response_ids.index(close_id)
+    del conv.response_ids[k], conv.loss_mask[k], conv.sampler_logprobs[k]
+    problems = check_demonstration(demo, builder)
+    assert any("classifies as invalid, intended tool_calls" in p for p in problems), problems
+
+
+@dataclasses.dataclass
+class _Completion:
+    tokens: list
+    logprobs: list
+    finish_reason: str = "stop"
+
+
+class _ReplaySampler:
+    """Answers each prompt with the tokens a demo generated after exactly that prefix."""
+
+    def __init__(self, demos, eos_id):
+        self.table = {}
+        for d in demos:
+            for c in d.conversations:
+                eos = c.response_ids.index(eos_id) + 1
+                self.table[tuple(c.prompt_ids)] = c.response_ids[:eos]
+                rest = c.response_ids[eos:]
+                if rest:
+                    obs_len = c.loss_mask[eos:].index(1)
+                    self.table[tuple(c.prompt_ids + c.response_ids[:eos + obs_len])] = rest[obs_len:]
+
+    def generate(self, prompts, **kw):
+        return [_Completion(list(self.table[tuple(p)]), [0.0] * len(self.table[tuple(p)])) for p in prompts]
+
+
+def test_demos_equal_what_the_rollout_records(world):
+    """Replaying the demos' generated tokens through AgentRunner (real BM25) gives identical rows."""
+    rows, builder, retriever = world
+    demos = make_demonstrations(rows[:40], builder, retriever, seed=1,
+                                config=DemoConfig(vague_query_rate=0.3, wrong_answer_rate=0.2, early_answer_rate=0.2))
+    assert {d.flaw for d in demos} == set(FLAWS) | {None}
+    # Questions repeat in the world (same text, other row), so replay one demo per runner call.
+    for d in demos:
+        runner = AgentRunner(builder, _ReplaySampler([d], builder.eos_id), retriever, AgentConfig())
+        (traj,) = runner.run([d.row], group_size=1, seed=0)
+        assert traj.end_reason == "answer"
+        assert len(traj.conversations) == len(d.conversations)
+        for got, want in zip(traj.conversations, d.conversations):
+            assert got.prompt_ids == want.prompt_ids
+            assert got.response_ids == want.response_ids
+            assert got.loss_mask == want.loss_mask
+            assert got.blocks == want.blocks and got.is_final == want.is_final
+        assert traj.memories == d.memories
+
+
+def test_flaw_fractions_match_rates(world):
+    rows, builder, retriever = world
+    rates = DemoConfig(vague_query_rate=0.2, wrong_answer_rate=0.15, early_answer_rate=0.1)
+    many = (rows * 4)[:1200]  # rows repeat; each draw is independent
+    demos = make_demonstrations(many, builder, retriever, seed=7, config=rates)
+    n = len(demos)
+    for flaw, rate in zip(FLAWS, (0.2, 0.15, 0.1)):
+        frac = sum(d.flaw == flaw for d in demos) / n
+        assert abs(frac - rate) < 0.04, (flaw, frac, rate)
+    wrong = [d for d in demos if not d.correct]
+    assert all(compute_reward(d.trajectory.final.blocks, True, d.row["golden_answers"]).reward == 0.1 for d in wrong)
+    # Early answers really answer before every hop is searched; vague demos search one extra time.
+    for d in demos:
+        searches = d.act_kinds.count(ActKind.TOOL_CALLS)
+        if d.flaw == "early_answer":
+            assert searches == d.row["hops"] - 1
+        elif d.flaw is None or d.flaw == "wrong_answer":
+            assert searches == d.row["hops"]
+        else:
+            assert searches in (d.row["hops"], d.row["hops"] + 1)
+    assert sum(d.flaw == "vague_query" and d.act_kinds.count(ActKind.TOOL_CALLS) > d.row["hops"]
+               for d in demos) > 0.7 * sum(d.flaw == "vague_query" for d in demos)
+    # Same seed, same demos.
+    again = make_demonstrations(many[:50], builder, retriever, seed=7, config=rates)
+    assert [d.flaw for d in again] == [d.flaw for d in demos[:50]]
+
+
+def test_zero_rates_give_clean_demos_and_bad_rates_are_rejected(world):
+    rows, builder, retriever = world
+    demos = make_demonstrations(rows[:30], builder, retriever, seed=0, config=DemoConfig(0, 0, 0))
+    assert all(d.flaw is None and d.correct for d in demos)
+    with pytest.raises(ValueError, match="flaw rates"):
+        DemoConfig(vague_query_rate=0.6, wrong_answer_rate=0.5)
+    with pytest.raises(ValueError, match="lacks 'queries'"):
+        make_demonstrations([{"question": "q?", "golden_answers": ["a"], "hops": 1, "facts": ["f"],
+                              "relation": "r", "subject": "s"}], builder, retriever)
