@@ -1,0 +1,333 @@
+"""Per-device memory plan for a training config: will it fit before anything is compiled?
+
+Every figure is bytes on ONE device. Parameter-shaped rows are exact: they walk the model's
+abstract parameter tree (`nnx.eval_shape`, nothing allocated) and apply the same
+`ShardingConfig` + `fit_spec` rules that place the live arrays, so a dimension the mesh does
+not divide is counted as replicated, just as it is placed. Activation rows are estimates.
+
+Three phases never overlap in time, so the total is NOT the sum of all rows:
+
+    persistent  params, reference params, AdamW moments, sampler copy (if its layout differs)
+    rollout     + KV cache at the sampler batch (B*G rows) and length
+    scoring     + forward activations of one log-prob chunk (logprob_batch_size rows)
+    update      + gradients (accumulator and one micro-batch's) + the update's outputs
+                  (params and moments are not donated to the jitted update, so old and new
+                  live together) + activations of one micro-batch
+    total = persistent + max(rollout, scoring, update)
+
+    memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v5e_64.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import types
+from typing import Sequence
+
+import ml_collections
+
+GIB = 1024 ** 3
+_REAL_PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b")
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Cache length when a config names none: prompt budget + the whole response of one call.
+_PROMPT_OVERHEAD_TOKENS = 512  # system prompt + question + chat markup
+_WORLD_VOCAB = 1024  # the synthetic world's tokenizer (data/world_cache.py default)
+
+
+class PlanError(ValueError):
+    """The config does not fit on its devices (or cannot be planned); the message holds the table."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    name: str
+    phase: str          # "persistent" | "rollout" | "scoring" | "update"
+    bytes: int          # per device
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    rows: tuple[PlanRow, ...]
+    mesh: tuple[int, int, int]            # (data, fsdp, tp)
+    capacity_bytes: int | None            # usable bytes per device (None: unknown)
+    device_kind: str
+    model_name: str
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(r.bytes for r in self.rows if r.phase == phase)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(("rollout", "scoring", "update"), key=self.phase_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.phase_bytes("persistent") + self.phase_bytes(self.peak_phase)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity_bytes is None else self.total_bytes <= self.capacity_bytes
+
+    def row(self, name: str) -> PlanRow:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no plan row {name!r}; rows: {[r.name for r in self.rows]}")
+
+    def table(self) -> str:
+        d, f, t = self.mesh
+        lines = [f"memory plan: {self.model_name} on {d * f * t} x {self.device_kind} "
+                 f"(mesh data={d} fsdp={f} tp={t}); bytes per device",
+                 f"  {'item':<28} {'phase':<11} {'GiB':>9}  note"]
+        for r in self.rows:
+            lines.append(f"  {r.name:<28} {r.phase:<11} {r.bytes / GIB:>9.3f}  {r.note}")
+        lines.append(f"  {'persistent':<28} {'':<11} {self.phase_bytes('persistent') / GIB:>9.3f}")
+        for ph in ("rollout", "scoring", "update"):
+            lines.append(f"  {'+ ' + ph + ' peak':<28} {'':<11} {self.phase_bytes(ph) / GIB:>9.3f}")
+        lines.append(f"  {'TOTAL (peak: ' + self.peak_phase + ')':<28} {'':<11} {self.total_bytes / GIB:>9.3f}")
+        if self.capacity_bytes is None:
+            lines.append("  capacity: unknown (set hardware.device_memory_gib or --device-memory-gib)")
+        else:
+            verdict = "yes" if self.fits else "NO"
+            lines.append(f"  {'capacity (usable)':<28} {'':<11} {self.capacity_bytes / GIB:>9.3f}")
+            lines.append(f"  fits: {verdict} ({100 * self.total_bytes / self.capacity_bytes:.0f}% of usable)")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None = None):
+    """The ModelConfig the trainer would build, without loading weights or a tokenizer.
+
+    A Hugging Face dir in model.source wins (its config.json); else a released preset in
+    model.preset; else (model.source == "init") the preset overridden by the model.* fields,
+    as trainer.model_config does, with vocab from model.vocab_size / `vocab_size`.
+    """
+    from memsearcher_jax.models import ModelConfig
+
+    m = cfg.model
+    common = dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers, remat=m.remat)
+    source = os.path.expanduser(str(m.source))
+    if m.source != "init" and os.path.isfile(os.path.join(source, "config.json")):
+        return ModelConfig.from_hf_config(source, **common)
+    preset = str(m.preset).replace(".", "_").replace("-", "_").lower()
+    if preset not in _REAL_PRESETS and m.source != "init":
+        preset = _preset_from_name(source) or preset  # e.g. ".../Qwen2.5-3B-Instruct" not downloaded yet
+    if preset in _REAL_PRESETS:
+        return ModelConfig.from_preset(preset, **common)
+    if m.source != "init":
+        raise PlanError(f"cannot plan model.source={m.source!r}: it is not a local model dir with config.json and "
+                        f"model.preset={m.preset!r} is not a released Qwen2.5 preset {_REAL_PRESETS}")
+    vocab = vocab_size or m.get("vocab_size", None)
+    if not vocab and cfg.get("world", None) is not None and cfg.world.enabled:
+        vocab = _WORLD_VOCAB
+    if not vocab:
+        raise PlanError("model.source='init' needs the vocabulary size: set model.vocab_size in the config "
+                        "(the trainer takes it from the tokenizer)")
+    return ModelConfig.from_preset(
+        m.preset, vocab_size=int(vocab), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+        rope_theta=m.rope_theta, **common)
+
+
+def _preset_from_name(path: str) -> str | None:
+    match = re.search(r"qwen2[._-]5[._-](\d+(?:\.\d+)?)b", os.path.basename(path.rstrip("/")).lower())
+    if not match:
+        return None
+    key = "qwen2_5_" + match.group(1).replace(".", "_") + "b"
+    return key if key in _REAL_PRESETS else None
+
+
+def _mesh_shape(cfg) -> tuple[int, int, int]:
+    return int(cfg.mesh.data), int(cfg.mesh.fsdp), int(cfg.mesh.tp)
+
+
+def _fake_mesh(mesh: tuple[int, int, int]):
+    # fit_spec only reads mesh.shape, so the plan needs no devices.
+    return types.SimpleNamespace(shape={"data": mesh[0], "fsdp": mesh[1], "tp": mesh[2]})
+
+
+def per_device_elems(shape: Sequence[int], spec, mesh: tuple[int, int, int]) -> int:
+    """Elements of one device's shard of an array of `shape` placed with `spec` (fit to mesh)."""
+    from memsearcher_jax.models.sharding import fit_spec
+
+    fake = _fake_mesh(mesh)
+    fitted = fit_spec(tuple(shape), spec, fake)
+    n = 1
+    for dim, axes in zip(shape, tuple(fitted) + (None,) * (len(shape) - len(fitted))):
+        names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        n *= dim // math.prod(fake.shape[a] for a in names)
+    return n
+
+
+def param_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
+    """{"layers.q_kernel": (L, D, H, Dh), ...} from the abstract module (nothing allocated)."""
+    from flax import nnx
+
+    from memsearcher_jax.models import Qwen2
+
+    abstract = nnx.eval_shape(lambda: Qwen2(model_cfg, rngs=nnx.Rngs(0)))
+    flat = nnx.to_flat_state(nnx.state(abstract, nnx.Param))
+    return {".".join(str(p) for p in k): tuple(v.get_value().shape) for k, v in flat}
+
+
+def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
+    from memsearcher_jax.models.sharding import param_spec
+
+    return {n: per_device_elems(s, param_spec(n, len(s), sharding), mesh) for n, s in shapes.items()}
+
+
+def kv_cache_len(cfg) -> int:
+    """Slots per sampler row: sampler.max_cache_len if set, else prompt budget + response, capped."""
+    explicit = cfg.sampler.get("max_cache_len", 0)
+    if explicit:
+        return int(explicit)
+    a = cfg.agent
+    want = _PROMPT_OVERHEAD_TOKENS + a.memory_budget + a.max_response_tokens
+    return int(min(a.max_context_tokens, want))
+
+
+def capacity_bytes(cfg, device_memory_gib: float | None) -> int | None:
+    hw = cfg.get("hardware", None)
+    gib = device_memory_gib if device_memory_gib is not None else (hw.get("device_memory_gib", None) if hw else None)
+    if gib is None:
+        return None
+    # XLA needs room for its own buffers, and on GPU the allocator is capped by
+    # XLA_PYTHON_CLIENT_MEM_FRACTION: plan against the usable fraction only.
+    frac = float(hw.get("usable_fraction", 0.9)) if hw else 0.9
+    return int(float(gib) * GIB * frac)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None,
+                vocab_size: int | None = None) -> MemoryPlan:
+    """Per-device memory table for training `cfg` on mesh cfg.mesh (see the module docstring)."""
+    from memsearcher_jax.models import ShardingConfig
+
+    mesh = _mesh_shape(cfg)
+    n_dev = math.prod(mesh)
+    hw = cfg.get("hardware", None)
+    if hw is not None and hw.get("num_devices", None) and int(hw.num_devices) != n_dev:
+        raise PlanError(f"mesh data={mesh[0]} x fsdp={mesh[1]} x tp={mesh[2]} = {n_dev} devices, but "
+                        f"hardware.num_devices is {hw.num_devices}")
+    mc = model_config_for_plan(cfg, vocab_size)
+    pbytes = _ITEMSIZE[mc.param_dtype]
+    abytes = _ITEMSIZE[mc.dtype]
+    cbytes = _ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))]
+    shapes = param_shapes(mc)
+    train_el = _layout_elems(shapes, mesh, ShardingConfig.training())
+    samp_el = _layout_elems(shapes, mesh, ShardingConfig.sampling())
+    p_el = sum(train_el.values())
+    # The sampler's weights are a device_put of the trained params to the TP-only layout:
+    # a real copy only for the tensors whose placement differs.
+    from memsearcher_jax.models.sharding import fit_spec, param_spec
+
+    fake = _fake_mesh(mesh)
+
+    def placement(name, shape, sharding):  # axes of size 1 do not change where bytes live
+        spec = fit_spec(shape, param_spec(name, len(shape), sharding), fake)
+        out = []
+        for axes in spec:
+            names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+            out.append(tuple(a for a in names if fake.shape[a] > 1))
+        return tuple(out)
+
+    differs = [n for n, s in shapes.items()
+               if placement(n, s, ShardingConfig.training()) != placement(n, s, ShardingConfig.sampling())]
+    sampler_el = sum(samp_el[n] for n in differs)
+
+    rows = [
+        PlanRow("params", "persistent", p_el * pbytes, f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
+        PlanRow("reference params", "persistent", p_el * pbytes, "frozen copy for the KL term"),
+        # optax.adamw keeps mu and nu in the parameter dtype and layout.
+        PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
+        PlanRow("sampler weights", "persistent", sampler_el * pbytes,
+                f"TP-only copy of {len(differs)} tensors" if differs else "same layout as training: shared"),
+    ]
+
+    batch_ways = mesh[0] * mesh[1]
+    tp = mesh[2]
+    L, D, F, H, K, Dh, V = (mc.num_layers, mc.hidden_size, mc.intermediate_size, mc.num_heads, mc.num_kv_heads,
+                            mc.head_dim, mc.vocab_size)
+    # Rollout: KV cache [L, B*G, S, K, Dh] x (k, v) laid out with the cache spec.
+    sample_rows = int(cfg.sampler.get("batch_size", 0) or cfg.rl.batch_questions * cfg.rl.group_size)
+    s_kv = kv_cache_len(cfg)
+    kv_el = per_device_elems((L, sample_rows, s_kv, K, Dh), ShardingConfig.training().cache, mesh)
+    rows.append(PlanRow("KV cache", "rollout", 2 * kv_el * cbytes,
+                        f"{sample_rows} rows x {s_kv} slots, {cfg.sampler.get('cache_dtype', 'bfloat16')}"))
+
+    # A training row is one conversation (the same bound), padded to a power-of-two bucket.
+    seq = max(int(cfg.rl.get("min_seq_len", 1)), 1 << max(0, math.ceil(math.log2(max(s_kv, 1)))))
+
+    def local_rows(n: int) -> int:
+        return n // batch_ways if n % batch_ways == 0 else n  # not divisible: replicated (as _put does)
+
+    def fwd_layer_bytes(mb: int) -> int:
+        """One layer's live activations while it runs (forward or its recomputation)."""
+        h_loc, k_loc = (H // tp if H % tp == 0 else H), (K // tp if K % tp == 0 else K)
+        f_loc = F // tp if F % tp == 0 else F
+        qkv = mb * seq * (h_loc + 2 * k_loc) * Dh * abytes * 2          # pre/post rope
+        scores = mb * h_loc * seq * seq * (4 + abytes)                   # f32 scores + probs
+        mask = mb * seq * seq                                            # bool [B, T, S]
+        mlp = 3 * mb * seq * f_loc * abytes                              # gate, up, silu*up
+        resid = 4 * mb * seq * D * abytes                                # x, norms, attention out
+        return qkv + scores + mask + mlp + resid
+
+    def logits_bytes(mb: int, copies: int) -> int:
+        v_loc = V // tp if V % tp == 0 else V
+        return copies * mb * seq * v_loc * 4
+
+    mb_t = local_rows(int(cfg.rl.micro_batch_size))
+    mb_s = local_rows(int(cfg.rl.logprob_batch_size))
+    # Scoring is a forward pass: one layer live at a time, plus logits and softmax.
+    rows.append(PlanRow("log-prob activations", "scoring", fwd_layer_bytes(mb_s) + logits_bytes(mb_s, 2),
+                        f"{mb_s} rows/device x {seq} tokens, forward only"))
+    rows.append(PlanRow("gradients", "update", 2 * p_el * 4, "f32 accumulator + one micro-batch's"))
+    rows.append(PlanRow("update outputs", "update", 3 * p_el * pbytes, "new params + moments (not donated)"))
+    if mc.remat:
+        # Per-layer checkpointing keeps only each layer's input; one layer is recomputed at a time
+        # and its backward roughly doubles that layer's working set.
+        act = L * mb_t * seq * D * abytes + 2 * fwd_layer_bytes(mb_t)
+        how = "remat: L layer inputs + 1 layer recomputed"
+    else:
+        act = L * fwd_layer_bytes(mb_t) + fwd_layer_bytes(mb_t)
+        how = "no remat: every layer's activations saved"
+    rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
+    # Logits and softmax saved for the backward, their cotangent and one temporary: f32, vocab over tp.
+    rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4), f"[{mb_t}, {seq}, V/{tp}] f32 x 4"))
+
+    name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
+    kind = (hw.get("device_kind", None) if hw else None) or "device"
+    return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),
+                      device_kind=str(kind), model_name=str(name))
+
+
+def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
+    """Raise PlanError with the table when the plan exceeds the usable device memory.
+
+    Unknown capacity (no hardware section, no override) passes: there is nothing to check against.
+    """
+    plan = plan_memory(cfg, device_memory_gib)
+    if plan.fits is False:
+        over = plan.total_bytes - plan.capacity_bytes
+        raise PlanError(f"config does not fit: needs {plan.total_bytes / GIB:.2f} GiB per device, "
+                        f"{over / GIB:.2f} GiB over the usable {plan.capacity_bytes / GIB:.2f} GiB. "
+                        "Shard more (mesh.fsdp / mesh.tp), lower rl.micro_batch_size or "
+                        "rl.logprob_batch_size, enable model.remat, or shorten agent.max_context_tokens.\n"
+                        + plan.table())
+    return plan
+
+
+def main(cfg: ml_collections.ConfigDict, args) -> int:
+    """`memsearcher-jax plan`: print the table; exit 1 when it does not fit, 2 when it cannot plan."""
+    try:
+        plan = plan_memory(cfg, getattr(args, "device_memory_gib", None))
+    except PlanError as e:
+        print(f"memsearcher-jax plan: {e}")
+        return 2
+    print(plan.table())
+    return 1 if plan.fits is False else 0
