@@ -1,0 +1,337 @@
+"""Batched KV-cache sampler: one jitted prefill and one jitted decode loop.
+
+Cache layout, per call ([L, B, S, K, Dh], S = P + T + N):
+
+    slots [0, P)        shared prefix, left-padded inside its bucket; prefilled ONCE at
+                        batch 1 and broadcast to every row (P = 0 when not worth it)
+    slots [P, P + T)    each row's prompt suffix, left-padded
+    slots [P + T, S)    generated tokens, one slot per decode step (same slot for every row)
+
+Positions are per row (RoPE) and independent of slots, so padding gaps are harmless.
+The decode loop is a `lax.while_loop` that stops when every row is done or the largest
+budget is spent; its state is donated so the cache is updated in place, and no token
+leaves the device until the loop ends. Parameters are jit arguments, so
+`update_params` after an optimizer step reuses the compiled programs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, PartitionSpec as P
+
+from memsearcher_jax.models.hf_io import shard_model
+from memsearcher_jax.models.qwen2 import KVCache, Qwen2, rms_norm, rope_cos_sin
+from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
+from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
+from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
+from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclasses.dataclass
+class Completion:
+    """One prompt's generated tokens (stop token / sequence included), the log-prob of each
+    under the model at temperature 1, and why it ended ("stop" or "length")."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class DecodeState(NamedTuple):
+    """Everything the decode loop carries. B rows, S cache slots, N token budget, W stop width."""
+
+    cache: KVCache            # k, v [L, B, S, K, Dh]
+    kv_valid: jax.Array       # [B, S] bool
+    last: jax.Array           # [B] int32, the token to feed next
+    pos: jax.Array            # [B] int32, its position
+    step: jax.Array           # () int32, tokens sampled so far
+    first_slot: jax.Array     # () int32, cache slot of generated token 0 (= P + T)
+    tokens: jax.Array         # [B, N] int32
+    logprobs: jax.Array       # [B, N] float32
+    window: jax.Array         # [B, W] int32, last W generated tokens
+    done: jax.Array           # [B] bool
+    stopped: jax.Array        # [B] bool, ended on a stop
+    length: jax.Array         # [B] int32, tokens generated
+    budget: jax.Array         # [B] int32
+    row_keys: jax.Array       # [B, 2] uint32 raw PRNG keys, one per row
+    temperature: jax.Array    # () float32
+    top_p: jax.Array          # () float32
+    top_k: jax.Array          # () int32
+    stop_table: jax.Array     # [Ns, W] int32
+    stop_lengths: jax.Array   # [Ns] int32
+
+
+def validate_request(prompts, max_new_tokens, temperature, top_p, top_k, vocab_size: int, max_len: int,
+                     stops: Sequence[tuple[int, ...]]) -> list[int]:
+    """Raise ValueError naming what is wrong; returns the per-row budgets."""
+    if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    if isinstance(max_new_tokens, (int, np.integer)):
+        budgets = [int(max_new_tokens)] * len(prompts)
+    else:
+        budgets = [int(b) for b in max_new_tokens]
+        if len(budgets) != len(prompts):
+            raise ValueError(f"max_new_tokens has {len(budgets)} entries for {len(prompts)} prompts")
+    for i, b in enumerate(budgets):
+        if b < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {b} (row {i})")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if int(top_k) != top_k or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if len(p) + budgets[i] > max_len:
+            raise ValueError(f"prompt {i} has {len(p)} tokens + max_new_tokens {budgets[i]} = "
+                             f"{len(p) + budgets[i]}, more than the sampler's max_len {max_len}")
+        lo, hi = min(p), max(p)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi} outside [0, {vocab_size})")
+    for s in stops:
+        if min(s) < 0 or max(s) >= vocab_size:
+            raise ValueError(f"stop {list(s)} has a token id outside [0, {vocab_size})")
+    return budgets
+
+
+def _hidden_cached(model: Qwen2, ids, positions, cache: KVCache, kv_valid, write_index):
+    """Like Qwen2.forward_cached but returns final hidden states [B, T, D], not logits,
+    so a long prefill never materialises [B, T, V] logits."""
+    t, s = ids.shape[1], cache.k.shape[2]
+    cos, sin = rope_cos_sin(positions, model.config.head_dim, model.config.rope_theta)
+    q_slot = write_index + jnp.arange(t)
+    mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
+    x, cache = model._run_layers(model._embed(ids), cos, sin, mask, cache, write_index)
+    return rms_norm(x, model.final_norm[...], model.config.rms_norm_eps), cache
+
+
+class Sampler:
+    """Keeps compiled prefill/decode programs between calls; see module docstring.
+
+    model: a Qwen2. With `mesh`, the model is laid out with ShardingConfig.sampling() (TP
+    weights, batch over data and fsdp) unless it already lives on that mesh.
+    cache_dtype: KV-cache storage dtype. max_len: longest prompt + budget accepted
+    (defaults to the model's max_position_embeddings).
+    """
+
+    def __init__(self, model: Qwen2, *, cache_dtype=jnp.bfloat16, mesh: Mesh | None = None,
+                 buckets: BucketConfig | None = None, max_len: int | None = None):
+        self.mesh = mesh
+        self.cache_dtype = jnp.dtype(cache_dtype)
+        self.buckets = buckets or BucketConfig()
+        self.config = model.config
+        self.max_len = int(max_len or model.config.max_position_embeddings)
+        self.num_compilations = 0
+        self.compiled_keys: set[tuple] = set()
+        model = self._place(model)
+        self._sharding: ShardingConfig = model.sharding
+        self._graphdef, self._state = nnx.split(model)
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("num_new",))
+        self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
+
+    # ----- parameters -----
+    def _place(self, model: Qwen2) -> Qwen2:
+        if self.mesh is not None and (model.mesh is None or model.mesh != self.mesh):
+            model = shard_model(model, self.mesh, ShardingConfig.sampling())
+        return model
+
+    def update_params(self, model_or_state) -> None:
+        """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation."""
+        if isinstance(model_or_state, Qwen2):
+            if model_or_state.config != self.config:
+                raise ValueError("update_params got a model with a different ModelConfig than the sampler's: "
+                                 f"{model_or_state.config} vs {self.config}")
+            graphdef, state = nnx.split(self._place(model_or_state))
+            if graphdef != self._graphdef:
+                raise ValueError("update_params got a model whose structure (graphdef) differs from the sampler's")
+        else:
+            state = model_or_state
+        old = jax.tree.structure(self._state)
+        if jax.tree.structure(state) != old:
+            raise ValueError("update_params got parameters with a different tree structure than the sampler's")
+        for a, b in zip(jax.tree.leaves(self._state), jax.tree.leaves(state)):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(f"update_params: parameter shape/dtype {b.shape}/{b.dtype} differs from "
+                                 f"the sampler's {a.shape}/{a.dtype}")
+        self._state = state
+
+    # ----- layout helpers -----
+    def _batch_shards(self) -> int:
+        if self.mesh is None:
+            return 1
+        axes = self._sharding.batch[0]
+        names = axes if isinstance(axes, tuple) else ((axes,) if axes else ())
+        return math.prod(self.mesh.shape[n] for n in names)
+
+    def _constrain(self, x, spec: P):
+        if self.mesh is None or self.mesh.size == 1:
+            return x
+        return jax.lax.with_sharding_constraint(x, named_sharding(self.mesh, x.shape, spec))
+
+    def _rows_spec(self, ndim: int) -> P:
+        return P(self._sharding.batch[0], *([None] * (ndim - 1)))
+
+    def _put(self, x: np.ndarray, batched: bool):
+        if self.mesh is None:
+            return jnp.asarray(x)
+        spec = self._rows_spec(x.ndim) if batched else P()
+        return jax.device_put(x, named_sharding(self.mesh, x.shape, spec))
+
+    # ----- the two programs -----
+    def _emit(self, st: DecodeState, logits: jax.Array) -> DecodeState:
+        """Sample token `st.step` for every row from logits [B, V]; record it; update stops."""
+        keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.wrap_key_data(k), st.step))(st.row_keys)
+        u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+        tok = sample_from_logits(logits, u, st.temperature, st.top_p, st.top_k)
+        lp = token_logprobs(logits, tok)
+        active = ~st.done
+        col = jnp.where(active, tok, 0)[:, None]
+        tokens = jax.lax.dynamic_update_slice(st.tokens, col, (0, st.step))
+        logprobs = jax.lax.dynamic_update_slice(st.logprobs, jnp.where(active, lp, 0.0)[:, None], (0, st.step))
+        window = push_window(st.window, tok, active)
+        hit = active & stop_hits(window, st.stop_table, st.stop_lengths)
+        length = st.length + active.astype(jnp.int32)
+        return st._replace(tokens=tokens, logprobs=logprobs, window=window, length=length, last=tok,
+                           stopped=st.stopped | hit, done=st.done | hit | (length >= st.budget),
+                           step=st.step + 1)
+
+    def _prefill_impl(self, state, prefix_ids, prefix_pos, prefix_valid, ids, pos, valid, budget, row_keys,
+                      temperature, top_p, top_k, stop_table, stop_lengths, *, num_new: int) -> DecodeState:
+        """prefix_* [1, P] (P may be 0); ids, pos, valid [B, T]; budget [B] (0 = padding row).
+
+        Returns the decode state with token 0 already sampled.
+        """
+        self.num_compilations += 1  # runs only while tracing, i.e. once per compiled program
+        model = nnx.merge(self._graphdef, state)
+        cfg = self.config
+        b, t = ids.shape
+        p = prefix_ids.shape[1]
+        s = p + t + num_new
+        shape = (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim)
+        cache_spec = self._sharding.cache
+        k = self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
+        v = self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
+        kv_valid = jnp.zeros((b, s), bool).at[:, p:p + t].set(valid)
+        if p > 0:
+            pshape = (cfg.num_layers, 1, p, cfg.num_kv_heads, cfg.head_dim)
+            pcache = KVCache(jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
+            _, pcache = _hidden_cached(model, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
+            bshape = (cfg.num_layers, b, p, cfg.num_kv_heads, cfg.head_dim)
+            k = jax.lax.dynamic_update_slice(k, jnp.broadcast_to(pcache.k, bshape), (0, 0, 0, 0, 0))
+            v = jax.lax.dynamic_update_slice(v, jnp.broadcast_to(pcache.v, bshape), (0, 0, 0, 0, 0))
+            kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (b, p)))
+        kv_valid = self._constrain(kv_valid, self._rows_spec(2))
+        hidden, cache = _hidden_cached(model, ids, pos, KVCache(k, v), kv_valid, p)
+        # Left padding puts every row's last prompt token in the last suffix slot.
+        logits = model.logits_from_hidden(hidden[:, -1:])[:, 0]
+        cache = KVCache(self._constrain(cache.k, cache_spec), self._constrain(cache.v, cache_spec))
+        w = stop_table.shape[1]
+        st = DecodeState(
+            cache=cache, kv_valid=kv_valid, last=jnp.zeros((b,), jnp.int32),
+            pos=jnp.max(jnp.where(valid, pos, 0), axis=1) + 1, step=jnp.zeros((), jnp.int32),
+            first_slot=jnp.asarray(p + t, jnp.int32),
+            tokens=jnp.zeros((b, num_new), jnp.int32), logprobs=jnp.zeros((b, num_new), jnp.float32),
+            window=jnp.full((b, w), NO_TOKEN, jnp.int32), done=budget <= 0, stopped=jnp.zeros((b,), bool),
+            length=jnp.zeros((b,), jnp.int32), budget=budget, row_keys=row_keys, temperature=temperature,
+            top_p=top_p, top_k=top_k, stop_table=stop_table, stop_lengths=stop_lengths)
+        return self._emit(st, logits)
+
+    def _decode_impl(self, state, st: DecodeState) -> DecodeState:
+        """Feed the last token, sample the next, until all rows are done or budgets are spent."""
+        self.num_compilations += 1
+        model = nnx.merge(self._graphdef, state)
+        max_steps = jnp.max(st.budget)
+
+        def cond(st: DecodeState):
+            return (st.step < max_steps) & ~jnp.all(st.done)
+
+        def body(st: DecodeState):
+            slot = st.first_slot + st.step - 1  # where the last sampled token goes
+            b = st.last.shape[0]
+            kv_valid = jax.lax.dynamic_update_slice(st.kv_valid, jnp.ones((b, 1), bool), (0, slot))
+            logits, cache = model.forward_cached(st.last[:, None], st.pos[:, None], st.cache, kv_valid, slot)
+            st = st._replace(cache=cache, kv_valid=kv_valid, pos=st.pos + 1)
+            return self._emit(st, logits[:, 0])
+
+        return jax.lax.while_loop(cond, body, st)
+
+    # ----- host side -----
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int | Sequence[int], temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
+                 stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0,
+                 share_prefix: bool | None = None) -> list[Completion]:
+        """Complete every prompt (a list of token ids). See module docstring for the layout.
+
+        max_new_tokens: one budget, or one per prompt. temperature 0 = greedy. top_k 0 and
+        top_p 1 are off. share_prefix: None decides by BucketConfig.min_shared_prefix.
+        """
+        stops = normalize_stops(stop_token_ids, stop_sequences)
+        budgets = validate_request(prompts, max_new_tokens, temperature, top_p, top_k, self.config.vocab_size,
+                                   self.max_len, stops)
+        prompts = [list(map(int, p)) for p in prompts]
+        bk = self.buckets
+        n = len(prompts)
+        lens = [len(p) for p in prompts]
+        shared = min(common_prefix_length(prompts), min(lens) - 1)  # each row keeps >= 1 suffix token
+        if share_prefix is None:
+            share_prefix = n > 1 and shared >= bk.min_shared_prefix
+        plen = shared if share_prefix and shared > 0 else 0
+        b = bk.batch(n, self._batch_shards())
+        pb = bk.prompt(plen) if plen else 0
+        tb = bk.prompt(max(lens) - plen)
+        nb = bk.new_tokens(max(budgets))
+
+        prefix_ids = np.zeros((1, pb), np.int32)
+        prefix_pos = np.zeros((1, pb), np.int32)
+        prefix_valid = np.zeros((1, pb), bool)
+        if plen:
+            prefix_ids[0, pb - plen:] = prompts[0][:plen]
+            prefix_pos[0, pb - plen:] = np.arange(plen)
+            prefix_valid[0, pb - plen:] = True
+        ids = np.zeros((b, tb), np.int32)
+        pos = np.zeros((b, tb), np.int32)
+        valid = np.zeros((b, tb), bool)
+        budget = np.zeros((b,), np.int32)
+        for i, p in enumerate(prompts):
+            suf = p[plen:]
+            ids[i, tb - len(suf):] = suf
+            pos[i, tb - len(suf):] = np.arange(plen, len(p))
+            valid[i, tb - len(suf):] = True
+            budget[i] = budgets[i]
+        for i in range(n, b):  # padding rows: one dummy token, budget 0 (done from the start)
+            valid[i, -1] = True
+        base = jax.random.key(int(seed))
+        row_keys = np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(b))))
+        table, lengths = pack_stops(stops)
+
+        key = (b, pb, tb, nb, table.shape)
+        self.compiled_keys.add(key)
+        st = self._prefill(self._state, self._put(prefix_ids, False), self._put(prefix_pos, False),
+                           self._put(prefix_valid, False), self._put(ids, True), self._put(pos, True),
+                           self._put(valid, True), self._put(budget, True), self._put(row_keys, True),
+                           jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), self._put(table, False),
+                           self._put(lengths, False), num_new=nb)
+        st = self._decode(self._state, st)
+        tokens, logprobs, length, stopped = jax.device_get((st.tokens, st.logprobs, st.length, st.stopped))
+        return [Completion(tokens=tokens[i, :length[i]].tolist(), logprobs=logprobs[i, :length[i]].tolist(),
+                           finish_reason="stop" if stopped[i] else "length") for i in range(n)]
+
+
+def generate(model: Qwen2, prompts: list[list[int]], *, max_new_tokens: int | Sequence[int],
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
+             stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0, cache_dtype=jnp.bfloat16,
+             mesh: Mesh | None = None) -> list[Completion]:
+    """One-shot generation (builds a Sampler; keep a Sampler to reuse compiled programs)."""
+    return Sampler(model, cache_dtype=cache_dtype, mesh=mesh).generate(
+        prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        stop_token_ids=stop_token_ids, stop_sequences=stop_sequences, seed=seed)

@@ -1,0 +1,96 @@
+"""Pure helpers of the sampler: buckets, stop tables, token filtering."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memsearcher_jax.sampling import (BucketConfig, bucket, common_prefix_length, filter_mask, find_stop,
+                                      normalize_stops, pack_stops, push_window, sample_from_logits, stop_hits,
+                                      token_logprobs)
+from memsearcher_jax.sampling.stopping import NO_TOKEN
+
+
+def test_bucket_powers_of_two_and_steps():
+    assert [bucket(n, 16) for n in (0, 1, 16, 17, 33, 100)] == [16, 16, 16, 32, 64, 128]
+    assert [bucket(n, 16, 2) for n in (17, 24, 25, 33, 300, 500)] == [24, 24, 32, 48, 384, 512]
+    assert bucket(5, 1, 1, multiple_of=4) == 8 and bucket(3, 1, 1, multiple_of=6) == 6
+    for n in range(1, 2000):
+        b = bucket(n, 8, 2)
+        assert n <= b <= max(8, int(np.ceil(n * 1.5)))
+    with pytest.raises(ValueError, match="minimum"):
+        bucket(3, 0)
+    with pytest.raises(ValueError, match="BucketConfig.min_batch"):
+        BucketConfig(min_batch=0)
+
+
+def test_bucket_count_is_bounded():
+    cfg = BucketConfig(min_prompt=16, prompt_steps_per_octave=2)
+    sizes = {cfg.prompt(n) for n in range(1, 4097)}
+    assert len(sizes) == 2 * 8 + 1  # 16, 24, 32, 48, ..., 3072, 4096
+    assert {cfg.new_tokens(n) for n in range(1, 513)} == {16, 32, 64, 128, 256, 512}
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[1, 2, 3]]) == 3
+    assert common_prefix_length([[5], [1, 2]]) == 0
+
+
+def test_stop_table_and_hits():
+    stops = normalize_stops([7, 7], [[3, 4, 5], [9, 8]])
+    assert stops == [(7,), (3, 4, 5), (9, 8)]
+    table, lengths = pack_stops(stops)
+    assert table.shape == (4, 4) and lengths.tolist() == [1, 3, 2, 0]
+    windows = np.array([
+        [NO_TOKEN, 1, 2, 7],   # ends with 7
+        [1, 3, 4, 5],          # ends with 3 4 5
+        [NO_TOKEN, NO_TOKEN, 4, 5],  # only the tail of 3 4 5: no
+        [1, 9, 8, 2],          # 9 8 not at the end: no
+        [0, 0, 9, 8],          # ends with 9 8
+        [0, 0, 0, 0],          # the unused table row (length 0) must not match
+    ], np.int32)
+    hits = np.asarray(stop_hits(jnp.asarray(windows), jnp.asarray(table), jnp.asarray(lengths)))
+    assert hits.tolist() == [True, True, False, False, True, False]
+    with pytest.raises(ValueError, match="empty sequence"):
+        normalize_stops([], [[]])
+
+
+def test_push_window_only_active_rows():
+    w = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
+    out = push_window(w, jnp.asarray([9, 9]), jnp.asarray([True, False]))
+    assert np.asarray(out).tolist() == [[2, 3, 9], [4, 5, 6]]
+
+
+def test_find_stop_reference():
+    stops = [(5,), (1, 2)]
+    assert find_stop([0, 1, 2, 5], stops) == 3
+    assert find_stop([0, 5, 1, 2], stops) == 2
+    assert find_stop([0, 1, 3], stops) is None
+
+
+def test_filter_mask_top_p_top_k():
+    logits = jnp.log(jnp.asarray([[0.5, 0.2, 0.15, 0.1, 0.05]], jnp.float32))
+    keep = lambda p, k: np.asarray(filter_mask(logits, jnp.float32(p), jnp.int32(k)))[0].tolist()
+    assert keep(1.0, 0) == [True] * 5
+    assert keep(0.5, 0) == [True, False, False, False, False]   # 0.5 reaches 0.5
+    assert keep(0.6, 0) == [True, True, False, False, False]
+    assert keep(0.86, 0) == [True, True, True, True, False]     # 0.85 < 0.86
+    assert keep(1.0, 2) == [True, True, False, False, False]
+    # top-p is measured on the top-k renormalised distribution: 0.5/0.85 < 0.6 -> two kept
+    assert keep(0.6, 3) == [True, True, False, False, False]
+    assert keep(1e-6, 0) == [True, False, False, False, False]
+
+
+def test_sample_from_logits_greedy_and_support():
+    logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0]] * 256, jnp.float32)
+    u = jax.random.uniform(jax.random.key(0), (256,))
+    greedy = sample_from_logits(logits, u, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
+    assert set(np.asarray(greedy).tolist()) == {1}
+    topk = sample_from_logits(logits, u, jnp.float32(1.0), jnp.float32(1.0), jnp.int32(2))
+    assert set(np.asarray(topk).tolist()) == {1, 3}
+    full = sample_from_logits(logits, u, jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+    assert set(np.asarray(full).tolist()) == {0, 1, 2, 3}
+    lp = token_logprobs(logits[:1], jnp.asarray([3]))
+    assert abs(float(lp[0]) - float(jax.nn.log_softmax(logits[0])[3])) < 1e-6
