@@ -1,0 +1,155 @@
+"""Multi-host start-up: one Python process per host, all running the same program.
+
+`initialize_from_env()` calls `jax.distributed.initialize` from whatever the launcher set:
+    MEMSEARCHER_COORDINATOR / MEMSEARCHER_NUM_PROCESSES / MEMSEARCHER_PROCESS_ID  (explicit; wins)
+    SLURM_NTASKS / SLURM_PROCID / SLURM_STEP_NODELIST                        (srun, one task per node)
+    TPU VM pod metadata                                                      (no arguments needed)
+and does nothing for a single process. After it, `jax.devices()` lists every chip of the pod
+and `global_mesh` lays the ("data", "fsdp", "tp") mesh over all of them.
+
+Rollout host-side work (retrieval calls, tool-call parsing, rewards) is NOT sharded by JAX:
+each host runs it for its own rows only, the questions `host_shard` gives it, against its own
+retriever (an in-process index or a shared server URL). Only the jitted programs see the
+global batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
+DEFAULT_PORT = 8476  # coordinator port when SLURM gives only the node list
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """How this process joins the job; `kind` is "single", "explicit", "slurm" or "tpu"."""
+
+    kind: str
+    coordinator: str | None = None
+    num_processes: int = 1
+    process_id: int = 0
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a SLURM node list: "gpu-[003-005,9],cpu1" -> "gpu-003"."""
+    first = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not first or not first.group(1):
+        raise ValueError(f"cannot parse SLURM node list {nodelist!r}")
+    prefix, ranges = first.group(1), first.group(3)
+    if ranges is None:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _int(env: Mapping[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise ValueError(f"environment variable {key}={env[key]!r} is not an integer") from None
+
+
+def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterSpec:
+    """Read the environment (no jax import): which launcher started us and where to connect."""
+    env = os.environ if env is None else env
+    explicit = [k for k in ("MEMSEARCHER_COORDINATOR", "MEMSEARCHER_NUM_PROCESSES", "MEMSEARCHER_PROCESS_ID")
+                if k in env]
+    if explicit:
+        missing = sorted({"MEMSEARCHER_COORDINATOR", "MEMSEARCHER_NUM_PROCESSES", "MEMSEARCHER_PROCESS_ID"}
+                         - set(explicit))
+        if missing:
+            raise ValueError(f"multi-host env is incomplete: {explicit} set but {missing} missing")
+        n, pid = _int(env, "MEMSEARCHER_NUM_PROCESSES"), _int(env, "MEMSEARCHER_PROCESS_ID")
+        if not 0 <= pid < n:
+            raise ValueError(f"MEMSEARCHER_PROCESS_ID={pid} is outside [0, MEMSEARCHER_NUM_PROCESSES={n})")
+        if ":" not in env["MEMSEARCHER_COORDINATOR"]:
+            raise ValueError(f"MEMSEARCHER_COORDINATOR={env['MEMSEARCHER_COORDINATOR']!r} must be host:port")
+        return ClusterSpec("explicit" if n > 1 else "single", env["MEMSEARCHER_COORDINATOR"], n, pid)
+    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
+        n = _int(env, "SLURM_NTASKS")
+        if n > 1:
+            nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            if not nodes:
+                raise ValueError("SLURM_NTASKS > 1 but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set")
+            port = env.get("MEMSEARCHER_COORDINATOR_PORT", str(DEFAULT_PORT))
+            return ClusterSpec("slurm", f"{first_slurm_host(nodes)}:{port}", n, _int(env, "SLURM_PROCID"))
+    if env.get("TPU_WORKER_HOSTNAMES") and "," in env["TPU_WORKER_HOSTNAMES"]:
+        # A multi-host TPU VM: jax reads the pod metadata itself.
+        return ClusterSpec("tpu", None, len(env["TPU_WORKER_HOSTNAMES"].split(",")), _int(env, "TPU_WORKER_ID")
+                           if "TPU_WORKER_ID" in env else 0)
+    return ClusterSpec("single")
+
+
+def initialize_from_env(env: Mapping[str, str] | None = None, timeout_s: int = 300) -> ClusterSpec:
+    """Join the multi-host job described by the environment; a no-op for one process."""
+    spec = detect_cluster(env)
+    if spec.kind == "single":
+        return spec
+    import jax
+
+    if jax.distributed.is_initialized():
+        return spec
+    if spec.kind == "tpu":
+        jax.distributed.initialize(initialization_timeout=timeout_s)
+    else:
+        _cpu_collectives_if_needed(env)
+        jax.distributed.initialize(coordinator_address=spec.coordinator, num_processes=spec.num_processes,
+                                   process_id=spec.process_id, initialization_timeout=timeout_s)
+    return spec
+
+
+def _cpu_collectives_if_needed(env: Mapping[str, str] | None) -> None:
+    # CPU processes need a cross-process collectives library (gloo); GPUs use NCCL anyway.
+    env = os.environ if env is None else env
+    if env.get("JAX_PLATFORMS", "").startswith("cpu") or env.get("MEMSEARCHER_CPU_COLLECTIVES"):
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def host_shard(items: Sequence[T], process_index: int, process_count: int) -> list[T]:
+    """This host's contiguous slice of a global batch (equal sizes; the batch must divide).
+
+    Contiguous slices keep a question's G samples on one host, so group statistics need no
+    cross-host exchange before the rows are gathered.
+    """
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} is outside [0, process_count={process_count})")
+    if len(items) % process_count:
+        raise ValueError(f"a batch of {len(items)} cannot be split evenly over {process_count} hosts; "
+                         f"make rl.batch_questions a multiple of the host count")
+    per = len(items) // process_count
+    return list(items[process_index * per:(process_index + 1) * per])
+
+
+def global_mesh(data: int, fsdp: int, tp: int):
+    """The ("data", "fsdp", "tp") mesh over every device of every process.
+
+    jax.devices() is ordered by process, so `tp` (the innermost axis) stays inside a host and
+    its all-reduces never cross the slower inter-host links.
+    """
+    import jax
+
+    from memsearcher_jax.models import make_mesh
+
+    n_local = jax.local_device_count()
+    if jax.process_count() > 1 and n_local % tp:
+        raise ValueError(f"mesh.tp={tp} does not divide the {n_local} devices of one host; "
+                         "tensor parallelism across hosts is not supported")
+    return make_mesh(data, fsdp, tp, devices=jax.devices())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m memsearcher_jax.distributed train ...`: join the job, then run the CLI."""
+    import sys
+
+    initialize_from_env()
+    from memsearcher_jax.cli import main as cli_main
+
+    return cli_main(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
