@@ -1,0 +1,20 @@
+"""Qwen2.5-3B-Instruct, MemSearcher recipe (B=256, G=5) on v4-32.
+
+    memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v4_32.py
+"""
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
+recipe_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recipe_base)
+
+
+def get_config():
+    # 16 chips x 32 GiB. tp=4 splits the f32 logits [row, 8K, V] four ways and fsdp=4 the weights; the cache (2 KV heads) splits over fsdp only, so rollouts run 160 rows at a time.
+    c = recipe_base.recipe("qwen2_5_3b", "v4_32", data=1, fsdp=4, tp=4,
+                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                           micro_batch_size=4, logprob_batch_size=4)
+    c.sampler.batch_size = 160  # rollout rows per sampler pass (B*G=1280 in 8 passes)
+    return c
