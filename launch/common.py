@@ -1,0 +1,72 @@
+"""Shared by the launchers: read a recipe's hardware section, print or run shell commands.
+
+No jax here: the launchers run on a laptop that may not have it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from typing import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_ENTRY = ["python", "-m", "memsearcher_jax.distributed", "train"]  # joins the job, then runs the CLI
+
+
+class LaunchError(ValueError):
+    """A launcher argument or recipe is unusable; the message names it."""
+
+
+def load_recipe(path: str):
+    """get_config() of a recipe file (ml-collections only, no jax)."""
+    if not os.path.isfile(path):
+        raise LaunchError(f"config file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"_launch_recipe_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    if "hardware" not in cfg:
+        raise LaunchError(f"{path} has no `hardware` section (device_kind, num_devices, ...); "
+                          "use a configs/recipe_*.py file")
+    return cfg
+
+
+def repo_relative(path: str) -> str:
+    """The config path as the workers see it (inside their copy of the repo)."""
+    absolute = os.path.abspath(path)
+    if absolute.startswith(ROOT + os.sep):
+        return os.path.relpath(absolute, ROOT)
+    return absolute
+
+
+def retrieval_overrides(mode: str, url: str | None, index_dir: str | None) -> list[str]:
+    """`in-process`: every host loads the index itself and serves its own rows;
+    `shared`: every host calls one retrieval server."""
+    if mode == "shared":
+        if not url:
+            raise LaunchError("--retrieval shared needs --retrieval-url (e.g. http://10.0.0.2:8000)")
+        return ["--config.retrieval.kind=http", f"--config.retrieval.url={url}"]
+    if mode == "in-process":
+        if not index_dir:
+            raise LaunchError("--retrieval in-process needs --index-dir, a directory every host can read")
+        return ["--config.retrieval.kind=index", f"--config.retrieval.index_dir={index_dir}"]
+    raise LaunchError(f"--retrieval must be in-process or shared, got {mode!r}")
+
+
+def render(cmd: Sequence[str]) -> str:
+    return shlex.join(cmd)
+
+
+def execute(commands: list[list[str]], dry_run: bool) -> int:
+    """Print each command; unless dry_run, run it with its output streamed, stopping at a failure."""
+    for cmd in commands:
+        print(("" if dry_run else "+ ") + render(cmd), flush=True)
+        if dry_run:
+            continue
+        rc = subprocess.call(cmd)  # inherits our stdout/stderr: remote logs stream straight through
+        if rc != 0:
+            print(f"command failed with exit code {rc}: {render(cmd)}", file=sys.stderr)
+            return rc
+    return 0

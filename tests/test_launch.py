@@ -1,0 +1,163 @@
+"""Launchers (dry runs print exactly the commands) and the environment side of multi-host start-up."""
+from __future__ import annotations
+
+import glob
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import slurm_gpu, tpu_pod
+from memsearcher_jax.distributed import ClusterSpec, detect_cluster, first_slurm_host, host_shard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = sorted(glob.glob(os.path.join(ROOT, "configs", "recipe_qwen*.py")))
+TPU = [p for p in RECIPES if "_h100_" not in p]
+GPU = [p for p in RECIPES if "_h100_" in p]
+ACCEL = {"v4_32": ("v4-32", "tpu-ubuntu2204-base"), "v5e_64": ("v5litepod-64", "v2-alpha-tpuv5-lite"),
+         "v5p_128": ("v5p-128", "v2-alpha-tpuv5")}
+
+
+def _lines(capsys):
+    return [l for l in capsys.readouterr().out.splitlines() if l.strip()]
+
+
+@pytest.mark.parametrize("path", TPU, ids=os.path.basename)
+def test_tpu_dry_run_prints_create_install_and_one_train_command_for_all_workers(path, capsys):
+    rc = tpu_pod.main(["--config", path, "--name", "ms", "--zone", "us-west4-a", "--project", "p1",
+                       "--retrieval", "shared", "--retrieval-url", "http://10.0.0.2:8000", "--dry-run",
+                       "--config.train.steps=7"])
+    assert rc == 0
+    cmds = [shlex.split(l) for l in _lines(capsys)]
+    pod = next(k for k in ACCEL if k in path)
+    accel, version = ACCEL[pod]
+    assert cmds[0] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "ms", "--zone", "us-west4-a", "--project",
+                       "p1", f"--accelerator-type={accel}", f"--version={version}"]
+    assert cmds[1][:2] == ["git", "-C"] and cmds[1][-1] == "HEAD"
+    assert cmds[2][4] == "scp" and "--worker=all" in cmds[2]
+    assert cmds[3][4] == "ssh" and "--worker=all" in cmds[3] and "pip install" in cmds[3][-1]
+    train = cmds[4]
+    assert train[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ms"] and "--worker=all" in train
+    remote = train[-1].removeprefix("--command=")
+    inner = shlex.split(remote.split("&&", 1)[1].split("2>&1")[0])
+    assert inner == ["python", "-m", "memsearcher_jax.distributed", "train", "--config",
+                     os.path.relpath(path, ROOT), "--config.retrieval.kind=http",
+                     "--config.retrieval.url=http://10.0.0.2:8000", "--config.train.steps=7"]
+    assert remote.endswith("| tee ~/train.log")
+    assert len(cmds) == 5
+
+
+def test_tpu_reuse_skips_create_and_in_process_retrieval_uses_the_index(capsys):
+    rc = tpu_pod.main(["--config", TPU[0], "--name", "ms", "--zone", "z", "--reuse", "--no-install",
+                       "--retrieval", "in-process", "--index-dir", "/mnt/idx", "--dry-run"])
+    assert rc == 0
+    cmds = _lines(capsys)
+    assert len(cmds) == 1 and "create" not in cmds[0]
+    assert "--config.retrieval.kind=index --config.retrieval.index_dir=/mnt/idx" in cmds[0]
+
+
+def test_tpu_launcher_errors_name_the_problem(capsys):
+    assert tpu_pod.main(["--config", GPU[0], "--name", "x", "--zone", "z", "--retrieval-url", "u", "--dry-run"]) == 2
+    assert "launch/slurm_gpu.py" in capsys.readouterr().err
+    assert tpu_pod.main(["--config", TPU[0], "--name", "x", "--zone", "z", "--dry-run"]) == 2
+    assert "--retrieval-url" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tpu_pod.main(["--config", TPU[0], "--name", "x", "--zone", "z", "--retrieval-url", "u", "--bogus"])
+
+
+@pytest.mark.parametrize("path", GPU, ids=os.path.basename)
+def test_slurm_dry_run_prints_the_script_and_sbatch(path, capsys, tmp_path):
+    script = str(tmp_path / "job.sbatch")
+    rc = slurm_gpu.main(["--config", path, "--partition", "h100", "--retrieval", "in-process",
+                         "--index-dir", "/shared/e5", "--script", script, "--dry-run", "--config.train.steps=3"])
+    assert rc == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"# {script}" and out[1] == "#!/bin/bash" and out[-1] == f"sbatch {script}"
+    body = "\n".join(out)
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=h100", "export MEMSEARCHER_NUM_PROCESSES=1"):
+        assert line in out, line
+    assert 'MEMSEARCHER_COORDINATOR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):8476"' in body
+    srun = next(l for l in out if l.startswith("srun "))
+    task = shlex.split(srun)[-1]
+    assert task.startswith("export MEMSEARCHER_PROCESS_ID=$SLURM_PROCID; exec python -m memsearcher_jax.distributed")
+    assert shlex.split(task.split("exec ", 1)[1]) == [
+        "python", "-m", "memsearcher_jax.distributed", "train", "--config", os.path.relpath(path, ROOT),
+        "--config.retrieval.kind=index", "--config.retrieval.index_dir=/shared/e5", "--config.train.steps=3"]
+    assert not os.path.exists(script)  # a dry run writes nothing
+
+
+def test_slurm_writes_the_script_when_not_dry(tmp_path, monkeypatch, capsys):
+    # A fake sbatch on PATH: the script is written, then submitted.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    (tmp_path / "sbatch").write_text("#!/bin/sh\necho submitted \"$1\"\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    script = str(tmp_path / "s" / "job.sbatch")
+    rc = slurm_gpu.main(["--config", GPU[0], "--retrieval", "shared", "--retrieval-url", "http://h:8000",
+                         "--script", script])
+    assert rc == 0 and open(script).read().startswith("#!/bin/bash\n")
+    assert "--config.retrieval.url=http://h:8000" in open(script).read()
+
+
+def test_slurm_node_count_must_match_the_recipe(capsys):
+    rc = slurm_gpu.main(["--config", GPU[0], "--nodes", "2", "--index-dir", "/x", "--dry-run"])
+    assert rc == 2 and "hardware.num_devices=8" in capsys.readouterr().err
+    assert slurm_gpu.main(["--config", TPU[0], "--index-dir", "/x", "--dry-run"]) == 2
+    assert "launch/tpu_pod.py" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["launch/tpu_pod.py", "launch/slurm_gpu.py"])
+def test_help_is_instant_and_imports_no_jax(script):
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--dry-run" in out.stdout and "--retrieval" in out.stdout
+    assert time.perf_counter() - t0 < 10
+    mod = os.path.splitext(os.path.basename(script))[0]
+    probe = subprocess.run([sys.executable, "-c", f"import sys, launch.{mod}; print('jax' in sys.modules)"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip() == "False", probe.stderr
+
+
+# ----------------------------------------------------------------------------- distributed env
+
+def test_detect_cluster_from_each_launcher():
+    assert detect_cluster({}) == ClusterSpec("single")
+    env = {"MEMSEARCHER_COORDINATOR": "10.0.0.1:1234", "MEMSEARCHER_NUM_PROCESSES": "4", "MEMSEARCHER_PROCESS_ID": "3",
+           "SLURM_NTASKS": "9", "SLURM_PROCID": "0"}
+    assert detect_cluster(env) == ClusterSpec("explicit", "10.0.0.1:1234", 4, 3)  # explicit wins over SLURM
+    slurm = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "gpu-[007-010]"}
+    assert detect_cluster(slurm) == ClusterSpec("slurm", "gpu-007:8476", 4, 2)
+    assert detect_cluster({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}).kind == "single"
+    tpu = {"TPU_WORKER_HOSTNAMES": "a,b,c,d", "TPU_WORKER_ID": "1"}
+    assert detect_cluster(tpu) == ClusterSpec("tpu", None, 4, 1)
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"MEMSEARCHER_COORDINATOR": "h:1"}, "MEMSEARCHER_NUM_PROCESSES"),
+    ({"MEMSEARCHER_COORDINATOR": "h:1", "MEMSEARCHER_NUM_PROCESSES": "2", "MEMSEARCHER_PROCESS_ID": "2"}, "outside"),
+    ({"MEMSEARCHER_COORDINATOR": "h", "MEMSEARCHER_NUM_PROCESSES": "2", "MEMSEARCHER_PROCESS_ID": "0"}, "host:port"),
+    ({"SLURM_NTASKS": "two", "SLURM_PROCID": "0"}, "SLURM_NTASKS='two'"),
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, "SLURM_STEP_NODELIST"),
+])
+def test_bad_environments_are_named(env, match):
+    with pytest.raises(ValueError, match=match):
+        detect_cluster(env)
+
+
+def test_first_slurm_host():
+    assert first_slurm_host("node17") == "node17"
+    assert first_slurm_host("gpu-[003-005,9],cpu1") == "gpu-003"
+    assert first_slurm_host("a[1,3]") == "a1"
+
+
+def test_host_shard_partitions_the_batch_in_order():
+    items = list(range(12))
+    shards = [host_shard(items, i, 3) for i in range(3)]
+    assert shards == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="cannot be split evenly over 5 hosts"):
+        host_shard(items, 0, 5)
+    with pytest.raises(ValueError, match="outside"):
+        host_shard(items, 3, 3)
