@@ -1,0 +1,225 @@
+"""Prompts assembled in token space with Qwen chat markup (SPEC §1).
+
+The fixed pieces (system prompts, role headers, instructions) are tokenized once; only the
+question, memory and documents are tokenized per call. Text pieces are cut exactly at
+special/added-token boundaries, so an assembled sequence equals tokenizing its rendered
+string in one go (tests check this), and free text is tokenized with special tokens split,
+so a document containing "<|im_end|>" cannot end a turn.
+
+MemSearcher turn (one conversation):
+    context  = <|im_start|>system\\n{SYSTEM}<|im_end|>\\n
+               <|im_start|>user\\n<question> q </question>\\n<memory> m </memory><|im_end|>\\n
+               <|im_start|>assistant\\n<think>
+    act      = ...</think> then \\boxed{..} or <tool_call>..</tool_call>s, ending <|im_end|>  (generated)
+    obs      = \\n<|im_start|>user\\n<tool_response>\\n..\\n</tool_response>\\n... {UPDATE}<|im_end|>\\n
+               <|im_start|>assistant\\n
+    update   = ...<memory>..</memory><|im_end|>  (generated)
+
+ReAct baseline (one growing conversation): the same system prompt minus memory, the
+question, then after each act `\\n<|im_start|>user\\n{tool responses}<|im_end|>\\n<|im_start|>assistant\\n<think>`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from retrieval.base import ERROR_HIT_ID, Hit
+
+TOOL_NAME = "wikipedia_search"
+
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+THINK, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<think>", "<tool_response>", "</tool_response>"
+
+
+def tool_schema(default_top_n: int) -> dict:
+    """The wikipedia_search tool as an OpenAI-style JSON function schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Search Wikipedia and return the most relevant passages.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "The search query."},
+                    "top_n": {"type": "integer", "description": f"Number of passages to return (default {default_top_n})."},
+                },
+                "required": ["query"],
+            },
+        },
+    }
+
+
+def _tool_block(default_top_n: int) -> str:
+    example = json.dumps({"name": TOOL_NAME, "arguments": {"query": "...", "top_n": default_top_n}})
+    return (
+        "# Tools\n<tools>\n" + json.dumps(tool_schema(default_top_n)) + "\n</tools>\n\n"
+        "To search, write one or more tool calls, each as\n<tool_call>" + example + "</tool_call>\n"
+    )
+
+
+def memsearcher_system_prompt(default_top_n: int = 5) -> str:
+    return (
+        "You answer questions by searching Wikipedia. Each turn you see the question and your memory: "
+        "the notes you kept from earlier searches.\n\n"
+        + _tool_block(default_top_n)
+        + "\n# Steps\n"
+        "1. Think inside <think> </think>.\n"
+        "2. If your memory is enough, give the final answer as \\boxed{answer}, a few words only. "
+        "Otherwise search with tool calls.\n"
+        "3. After the results arrive, write your updated memory inside <memory> </memory>: "
+        "keep every fact that helps answer the question, drop the rest."
+    )
+
+
+def react_system_prompt(default_top_n: int = 5) -> str:
+    return (
+        "You answer questions by searching Wikipedia.\n\n"
+        + _tool_block(default_top_n)
+        + "\n# Steps\n"
+        "1. Think inside <think> </think>.\n"
+        "2. If you know enough, give the final answer as \\boxed{answer}, a few words only. "
+        "Otherwise search with tool calls; the results come back in the next message."
+    )
+
+
+MEMORY_UPDATE_INSTRUCTION = (
+    "Read the search results above. Update your memory with what helps answer the question "
+    "and return the full updated memory inside <memory> </memory>."
+)
+NO_RESULTS = "No results found."
+
+
+def format_hits(hits: Sequence[Hit]) -> str:
+    """Documents as `Doc i (Title: title) text`, one per line; an error hit as its message."""
+    if not hits:
+        return NO_RESULTS
+    lines = []
+    for i, hit in enumerate(hits, 1):
+        if hit.id == ERROR_HIT_ID:
+            lines.append(f"Search failed: {hit.contents}")
+            continue
+        title, _, text = hit.contents.partition("\n")
+        lines.append(f"Doc {i} (Title: {title.strip()}) {text.strip()}".rstrip())
+    return "\n".join(lines)
+
+
+class PromptBuilder:
+    """Builds token-id prompts for the MemSearcher and ReAct workflows.
+
+    tokenizer: a Hugging Face Qwen tokenizer (chat markup `<|im_start|>`/`<|im_end|>`,
+    `<think>` and `<tool_response>` as single tokens).
+    """
+
+    def __init__(self, tokenizer, *, default_top_n: int = 5):
+        self.tokenizer = tokenizer
+        self.default_top_n = default_top_n
+        self.im_start_id = self._single_id(IM_START)
+        self.eos_id = self._single_id(IM_END)  # the end-of-turn token generation stops on
+        self.pad_id = self._single_id(ENDOFTEXT)
+        self.think_id = self._single_id(THINK)
+        self.tool_response_open_id = self._single_id(TOOL_RESPONSE_OPEN)
+        self.tool_response_close_id = self._single_id(TOOL_RESPONSE_CLOSE)
+
+        s, e, nl = self.im_start_id, self.eos_id, self._enc("\n")
+        self._mem_system = [s, *self._enc("system\n" + memsearcher_system_prompt(default_top_n)), e, *nl]
+        self._react_system = [s, *self._enc("system\n" + react_system_prompt(default_top_n)), e, *nl]
+        self._user_header = [s, *self._enc("user\n")]
+        self._turn_end_newline = [e, *nl]
+        self._assistant_header = [s, *self._enc("assistant\n")]
+        self._newline = nl
+        self._obs_user_header = [*nl, *self._user_header]
+        self._update_instruction = self._enc(MEMORY_UPDATE_INSTRUCTION)
+        # Asserts the pieces do not merge across boundaries: "user\n" + "<question>" etc.
+        for piece in ("system\n", "user\n", "assistant\n"):
+            if self._enc(piece + "<x")[: len(self._enc(piece))] != self._enc(piece):
+                raise ValueError(f"tokenizer merges {piece!r} with the following text; token-space assembly would differ")
+
+    # ------------------------------------------------------------------ helpers
+    def _single_id(self, token: str) -> int:
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"tokenizer must encode {token!r} as one token (Qwen chat markup), got {ids}")
+        return ids[0]
+
+    def _enc(self, text: str) -> list[int]:
+        """Free text to ids; special-token strings in it stay plain text."""
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def _tool_responses(self, results: Sequence[Sequence[Hit]]) -> list[int]:
+        """`<tool_response>\\n{docs}\\n</tool_response>` blocks joined by newlines, one per call."""
+        ids: list[int] = []
+        for k, hits in enumerate(results):
+            if k:
+                ids += self._newline
+            ids += [self.tool_response_open_id, *self._enc("\n" + format_hits(hits) + "\n"), self.tool_response_close_id]
+        return ids
+
+    # ------------------------------------------------------------------ MemSearcher
+    def memsearcher_context(self, question: str, memory: str = "") -> list[int]:
+        """System + `<question> q </question>\\n<memory> m </memory>` + assistant header + `<think>`."""
+        q, m = question.strip(), (memory or "").strip()
+        user = f"<question> {q} </question>\n" + (f"<memory> {m} </memory>" if m else "<memory> </memory>")
+        return [*self._mem_system, *self._user_header, *self._enc(user), *self._turn_end_newline,
+                *self._assistant_header, self.think_id]
+
+    def observation(self, results: Sequence[Sequence[Hit]]) -> list[int]:
+        """Tokens injected after the act (which ended with <|im_end|>): tool responses, the
+        memory-update instruction, and the assistant header. `results`: one hit list per call."""
+        return [*self._obs_user_header, *self._tool_responses(results), *self._newline,
+                *self._update_instruction, *self._turn_end_newline, *self._assistant_header]
+
+    # ------------------------------------------------------------------ ReAct baseline
+    def react_context(self, question: str) -> list[int]:
+        """System + `<question> q </question>` + assistant header + `<think>`."""
+        return [*self._react_system, *self._user_header, *self._enc(f"<question> {question.strip()} </question>"),
+                *self._turn_end_newline, *self._assistant_header, self.think_id]
+
+    def react_observation(self, results: Sequence[Sequence[Hit]]) -> list[int]:
+        """Tokens appended after an act: the tool responses as a user message, then `<think>` again."""
+        return [*self._obs_user_header, *self._tool_responses(results), *self._turn_end_newline,
+                *self._assistant_header, self.think_id]
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids to text, special tokens kept as text (`<|im_end|>` shows)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def split_generation(self, ids: Sequence[int]) -> tuple[list[int], bool]:
+        """Generated ids -> (ids up to but excluding the first <|im_end|> or pad, ended_with_eos).
+
+        ended_with_eos is True iff generation stopped on <|im_end|>; a pad/<|endoftext|> stop
+        or a length cut-off gives False.
+        """
+        ids = [int(i) for i in ids]
+        for k, t in enumerate(ids):
+            if t == self.eos_id:
+                return ids[:k], True
+            if t == self.pad_id:
+                return ids[:k], False
+        return ids, False
+
+    def decode_act(self, ids: Sequence[int]) -> str:
+        """An act generation as text with the pre-filled `<think>` re-attached and the stop token
+        removed: the form `classify_act` and `compute_reward` expect."""
+        body, _ = self.split_generation(ids)
+        return THINK + self.decode(body)
+
+    def decode_update(self, ids: Sequence[int]) -> str:
+        """A memory-update generation as text, stop token removed."""
+        body, _ = self.split_generation(ids)
+        return self.decode(body)
+
+    def count_tokens(self, text: str) -> int:
+        """Token count of free `text` tokenized on its own."""
+        return len(self._enc(text))
+
+    def memory_tokens(self, memory: str) -> int:
+        """How many tokens `memory` adds to the next context, compared with an empty memory
+        (the number to hold against the memory budget)."""
+        m = (memory or "").strip()
+        if not m:
+            return 0
+        return len(self._enc(f"<memory> {m} </memory>")) - len(self._enc("<memory> </memory>"))
