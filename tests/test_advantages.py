@@ -34,8 +34,7 @@ def test_hand_batch_with_group_of_one_and_equal_rewards():
     m = 1.1 / 3
     s = math.sqrt(((1 - m) ** 2 + (0.1 - m) ** 2 + m**2) / 2)
     assert adv[0] == pytest.approx((1 - m) / (s + 1e-6), rel=1e-6)
-    np.testing.assert_allclose(adv[3:6], 0.0, atol=1e-6)  # equal rewards
-    np.testing.assert_allclose(adv[7:10], 0.0, atol=1e-6)
+    assert np.all(adv[3:6] == 0.0) and np.all(adv[7:10] == 0.0)  # equal rewards: exactly 0
     assert adv[6] == pytest.approx(0.7 / (1 + 1e-6))  # group of one: A = R
 
 

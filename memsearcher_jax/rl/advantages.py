@@ -41,7 +41,15 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
     single = counts == 1
     means = np.where(single, 0.0, means)
     std = np.where(single, 1.0, std)
-    return ((r - means[inv]) / (std[inv] + eps)).astype(np.float32)
+    adv = (r - means[inv]) / (std[inv] + eps)
+    # Equal rewards give exactly 0 (the float mean can differ from them by an ulp, / eps).
+    lo = np.full(counts.size, np.inf)
+    hi = np.full(counts.size, -np.inf)
+    np.minimum.at(lo, inv, r)
+    np.maximum.at(hi, inv, r)
+    flat = (lo == hi) & ~single
+    adv[flat[inv]] = 0.0
+    return adv.astype(np.float32)
 
 
 def broadcast_to_rows(traj_advantages, row_traj_ids, traj_ids=None) -> np.ndarray:
