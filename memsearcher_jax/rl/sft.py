@@ -1,0 +1,259 @@
+"""Supervised warm start: masked next-token cross-entropy on agent rows (e.g. scripted demos).
+
+    model, history = sft_train(model, conversations, SFTConfig(steps=300, lr=3e-3), pad_id=builder.pad_id)
+
+Each row is one conversation laid out as prompt + response. The model reads ids[:-1] and is
+scored on ids[1:] only where the target token is a generated one (loss_mask 1): prompts,
+observations and padding never contribute. The loss is an exact token mean over the batch
+(sum of masked NLL / number of masked tokens). Rows are right-padded to a fixed bucket length
+(the smallest of `buckets` that fits), so the step compiles once per bucket actually used.
+Parameters travel as jit arguments (nnx.split), not closed-over constants.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 20               # linear warm-up steps, then cosine decay to lr * final_lr_fraction
+    final_lr_fraction: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    max_len: int = 2048            # rows are cut to this many tokens (prompt + response)
+    buckets: tuple[int, ...] = (512, 1024, 2048)
+    progress: bool = True          # tqdm bar
+
+    def __post_init__(self):
+        problems = []
+        for name in ("steps", "batch_size", "max_len"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup < max(self.steps, 1) + 1:
+            problems.append(f"warmup must be in [0, steps], got {self.warmup}")
+        if not 0 <= self.final_lr_fraction <= 1:
+            problems.append(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
+        if not self.buckets or any(b < 2 for b in self.buckets):
+            problems.append(f"buckets must be non-empty lengths >= 2, got {self.buckets}")
+        if problems:
+            raise ValueError("invalid SFTConfig: " + "; ".join(problems))
+
+    def bucket_for(self, n: int) -> int:
+        """Smallest bucket holding n tokens; past the largest, the next multiple of it."""
+        for b in sorted(self.buckets):
+            if n <= b:
+                return b
+        top = max(self.buckets)
+        return top * math.ceil(n / top)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTRows:
+    """Shifted rows: inputs[i, t] predicts targets[i, t], counted where weights[i, t] = 1."""
+
+    inputs: np.ndarray    # int32 [N, L]
+    targets: np.ndarray   # int32 [N, L]
+    weights: np.ndarray   # float32 [N, L]
+    lengths: np.ndarray   # int32 [N] real positions per row
+    truncated: int        # rows cut to max_len
+
+    def take(self, idx, length: int) -> "SFTRows":
+        return SFTRows(self.inputs[idx, :length], self.targets[idx, :length], self.weights[idx, :length],
+                       self.lengths[idx], 0)
+
+
+def build_rows(conversations: Sequence, pad_id: int, max_len: int) -> SFTRows:
+    """Conversations (prompt_ids, response_ids, loss_mask) -> shifted, right-padded arrays.
+
+    A row longer than max_len tokens keeps its first max_len tokens (counted in `truncated`).
+    """
+    if not conversations:
+        raise ValueError("build_rows: no conversations")
+    seqs, masks, truncated = [], [], 0
+    for i, c in enumerate(conversations):
+        if len(c.response_ids) != len(c.loss_mask):
+            raise ValueError(f"conversation {i}: {len(c.response_ids)} response ids but {len(c.loss_mask)} mask values")
+        ids = list(c.prompt_ids) + list(c.response_ids)
+        mask = [0] * len(c.prompt_ids) + [int(m) for m in c.loss_mask]
+        if len(ids) > max_len:
+            ids, mask, truncated = ids[:max_len], mask[:max_len], truncated + 1
+        seqs.append(ids)
+        masks.append(mask)
+    width = max(len(s) for s in seqs) - 1
+    n = len(seqs)
+    inputs = np.full((n, max(width, 1)), pad_id, np.int32)
+    targets = np.full((n, max(width, 1)), pad_id, np.int32)
+    weights = np.zeros((n, max(width, 1)), np.float32)
+    lengths = np.zeros(n, np.int32)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        k = len(s) - 1
+        inputs[i, :k] = s[:-1]
+        targets[i, :k] = s[1:]
+        weights[i, :k] = m[1:]
+        lengths[i] = k
+    return SFTRows(inputs, targets, weights, lengths, truncated)
+
+
+def _pad_to(a: np.ndarray, length: int, fill) -> np.ndarray:
+    if a.shape[1] >= length:
+        return a[:, :length]
+    return np.concatenate([a, np.full((a.shape[0], length - a.shape[1]), fill, a.dtype)], axis=1)
+
+
+def masked_nll_sum(model, inputs: jax.Array, targets: jax.Array, weights: jax.Array,
+                   lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of weighted token NLL, sum of weights). Padding past `lengths` is masked from attention."""
+    positions = jnp.arange(inputs.shape[1])[None, :]
+    attention = positions < lengths[:, None]
+    logits = model(inputs, attention_mask=attention)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    w = weights * attention
+    return jnp.sum(nll * w), jnp.sum(w)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _nll_sum_split(graphdef, params, inputs, targets, weights, lengths):
+    # Module level with a static graphdef: every model of one architecture shares the compilation.
+    return masked_nll_sum(nnx.merge(graphdef, params), inputs, targets, weights, lengths)
+
+
+def nll_sum(model, inputs, targets, weights, lengths) -> tuple[jax.Array, jax.Array]:
+    """Jitted `masked_nll_sum` with the parameters as arguments."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    return _nll_sum_split(graphdef, params, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(weights),
+                          jnp.asarray(lengths))
+
+
+def make_schedule(cfg: SFTConfig) -> optax.Schedule:
+    decay_steps = max(cfg.steps, cfg.warmup + 1)
+    return optax.warmup_cosine_decay_schedule(init_value=0.0 if cfg.warmup else cfg.lr, peak_value=cfg.lr,
+                                              warmup_steps=cfg.warmup, decay_steps=decay_steps,
+                                              end_value=cfg.lr * cfg.final_lr_fraction)
+
+
+def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                       optax.adamw(make_schedule(cfg), b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
+
+
+class SFTTrainer:
+    """Holds split params + optimizer state and the jitted step / evaluation functions."""
+
+    def __init__(self, model, config: SFTConfig):
+        self.config = config
+        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        self.tx = make_optimizer(config)
+        self.opt_state = self.tx.init(self.params)
+        graphdef, tx = self.graphdef, self.tx
+
+        def loss_fn(params, inputs, targets, weights, lengths):
+            total, count = masked_nll_sum(nnx.merge(graphdef, params), inputs, targets, weights, lengths)
+            return total / jnp.maximum(count, 1.0), count
+
+        def step(params, opt_state, inputs, targets, weights, lengths):
+            (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, inputs, targets, weights,
+                                                                             lengths)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss, count, optax.tree.norm(grads)
+
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+
+    @property
+    def model(self):
+        return nnx.merge(self.graphdef, self.params)
+
+    def train_step(self, rows: SFTRows, idx) -> dict:
+        inputs, targets, weights, lengths = _padded(rows, idx, self.config)
+        self.params, self.opt_state, loss, count, gnorm = self._step(self.params, self.opt_state, inputs, targets,
+                                                                     weights, lengths)
+        return {"loss": float(loss), "tokens": int(count), "grad_norm": float(gnorm), "length": inputs.shape[1]}
+
+    def evaluate(self, rows: SFTRows) -> float:
+        return _evaluate(self.graphdef, self.params, rows, self.config)
+
+
+def _padded(rows: SFTRows, idx, config: SFTConfig) -> tuple:
+    """The rows at idx padded to their bucket (targets padded with 0, weights with 0)."""
+    length = config.bucket_for(int(rows.lengths[idx].max()))
+    sub = rows.take(idx, length)
+    return (_pad_to(sub.inputs, length, 0), _pad_to(sub.targets, length, 0),
+            _pad_to(sub.weights, length, 0.0), sub.lengths)
+
+
+def _evaluate(graphdef, params, rows: SFTRows, config: SFTConfig) -> float:
+    """Exact masked token-mean NLL over all rows (batched sums, one division)."""
+    bs = config.batch_size
+    total, count = 0.0, 0.0
+    order = np.argsort(rows.lengths)  # similar lengths share a bucket
+    for s in range(0, len(order), bs):
+        idx = order[s:s + bs]
+        real = len(idx)
+        if real < bs:  # keep one batch shape per bucket: repeat a row with zero weight
+            idx = np.concatenate([idx, np.full(bs - real, idx[0])])
+        inputs, targets, weights, lengths = _padded(rows, idx, config)
+        if real < bs:
+            weights = weights.copy()
+            weights[real:] = 0.0
+        t, c = _nll_sum_split(graphdef, params, inputs, targets, weights, lengths)
+        total, count = total + float(t), count + float(c)
+    if count == 0:
+        raise ValueError("evaluate: no loss-masked tokens in the rows")
+    return total / count
+
+
+def evaluate_loss(model, conversations: Sequence, pad_id: int = 0, config: SFTConfig | None = None) -> float:
+    """Exact masked token-mean NLL of `model` on the conversations (no training)."""
+    cfg = config or SFTConfig(progress=False)
+    graphdef, params = nnx.split(model, nnx.Param)
+    return _evaluate(graphdef, params, build_rows(conversations, pad_id, cfg.max_len), cfg)
+
+
+def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0):
+    """Train `model` on the conversations; returns (trained model, per-step history dicts).
+
+    Batches are drawn by reshuffling the rows each epoch (seeded); a batch is padded to the
+    bucket of its longest row.
+    """
+    rows = build_rows(conversations, pad_id, config.max_len)
+    if rows.weights.sum() == 0:
+        raise ValueError("sft_train: the conversations have no loss-masked tokens")
+    trainer = SFTTrainer(model, config)
+    rng = np.random.default_rng(config.seed)
+    n, bs = len(rows.lengths), config.batch_size
+    order, pos = rng.permutation(n), 0
+    history = []
+    bar = None
+    if config.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.steps, desc="sft", leave=False)
+    for step in range(config.steps):
+        if pos + bs > n:
+            order, pos = rng.permutation(n), 0
+        idx = order[pos:pos + bs] if bs <= n else rng.choice(n, bs)
+        pos += bs
+        stats = trainer.train_step(rows, idx)
+        stats["step"] = step
+        history.append(stats)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", L=stats["length"])
+    if bar is not None:
+        bar.close()
+    return trainer.model, history
