@@ -14,6 +14,7 @@ from memsearcher_jax.agent.parsing import (
     classify_act,
     extract_boxed,
     extract_memory,
+    outside_think,
     parse_tool_calls,
     parse_tool_calls_detailed,
     tags_balanced,
@@ -166,10 +167,27 @@ def test_tags_balanced(text, tag, expected):
         ("<think>" + call("inside think") + r"</think>", ActKind.INVALID),
         (r"<think>\boxed{in think}</think>", ActKind.INVALID),
         (r"<think>a</think></think>\boxed{x}", ActKind.INVALID),
+        (r"<think>a</think>\boxed{x}<think>b</think>", ActKind.ANSWER),
+        ("<think>a</think>" + call("q") + "<think>more</think>", ActKind.TOOL_CALLS),
+        ("<think>a</think><tool_<think>b</think>call>" + call("q")[len("<tool_call>"):], ActKind.INVALID),
     ],
 )
 def test_classify_act(text, kind):
     assert classify_act(text) is kind
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>a</think>b", "\nb"),
+        ("x<think>a<think>b</think>c</think>y", "x\ny"),
+        ("x<think>never closed", "x"),
+        ("x</think>y", "x\ny"),
+        ("plain", "plain"),
+    ],
+)
+def test_outside_think(text, expected):
+    assert outside_think(text) == expected
 
 
 def test_act_kind_values_are_the_spec_names():

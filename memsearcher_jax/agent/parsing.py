@@ -252,28 +252,42 @@ def extract_boxed(text: str) -> str | None:
     return None if last is None else text[last[0]:last[1]]
 
 
-def after_think(text: str) -> str:
-    """The part of an act block after its last `</think>` (the whole text if there is none)."""
+_THINK_TAGS = re.compile(r"</?think>")
+
+
+def outside_think(text: str) -> str:
+    """The text of an act block outside all `<think>...</think>` spans (nesting-aware, linear).
+
+    An unclosed `<think>` hides the rest of the text; a stray `</think>` is dropped. Pieces
+    are joined with newlines so that no tag can be formed across a removed span.
+    """
     text = _as_str(text)
-    i = text.rfind(THINK_CLOSE)
-    return text if i < 0 else text[i + len(THINK_CLOSE):]
+    parts, depth, pos = [], 0, 0
+    for m in _THINK_TAGS.finditer(text):
+        if depth == 0:
+            parts.append(text[pos:m.start()])
+        depth = depth + 1 if m.group() == THINK_OPEN else max(depth - 1, 0)
+        pos = m.end()
+    if depth == 0:
+        parts.append(text[pos:])
+    return "\n".join(parts)
 
 
 def classify_act(text: str) -> ActKind:
     """Classify an act block (pre-filled `<think>` included) per SPEC §1.
 
     - INVALID if the `<think>` or `<tool_call>` tags are unbalanced, if there is no
-      `</think>`, or if any tool call after the thinking is malformed;
-    - TOOL_CALLS if at least one executable call follows `</think>` (tool calls take
+      `</think>`, or if any tool call outside the thinking is malformed;
+    - TOOL_CALLS if at least one executable call is outside the thinking (tool calls take
       precedence over a boxed answer in the same block: the episode goes on searching);
-    - ANSWER if a complete `\\boxed{...}` follows `</think>`;
+    - ANSWER if a complete `\\boxed{...}` is outside the thinking;
     - INVALID otherwise (no call and no answer).
     Calls or answers inside the thinking do not count.
     """
     text = _as_str(text)
     if not tags_balanced(text, "think") or not tags_balanced(text, "tool_call") or THINK_CLOSE not in text:
         return ActKind.INVALID
-    tail = after_think(text)
+    tail = outside_think(text)
     parsed = parse_tool_calls_detailed(tail)
     if parsed.malformed:
         return ActKind.INVALID
