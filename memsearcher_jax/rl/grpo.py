@@ -11,6 +11,7 @@ Everything numeric is a pure function of arrays; `GRPOLearner` only holds the ji
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -185,6 +186,15 @@ def apply_update(params, opt_state, grads, tx: optax.GradientTransformation):
 
 # ----------------------------------------------------------------------------- learner
 
+def _to_host(x: jax.Array) -> np.ndarray:
+    """Fetch a (possibly multi-host sharded) array to every host."""
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
     optimizer_steps: int = 2           # mini-batches (optimizer steps) per training step, fixed
@@ -216,7 +226,8 @@ class GRPOLearner:
         def logprobs(params, tokens, attention):
             return token_logprobs_and_entropy(nnx.merge(graphdef, params), tokens, attention)[0]
 
-        @jax.jit
+        # Params and optimizer state are donated: updated in place, not held twice.
+        @functools.partial(jax.jit, donate_argnums=(0, 1))
         def update(params, opt_state, micro_batches, denominator):
             grads, loss_sum, sums = accumulate_gradients(params, graphdef, micro_batches, loss_cfg)
             grads = jax.tree.map(lambda g: g / denominator, grads)
@@ -249,7 +260,7 @@ class GRPOLearner:
                 tok = np.concatenate([tok, np.zeros((bs - n, tok.shape[1]), tok.dtype)])
                 att = np.concatenate([att, np.zeros((bs - n, att.shape[1]), att.dtype)])
             lp = self._logprobs(params, self._put(tok, 0), self._put(att, 0))
-            out.append(np.asarray(lp)[:n])
+            out.append(_to_host(lp)[:n])
         return np.concatenate(out)
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:

@@ -252,6 +252,9 @@ class Trainer:
     def __init__(self, cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: Qwen2 | None = None,
                  progress: bool = True):
         validate(cfg)
+        from memsearcher_jax.planner import check_fits
+
+        check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
         self.cfg = cfg
         self.progress = progress
         self.agent_cfg = agent_config(cfg)
@@ -275,7 +278,9 @@ class Trainer:
         self._ckpt = None
 
     def _sampling_model(self) -> Qwen2:
-        model = self.learner.model()
+        # A model over fresh Variables: re-placing it in the sampling layout must not move the
+        # learner's own params out of the training layout.
+        model = nnx.merge(self.learner.graphdef, jax.tree.map(lambda x: x, self.learner.params))
         if self.mesh is not None:
             model = shard_model(model, self.mesh, ShardingConfig.sampling())
         return model
