@@ -135,15 +135,23 @@ class Sampler:
         self.compiled_keys: set[tuple] = set()
         model = self._place(model)
         self._sharding: ShardingConfig = model.sharding
-        self._graphdef, self._state = nnx.split(model)
+        self._graphdef, self._state = self._snapshot(model)
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("num_new",))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
 
     # ----- parameters -----
     def _place(self, model: Qwen2) -> Qwen2:
         if self.mesh is not None and (model.mesh is None or model.mesh != self.mesh):
-            model = shard_model(model, self.mesh, ShardingConfig.sampling())
+            # shard_model re-places the Variables it is given; clone so the caller's model stays put.
+            model = shard_model(nnx.clone(model), self.mesh, ShardingConfig.sampling())
         return model
+
+    @staticmethod
+    def _snapshot(model: Qwen2):
+        """(graphdef, state) whose Variables are not the model's, so later in-place changes to
+        the model (e.g. re-sharding it) do not silently change the sampler's inputs."""
+        graphdef, state = nnx.split(model)
+        return graphdef, jax.tree.map(lambda x: x, state)
 
     def update_params(self, model_or_state) -> None:
         """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation."""
@@ -151,11 +159,11 @@ class Sampler:
             if model_or_state.config != self.config:
                 raise ValueError("update_params got a model with a different ModelConfig than the sampler's: "
                                  f"{model_or_state.config} vs {self.config}")
-            graphdef, state = nnx.split(self._place(model_or_state))
+            graphdef, state = self._snapshot(self._place(model_or_state))
             if graphdef != self._graphdef:
                 raise ValueError("update_params got a model whose structure (graphdef) differs from the sampler's")
         else:
-            state = model_or_state
+            state = jax.tree.map(lambda x: x, model_or_state)
         old = jax.tree.structure(self._state)
         if jax.tree.structure(state) != old:
             raise ValueError("update_params got parameters with a different tree structure than the sampler's")

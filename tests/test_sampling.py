@@ -1,0 +1,253 @@
+"""The KV-cache sampler against naive recomputation, transformers, and its own other paths."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from memsearcher_jax.models import from_pretrained, make_mesh
+from memsearcher_jax.sampling import BucketConfig, Sampler, filter_mask, find_stop, generate, normalize_stops
+from tests.hf_fixtures import make_hf_qwen2
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def hf_and_model(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("qwen2_tiny"))
+    hf = make_hf_qwen2(d, vocab_size=VOCAB)
+    return hf, from_pretrained(d)
+
+
+@pytest.fixture(scope="module")
+def sampler(hf_and_model):
+    return Sampler(hf_and_model[1], cache_dtype=jnp.float32)
+
+
+def _prompts(seed=0, lengths=(9, 3, 14, 1, 6)):
+    rng = np.random.RandomState(seed)
+    return [rng.randint(2, VOCAB, n).tolist() for n in lengths]
+
+
+_FORWARDS = {}
+
+
+def _forward(model):
+    """A jitted full forward of one right-padded row of 64 tokens (one compile per model)."""
+    if id(model) not in _FORWARDS:
+        graphdef, state = nnx.split(model)
+        fn = jax.jit(lambda st, ids, mask: nnx.merge(graphdef, st)(ids, attention_mask=mask)[0])
+        _FORWARDS[id(model)] = (model, lambda ids, mask: fn(state, ids, mask))
+    return _FORWARDS[id(model)][1]
+
+
+def _naive_greedy(model, prompt, n):
+    """Recompute the full forward for every new token and take the argmax."""
+    fwd = _forward(model)
+    ids = list(prompt)
+    for _ in range(n):
+        padded = np.zeros((1, 64), np.int32)
+        padded[0, :len(ids)] = ids
+        mask = np.arange(64)[None] < len(ids)
+        logits = fwd(jnp.asarray(padded), jnp.asarray(mask))[len(ids) - 1]
+        ids.append(int(jnp.argmax(logits)))
+    return ids[len(prompt):]
+
+
+def _full_logprobs(model, prompt, tokens):
+    """log_softmax of one full forward over prompt + tokens, at the tokens."""
+    ids = jnp.asarray([list(prompt) + list(tokens)], jnp.int32)
+    lp = jax.nn.log_softmax(model(ids)[0], axis=-1)
+    rows = np.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1)
+    return np.asarray(lp)[rows, np.asarray(tokens)]
+
+
+def test_greedy_equals_naive_loop_and_transformers(hf_and_model, sampler):
+    import torch
+
+    hf, model = hf_and_model
+    prompts = _prompts()
+    n = 12
+    outs = sampler.generate(prompts, max_new_tokens=n)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "length" and len(o.tokens) == n
+        assert o.tokens == _naive_greedy(model, p, n)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+        assert o.tokens == ref[0, len(p):].tolist()
+
+
+def test_logprobs_equal_full_forward(hf_and_model, sampler):
+    model = hf_and_model[1]
+    prompts = _prompts(1)
+    for temp in (0.0, 1.3):
+        outs = sampler.generate(prompts, max_new_tokens=10, temperature=temp, top_p=0.9, seed=3)
+        for p, o in zip(prompts, outs):
+            ref = _full_logprobs(model, p, o.tokens)
+            assert np.abs(np.asarray(o.logprobs) - ref).max() < 1e-4
+
+
+def test_sampling_matches_intended_distribution(tmp_path):
+    # A small vocabulary and large weights so the next-token distribution is far from uniform.
+    make_hf_qwen2(str(tmp_path), vocab_size=16, std=1.0)
+    model = from_pretrained(str(tmp_path))
+    s = Sampler(model, cache_dtype=jnp.float32)
+    prompt = [3, 7, 2]
+    rows = 8192
+    logits = model(jnp.asarray([prompt], jnp.int32))[0, -1]
+    assert float(logits.max() - logits.min()) > 2.0  # precondition: a non-trivial distribution
+
+    def check(temperature, top_p, top_k):
+        scaled = logits / temperature
+        keep = np.asarray(filter_mask(scaled[None], jnp.float32(top_p), jnp.int32(top_k)))[0]
+        probs = np.where(keep, np.asarray(jax.nn.softmax(jnp.where(keep, scaled, -jnp.inf))), 0.0)
+        outs = s.generate([prompt] * rows, max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k,
+                          seed=11)
+        first = np.array([o.tokens[0] for o in outs])
+        freq = np.bincount(first, minlength=16) / rows
+        assert not np.any(freq[~keep]), f"tokens outside the filter were sampled: {np.nonzero(freq * ~keep)}"
+        # 4 standard errors of a frequency at 8192 draws is <= 0.022; a wrong temperature
+        # or a missing renormalisation moves some frequency by far more on these logits.
+        assert np.abs(freq - probs).max() < 0.025, (freq, probs)
+        return keep, probs
+
+    keep, probs = check(0.7, 0.95, 0)
+    assert 1 < keep.sum() < 16
+    # Without renormalisation (or with the temperature ignored) the kept tokens' probabilities
+    # would be off by more than 4x the tolerance: the checks above have teeth.
+    p1 = np.asarray(jax.nn.softmax(logits))
+    assert np.abs(np.where(keep, np.asarray(jax.nn.softmax(logits / 0.7)), 0) - probs).max() > 0.1 or \
+        np.abs(p1 - probs).max() > 0.1
+    keep, _ = check(1.5, 1.0, 3)
+    assert keep.sum() == 3
+    keep, _ = check(1.3, 1.0, 0)
+    assert keep.all()
+
+
+def test_stop_ids_and_sequences_end_exactly_their_rows(sampler):
+    prompts = _prompts(2, (5, 8, 2, 11))
+    n = 14
+    free = [o.tokens for o in sampler.generate(prompts, max_new_tokens=n)]
+    stop_id = free[0][4]
+    tool_call_end = tuple(free[1][6:8])  # stands for the tokens of "</tool_call>"
+    stops = normalize_stops([stop_id], [tool_call_end])
+    outs = sampler.generate(prompts, max_new_tokens=n, stop_token_ids=[stop_id], stop_sequences=[tool_call_end])
+    ends = [find_stop(t, stops) for t in free]
+    assert ends[0] is not None and ends[0] <= 5 and ends[1] is not None and ends[1] <= 8
+    assert any(e is None for e in ends), "want at least one row that runs to its budget"
+    for f, e, o in zip(free, ends, outs):
+        if e is None:
+            assert o.finish_reason == "length" and o.tokens == f
+        else:
+            assert o.finish_reason == "stop" and o.tokens == f[:e]
+            assert len(o.logprobs) == e
+
+
+def test_sharded_equals_single_device(hf_and_model, sampler):
+    model = hf_and_model[1]
+    prompts = _prompts(3, (7, 2, 12))
+    kw = dict(max_new_tokens=9, temperature=1.0, top_p=0.95, seed=5)
+    ref = sampler.generate(prompts, **kw)
+    for data, fsdp, tp in ((2, 2, 2), (1, 4, 2)):
+        mesh = make_mesh(data, fsdp, tp)
+        s = Sampler(model, cache_dtype=jnp.float32, mesh=mesh)
+        outs = s.generate(prompts, **kw)
+        for r, o in zip(ref, outs):
+            assert o.tokens == r.tokens
+            assert np.abs(np.asarray(o.logprobs) - np.asarray(r.logprobs)).max() < 1e-4
+        # The cache really is laid out on the mesh (batch over data x fsdp, KV heads over tp).
+        assert s._batch_shards() == data * fsdp
+
+
+def test_shared_prefix_equals_plain_path(hf_and_model):
+    model = hf_and_model[1]
+    s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_shared_prefix=8))
+    rng = np.random.RandomState(4)
+    system = rng.randint(2, VOCAB, 40).tolist()
+    prompts = [system + rng.randint(2, VOCAB, n).tolist() for n in (5, 1, 17, 9)]
+    for kw in (dict(), dict(temperature=1.0, top_p=0.9, seed=2)):
+        plain = s.generate(prompts, max_new_tokens=10, share_prefix=False, **kw)
+        keys_before = set(s.compiled_keys)
+        shared = s.generate(prompts, max_new_tokens=10, **kw)
+        assert any(k[1] > 0 for k in s.compiled_keys - keys_before) or any(k[1] > 0 for k in keys_before)
+        for a, b in zip(plain, shared):
+            assert a.tokens == b.tokens
+            assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-4
+    # A whole group of identical prompts: everything but the last token is shared.
+    group = s.generate([prompts[2]] * 4, max_new_tokens=6)
+    alone = s.generate([prompts[2]], max_new_tokens=6)
+    assert all(g.tokens == alone[0].tokens for g in group)
+    assert _naive_greedy(model, prompts[2], 6) == alone[0].tokens
+
+
+def test_seed_reproducible_and_compilations_bounded(hf_and_model):
+    model = hf_and_model[1]
+    s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_batch=4, min_prompt=16, min_new_tokens=8))
+    prompts = _prompts(5, (4, 9, 2))
+    a = s.generate(prompts, max_new_tokens=8, temperature=1.0, seed=7)
+    b = s.generate(prompts, max_new_tokens=8, temperature=1.0, seed=7)
+    c = s.generate(prompts, max_new_tokens=8, temperature=1.0, seed=8)
+    assert [o.tokens for o in a] == [o.tokens for o in b]
+    assert [o.tokens for o in a] != [o.tokens for o in c]
+    assert s.num_compilations == 2  # one prefill + one decode program
+    rng = np.random.RandomState(0)
+    for i in range(12):  # batch 1..4, prompts 1..16 tokens, budgets 1..8, all settings: one bucket
+        ps = [rng.randint(2, VOCAB, rng.randint(1, 17)).tolist() for _ in range(rng.randint(1, 5))]
+        s.generate(ps, max_new_tokens=int(rng.randint(1, 9)), temperature=float(i % 2), top_p=0.9 if i % 3 else 1.0,
+                   top_k=i % 4, stop_token_ids=[i], seed=i)
+    assert s.num_compilations == 2
+    s.generate(_prompts(6, (30,)), max_new_tokens=20)  # next prompt and budget buckets
+    assert s.num_compilations == 4
+
+
+def test_update_params_changes_outputs_without_recompiling(tmp_path, hf_and_model, sampler):
+    model = hf_and_model[1]
+    prompts = _prompts(7, (6, 3))
+    before = sampler.generate(prompts, max_new_tokens=8)
+    n = sampler.num_compilations
+    make_hf_qwen2(str(tmp_path), vocab_size=VOCAB, seed=1)
+    other = from_pretrained(str(tmp_path))
+    sampler.update_params(other)
+    after = sampler.generate(prompts, max_new_tokens=8)
+    assert sampler.num_compilations == n
+    assert [o.tokens for o in after] == [_naive_greedy(other, p, 8) for p in prompts]
+    assert [o.tokens for o in after] != [o.tokens for o in before]
+    sampler.update_params(model)
+    assert [o.tokens for o in sampler.generate(prompts, max_new_tokens=8)] == [o.tokens for o in before]
+    make_hf_qwen2(str(tmp_path / "wide"), vocab_size=VOCAB, hidden_size=32)
+    with pytest.raises(ValueError, match="different ModelConfig"):
+        sampler.update_params(from_pretrained(str(tmp_path / "wide")))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(prompts=[]), "non-empty list"),
+    (dict(prompts=[[1, 2], []]), "prompt 1 is empty"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(prompts=[[3] * 500]), "max_len 512"),
+    (dict(top_p=0.0), "top_p must be in"),
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(temperature=-0.1), "temperature must be >= 0"),
+    (dict(top_k=-1), "top_k must be an integer"),
+    (dict(prompts=[[VOCAB]]), "outside \\[0, 128\\)"),
+    (dict(stop_token_ids=[-3]), "stop \\[-3\\]"),
+])
+def test_bad_input_fails_before_compiling(hf_and_model, kwargs, match):
+    s = Sampler(hf_and_model[1], cache_dtype=jnp.float32)
+    args = dict(prompts=[[5, 6]], max_new_tokens=16)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        s.generate(args.pop("prompts"), **args)
+    assert s.num_compilations == 0
+
+
+def test_generate_function_and_bf16_cache(hf_and_model):
+    model = hf_and_model[1]
+    prompts = _prompts(8, (5, 2))
+    outs = generate(model, prompts, max_new_tokens=6)  # default bf16 cache
+    ref = [_naive_greedy(model, p, 6) for p in prompts]
+    # bf16 keys/values perturb logits slightly; the first token (prompt K/V only) must agree.
+    assert [o.tokens[0] for o in outs] == [r[0] for r in ref]
+    assert all(len(o.tokens) == 6 and o.finish_reason == "length" for o in outs)
