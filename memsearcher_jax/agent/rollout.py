@@ -170,11 +170,10 @@ class AgentRunner:
     def _generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int):
         cfg = self.config
         t0 = time.perf_counter()
-        # One call; rows with a smaller budget are cut afterwards (same tokens, as the sampler is
-        # per-row deterministic given the seed and the row's prompt).
+        # Per-row budgets go to the sampler; a row that still overshoots is cut and marked "length".
         budget = max(max_new_tokens) if isinstance(max_new_tokens, list) else max_new_tokens
-        outs = self.sampler.generate(prompts, max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p,
-                                     top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,), seed=seed)
+        outs = self.sampler.generate(prompts, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
+                                     top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,), seed=seed)
         self.stats.sampler_seconds += time.perf_counter() - t0
         self.stats.sampler_calls += 1
         results = []
