@@ -263,7 +263,7 @@ class AgentRunner:
                     t.finish("length" if reason == "length" else "illegal_stop")
                 elif memory is None:
                     t.finish("no_memory")
-                elif b.count_tokens(memory) > cfg.memory_budget:
+                elif b.memory_tokens(memory) > cfg.memory_budget:
                     t.finish("memory_over_budget")
                 else:
                     t.memory = memory
