@@ -1,0 +1,108 @@
+"""Per-turn context: the memory workflow vs the ReAct workflow on the same questions and model.
+
+    python bench/context.py [--model HF_DIR | --checkpoint RUN_DIR] [--questions 64] [--turns 10]
+
+Without --model/--checkpoint, the embedded default's warm-started model is built (cached in
+runs/bench_context). Both workflows run greedily on the same held-out questions; the table
+gives prompt tokens per act call by turn index (mean and max) and the total tokens processed
+per question (prompt + generated tokens of every generation call, memory updates included).
+The paper's claim: flat per-turn context for the memory agent, linear growth for ReAct.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from memsearcher_jax.agent.rollout import AgentRunner  # noqa: E402
+from memsearcher_jax.config_utils import load_config, split_overrides  # noqa: E402
+
+
+def tokens_processed(traj) -> int:
+    """Prompt + generated tokens over every generation call of one trajectory."""
+    total = 0
+    for conv in traj.conversations:
+        gen_runs, pos, prefix = [], 0, len(conv.prompt_ids)
+        # Each maximal run of generated tokens is one call; its prompt is everything before it.
+        mask = conv.loss_mask
+        while pos < len(mask):
+            if mask[pos] == 1:
+                start = pos
+                while pos < len(mask) and mask[pos] == 1:
+                    pos += 1
+                gen_runs.append((start, pos))
+            else:
+                pos += 1
+        for start, end in gen_runs:
+            total += prefix + end  # prompt + response so far (includes this call's output)
+    return total
+
+
+def per_turn(trajs) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for t in trajs:
+        for i, n in enumerate(t.context_tokens):
+            out.setdefault(i + 1, []).append(n)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest, overrides = split_overrides(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
+    ap.add_argument("--model", default="", help="a Hugging Face model directory")
+    ap.add_argument("--checkpoint", default="", help="a training output directory")
+    ap.add_argument("--questions", type=int, default=64)
+    ap.add_argument("--turns", type=int, default=10, help="turn limit for both workflows")
+    ap.add_argument("--out", default="runs/bench_context")
+    args = ap.parse_args(rest)
+
+    from memsearcher_jax.models import from_pretrained
+    from memsearcher_jax.pipeline import restore_policy, warm_start
+    from memsearcher_jax.rl.trainer import Trainer, agent_config, build_setup
+
+    cfg = load_config(args.config, overrides)
+    cfg.train.output_dir = args.out
+    setup = build_setup(cfg)
+    if args.model:
+        policy = from_pretrained(args.model)
+    elif args.checkpoint:
+        policy, _ = restore_policy(args.checkpoint)
+    else:
+        policy = from_pretrained(warm_start(cfg, setup, os.path.join(args.out, "warmstart")))
+    trainer = Trainer(cfg, setup, policy, progress=False)
+    questions = setup.eval_questions[: args.questions]
+    results = {}
+    for workflow in ("memsearcher", "react"):
+        agent = dataclasses.replace(agent_config(cfg).evaluation(args.turns), workflow=workflow,
+                                    max_context_tokens=1 << 20, max_response_tokens=1 << 20)
+        runner = AgentRunner(setup.builder, trainer.sampler, setup.retriever, agent)
+        trajs = runner.run(questions, group_size=1, seed=0)
+        results[workflow] = trajs
+
+    turns = sorted(set(per_turn(results["memsearcher"])) | set(per_turn(results["react"])))
+    mem, react = per_turn(results["memsearcher"]), per_turn(results["react"])
+    print(f"\n{len(questions)} held-out questions, greedy, up to {args.turns} turns\n")
+    print(f"| turn | memory: mean prompt | memory: max | memory: n | react: mean prompt | react: max | react: n |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for turn in turns:
+        m, r = mem.get(turn, []), react.get(turn, [])
+        fmt = lambda v, f: (f"{f(v):.0f}" if v else "-")
+        print(f"| {turn} | {fmt(m, np.mean)} | {fmt(m, np.max)} | {len(m)} | {fmt(r, np.mean)} | {fmt(r, np.max)} "
+              f"| {len(r)} |")
+    for workflow, trajs in results.items():
+        totals = [tokens_processed(t) for t in trajs]
+        searches = np.mean([t.num_searches for t in trajs])
+        print(f"{workflow:>12}: total tokens processed per question mean {np.mean(totals):.0f} max {np.max(totals)}; "
+              f"turns mean {np.mean([len(t.context_tokens) for t in trajs]):.2f}; searches mean {searches:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
