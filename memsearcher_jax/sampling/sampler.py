@@ -12,6 +12,12 @@ The decode loop is a `lax.while_loop` that stops when every row is done or the l
 budget is spent; its state is donated so the cache is updated in place, and no token
 leaves the device until the loop ends. Parameters are jit arguments, so
 `update_params` after an optimizer step reuses the compiled programs.
+
+The sampler keeps its own copy of the weights in a decode-friendly layout, made once per
+`update_params`: one array per layer instead of the model's stacked [L, ...] arrays (slicing
+a stacked weight inside the loop costs a copy per step on XLA CPU) and, for tied embeddings,
+the embedding stored transposed [D, V] so the logits are a plain matmul. The cache is also
+one (k, v) pair per layer, so each decode step writes one slot in place.
 """
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from memsearcher_jax.models.hf_io import shard_model
-from memsearcher_jax.models.qwen2 import KVCache, Qwen2, rms_norm, rope_cos_sin
-from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
+from memsearcher_jax.models.qwen2 import DecoderLayers, Qwen2, rms_norm, rope_cos_sin
+from memsearcher_jax.models.sharding import ShardingConfig, named_sharding, param_spec
 from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
@@ -48,7 +54,7 @@ class Completion:
 class DecodeState(NamedTuple):
     """Everything the decode loop carries. B rows, S cache slots, N token budget, W stop width."""
 
-    cache: KVCache            # k, v [L, B, S, K, Dh]
+    cache: tuple              # L pairs (k, v), each [B, S, K, Dh]
     kv_valid: jax.Array       # [B, S] bool
     last: jax.Array           # [B] int32, the token to feed next
     pos: jax.Array            # [B] int32, its position
@@ -104,15 +110,38 @@ def validate_request(prompts, max_new_tokens, temperature, top_p, top_k, vocab_s
     return budgets
 
 
-def _hidden_cached(model: Qwen2, ids, positions, cache: KVCache, kv_valid, write_index):
-    """Like Qwen2.forward_cached but returns final hidden states [B, T, D], not logits,
-    so a long prefill never materialises [B, T, V] logits."""
-    t, s = ids.shape[1], cache.k.shape[2]
-    cos, sin = rope_cos_sin(positions, model.config.head_dim, model.config.rope_theta)
+class _LayerMath:
+    """What Qwen2._layer reads from `self` (config, sharding, mesh), without the weights, so
+    the sampler runs the model's own layer code on its per-layer weight copies."""
+
+    def __init__(self, model: Qwen2):
+        self.config, self.sharding, self.mesh = model.config, model.sharding, model.mesh
+
+    _layer = Qwen2._layer
+
+
+def _run_cached(math: _LayerMath, params: dict, ids, positions, cache: tuple, kv_valid, write_index):
+    """ids, positions [B, T] through all layers, writing K/V at slots [write_index, +T).
+
+    params: the sampler layout (see Sampler._layout); cache: L pairs of [B, S, K, Dh];
+    kv_valid [B, S]: valid slots after the write. Returns final-normed hidden [B, T, D] and
+    the new cache. Same masking as Qwen2.forward_cached.
+    """
+    cfg = math.config
+    t, s = ids.shape[1], cache[0][0].shape[1]
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
     q_slot = write_index + jnp.arange(t)
     mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
-    x, cache = model._run_layers(model._embed(ids), cos, sin, mask, cache, write_index)
-    return rms_norm(x, model.final_norm[...], model.config.rms_norm_eps), cache
+    if params["embed"] is None:  # tied: look up columns of the transposed table
+        x = jnp.moveaxis(jnp.take(params["head"], ids, axis=1), 0, -1)
+    else:
+        x = jnp.take(params["embed"], ids, axis=0)
+    x = x.astype(jnp.dtype(cfg.dtype))
+    new_cache = []
+    for p, kv in zip(params["layers"], cache):
+        x, kv = math._layer(p, x, cos, sin, mask, kv, write_index)
+        new_cache.append(kv)
+    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), tuple(new_cache)
 
 
 class Sampler:
@@ -135,7 +164,10 @@ class Sampler:
         self.compiled_keys: set[tuple] = set()
         model = self._place(model)
         self._sharding: ShardingConfig = model.sharding
-        self._graphdef, self._state = self._snapshot(model)
+        self._math = _LayerMath(model)
+        self._graphdef, state = nnx.split(model)
+        self._layout_fn = jax.jit(self._layout)
+        self._params = self._layout_fn(state)
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("num_new",))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
 
@@ -146,32 +178,47 @@ class Sampler:
             model = shard_model(nnx.clone(model), self.mesh, ShardingConfig.sampling())
         return model
 
-    @staticmethod
-    def _snapshot(model: Qwen2):
-        """(graphdef, state) whose Variables are not the model's, so later in-place changes to
-        the model (e.g. re-sharding it) do not silently change the sampler's inputs."""
-        graphdef, state = nnx.split(model)
-        return graphdef, jax.tree.map(lambda x: x, state)
+    def _layout(self, state) -> dict:
+        """Model state -> the sampler's weights: {"layers": [per-layer dict], "final_norm",
+        "head": [D, V] logits matrix, "embed": [V, D] or None when tied (head.T is the table)}."""
+        model = nnx.merge(self._graphdef, state)
+        sh = self._sharding
+
+        def put(x, spec):
+            return self._constrain(x, spec)
+
+        stacked = model.layers.stacked()
+        layers = []
+        for i in range(self.config.num_layers):
+            layer = {}
+            for n in DecoderLayers.PARAM_NAMES:
+                spec = param_spec(f"layers.{n}", stacked[n].ndim, sh)
+                layer[n] = put(stacked[n][i], P(*tuple(spec)[1:]))
+            layers.append(layer)
+        if self.config.tie_word_embeddings:
+            head, embed = put(model.embed[...].T, sh.lm_head), None
+        else:
+            head, embed = put(model.lm_head[...], sh.lm_head), put(model.embed[...], sh.embed)
+        return {"layers": layers, "final_norm": model.final_norm[...], "head": head, "embed": embed}
 
     def update_params(self, model_or_state) -> None:
-        """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation."""
+        """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation
+        of the sampling programs (the layout copy is its own small program, compiled once)."""
         if isinstance(model_or_state, Qwen2):
             if model_or_state.config != self.config:
                 raise ValueError("update_params got a model with a different ModelConfig than the sampler's: "
                                  f"{model_or_state.config} vs {self.config}")
-            graphdef, state = self._snapshot(self._place(model_or_state))
+            graphdef, state = nnx.split(self._place(model_or_state))
             if graphdef != self._graphdef:
                 raise ValueError("update_params got a model whose structure (graphdef) differs from the sampler's")
         else:
-            state = jax.tree.map(lambda x: x, model_or_state)
-        old = jax.tree.structure(self._state)
-        if jax.tree.structure(state) != old:
-            raise ValueError("update_params got parameters with a different tree structure than the sampler's")
-        for a, b in zip(jax.tree.leaves(self._state), jax.tree.leaves(state)):
+            state = model_or_state
+        new = jax.eval_shape(self._layout, state)
+        for a, b in zip(jax.tree.leaves(self._params), jax.tree.leaves(new)):
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise ValueError(f"update_params: parameter shape/dtype {b.shape}/{b.dtype} differs from "
                                  f"the sampler's {a.shape}/{a.dtype}")
-        self._state = state
+        self._params = self._layout_fn(state)
 
     # ----- layout helpers -----
     def _batch_shards(self) -> int:
@@ -213,36 +260,37 @@ class Sampler:
                            stopped=st.stopped | hit, done=st.done | hit | (length >= st.budget),
                            step=st.step + 1)
 
-    def _prefill_impl(self, state, prefix_ids, prefix_pos, prefix_valid, ids, pos, valid, budget, row_keys,
+    def _prefill_impl(self, params, prefix_ids, prefix_pos, prefix_valid, ids, pos, valid, budget, row_keys,
                       temperature, top_p, top_k, stop_table, stop_lengths, *, num_new: int) -> DecodeState:
         """prefix_* [1, P] (P may be 0); ids, pos, valid [B, T]; budget [B] (0 = padding row).
 
         Returns the decode state with token 0 already sampled.
         """
         self.num_compilations += 1  # runs only while tracing, i.e. once per compiled program
-        model = nnx.merge(self._graphdef, state)
         cfg = self.config
         b, t = ids.shape
         p = prefix_ids.shape[1]
         s = p + t + num_new
-        shape = (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim)
-        cache_spec = self._sharding.cache
-        k = self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
-        v = self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
+        shape = (b, s, cfg.num_kv_heads, cfg.head_dim)
+        cache_spec = P(*tuple(self._sharding.cache)[1:])
+        zeros = lambda: self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
+        cache = tuple((zeros(), zeros()) for _ in range(cfg.num_layers))
         kv_valid = jnp.zeros((b, s), bool).at[:, p:p + t].set(valid)
         if p > 0:
-            pshape = (cfg.num_layers, 1, p, cfg.num_kv_heads, cfg.head_dim)
-            pcache = KVCache(jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
-            _, pcache = _hidden_cached(model, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
-            bshape = (cfg.num_layers, b, p, cfg.num_kv_heads, cfg.head_dim)
-            k = jax.lax.dynamic_update_slice(k, jnp.broadcast_to(pcache.k, bshape), (0, 0, 0, 0, 0))
-            v = jax.lax.dynamic_update_slice(v, jnp.broadcast_to(pcache.v, bshape), (0, 0, 0, 0, 0))
+            pshape = (1, p, cfg.num_kv_heads, cfg.head_dim)
+            pcache = tuple((jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
+                           for _ in range(cfg.num_layers))
+            _, pcache = _run_cached(self._math, params, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
+            # The prefix's K/V computed once at batch 1, broadcast into every row.
+            bshape = (b, p, cfg.num_kv_heads, cfg.head_dim)
+            cache = tuple(tuple(jax.lax.dynamic_update_slice(c, jnp.broadcast_to(pc, bshape), (0, 0, 0, 0))
+                                for c, pc in zip(layer, player)) for layer, player in zip(cache, pcache))
             kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (b, p)))
         kv_valid = self._constrain(kv_valid, self._rows_spec(2))
-        hidden, cache = _hidden_cached(model, ids, pos, KVCache(k, v), kv_valid, p)
+        hidden, cache = _run_cached(self._math, params, ids, pos, cache, kv_valid, p)
         # Left padding puts every row's last prompt token in the last suffix slot.
-        logits = model.logits_from_hidden(hidden[:, -1:])[:, 0]
-        cache = KVCache(self._constrain(cache.k, cache_spec), self._constrain(cache.v, cache_spec))
+        logits = self._logits(params, hidden[:, -1])
+        cache = tuple((self._constrain(k, cache_spec), self._constrain(v, cache_spec)) for k, v in cache)
         w = stop_table.shape[1]
         st = DecodeState(
             cache=cache, kv_valid=kv_valid, last=jnp.zeros((b,), jnp.int32),
@@ -254,10 +302,15 @@ class Sampler:
             top_p=top_p, top_k=top_k, stop_table=stop_table, stop_lengths=stop_lengths)
         return self._emit(st, logits)
 
-    def _decode_impl(self, state, st: DecodeState) -> DecodeState:
+    def _logits(self, params, h):
+        """h [B, D] final-normed -> float32 logits [B, V]."""
+        dt = jnp.dtype(self.config.dtype)
+        logits = jnp.einsum("bd,dv->bv", h.astype(dt), params["head"].astype(dt), preferred_element_type=jnp.float32)
+        return self._constrain(logits, P(self._sharding.batch[0], "tp"))
+
+    def _decode_impl(self, params, st: DecodeState) -> DecodeState:
         """Feed the last token, sample the next, until all rows are done or budgets are spent."""
         self.num_compilations += 1
-        model = nnx.merge(self._graphdef, state)
         max_steps = jnp.max(st.budget)
 
         def cond(st: DecodeState):
@@ -267,9 +320,10 @@ class Sampler:
             slot = st.first_slot + st.step - 1  # where the last sampled token goes
             b = st.last.shape[0]
             kv_valid = jax.lax.dynamic_update_slice(st.kv_valid, jnp.ones((b, 1), bool), (0, slot))
-            logits, cache = model.forward_cached(st.last[:, None], st.pos[:, None], st.cache, kv_valid, slot)
+            hidden, cache = _run_cached(self._math, params, st.last[:, None], st.pos[:, None], st.cache, kv_valid,
+                                        slot)
             st = st._replace(cache=cache, kv_valid=kv_valid, pos=st.pos + 1)
-            return self._emit(st, logits[:, 0])
+            return self._emit(st, self._logits(params, hidden[:, 0]))
 
         return jax.lax.while_loop(cond, body, st)
 
@@ -324,12 +378,12 @@ class Sampler:
 
         key = (b, pb, tb, nb, table.shape)
         self.compiled_keys.add(key)
-        st = self._prefill(self._state, self._put(prefix_ids, False), self._put(prefix_pos, False),
+        st = self._prefill(self._params, self._put(prefix_ids, False), self._put(prefix_pos, False),
                            self._put(prefix_valid, False), self._put(ids, True), self._put(pos, True),
                            self._put(valid, True), self._put(budget, True), self._put(row_keys, True),
                            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), self._put(table, False),
                            self._put(lengths, False), num_new=nb)
-        st = self._decode(self._state, st)
+        st = self._decode(self._params, st)
         tokens, logprobs, length, stopped = jax.device_get((st.tokens, st.logprobs, st.length, st.stopped))
         return [Completion(tokens=tokens[i, :length[i]].tolist(), logprobs=logprobs[i, :length[i]].tolist(),
                            finish_reason="stop" if stopped[i] else "length") for i in range(n)]
