@@ -94,3 +94,24 @@ def test_sample_from_logits_greedy_and_support():
     assert set(np.asarray(full).tolist()) == {0, 1, 2, 3}
     lp = token_logprobs(logits[:1], jnp.asarray([3]))
     assert abs(float(lp[0]) - float(jax.nn.log_softmax(logits[0])[3])) < 1e-6
+
+
+def _reference_mask(x: np.ndarray, top_p: float, top_k: int) -> np.ndarray:
+    """Sort-based top-k then top-p (smallest prefix of the sorted order reaching top_p)."""
+    order = np.argsort(-x, kind="stable")
+    k = top_k if top_k > 0 else len(x)
+    kept = order[:k]
+    p = np.exp(x[kept] - x[kept].max())
+    p /= p.sum()
+    before = np.cumsum(p) - p
+    n = max(1, int(np.sum(before < top_p))) if top_p < 1 else k
+    return x >= x[kept[n - 1]]
+
+
+def test_bisection_filter_equals_sort_reference():
+    rng = np.random.RandomState(0)
+    x = (rng.randn(64, 500) * rng.choice([0.3, 1.0, 4.0], (64, 1))).astype(np.float32)
+    for top_p, top_k in ((0.9, 0), (0.5, 0), (0.99, 0), (1.0, 7), (0.8, 40), (0.3, 1)):
+        ours = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k)))
+        ref = np.stack([_reference_mask(row, top_p, top_k) for row in x])
+        assert (ours == ref).all(), (top_p, top_k, np.nonzero((ours != ref).any(-1)))

@@ -11,26 +11,44 @@ import jax
 import jax.numpy as jnp
 
 
-def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
+def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: int = 40) -> jax.Array:
     """Which tokens survive top-k then top-p.
 
     scaled [B, V] temperature-scaled logits; top_p in (0, 1] (1 = off); top_k >= 0 (0 = off).
     Keeps the k largest, then the smallest set of those whose probability (renormalised
-    over the k kept) reaches top_p; the most likely token always survives. Ties with the
+    over the k kept) reaches top_p; the most likely token always survives; ties with the
     last kept logit are kept too. Returns bool [B, V].
+
+    No sort: each cut is a threshold on the logits found by bisection (`iters` masked
+    reductions over V). A sort of [B, V] is ~30x slower on CPU at V = 32k. Bisection keeps
+    `lo` feasible (the set {x >= lo} satisfies the cut), so the result is the exact set up to
+    logits within (max - min) / 2**iters of the boundary.
     """
     v = scaled.shape[-1]
-    desc = -jnp.sort(-scaled, axis=-1)  # [B, V] descending
-    rank = jnp.arange(v)[None, :]
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    bottom = jnp.min(scaled, axis=-1, keepdims=True)
+
+    def bisect(feasible):
+        def body(_, bounds):
+            lo, hi = bounds
+            mid = 0.5 * (lo + hi)
+            ok = feasible(mid)
+            return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+        lo, _ = jax.lax.fori_loop(0, iters, body, (bottom, top))
+        return lo  # [B, 1]
+
     k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
-    in_k = rank < k
-    probs = jax.nn.softmax(jnp.where(in_k, desc, -jnp.inf), axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    # top_p == 1 keeps everything in the top-k (the cumulative sum may round past 1).
-    keep = in_k & ((mass_before < top_p) | (top_p >= 1.0))
-    n_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)  # a prefix of the sorted order
-    threshold = jnp.take_along_axis(desc, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
-    return scaled >= threshold
+    count_ok = lambda t: jnp.sum(scaled >= t, axis=-1, keepdims=True) >= k
+    k_cut = jax.lax.cond(k < v, lambda: bisect(count_ok), lambda: bottom)
+    # A threshold exactly at the top logit is feasible for every cut.
+    k_cut = jnp.where(jnp.sum(scaled >= top, axis=-1, keepdims=True) >= k, top, k_cut)
+    in_k = scaled >= k_cut
+    weights = jnp.where(in_k, jnp.exp(scaled - top), 0.0)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    mass_ok = lambda t: jnp.sum(jnp.where(scaled >= t, weights, 0.0), axis=-1, keepdims=True) >= top_p * total
+    p_cut = jax.lax.cond(top_p < 1.0, lambda: bisect(mass_ok), lambda: k_cut)
+    p_cut = jnp.where(mass_ok(top), top, jnp.maximum(p_cut, k_cut))
+    return scaled >= p_cut
 
 
 def sample_from_logits(logits: jax.Array, uniforms: jax.Array, temperature: jax.Array, top_p: jax.Array,
