@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.source = "init"          # "init": fresh random weights from the fields below; or a HF model dir
     c.model.preset = "tiny"
     c.model.hidden_size = 128
-    c.model.intermediate_size = 384
+    c.model.intermediate_size = 256
     c.model.num_layers = 4
     c.model.num_heads = 4
     c.model.num_kv_heads = 2
@@ -58,14 +58,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.top_p = 1.0
     c.agent.top_k = 0
     c.agent.eval_max_turns = 6
+    c.agent.prompt_style = "compact"  # few-token system prompt; the recipe uses "full"
 
     c.sampler = ml_collections.ConfigDict()
     c.sampler.cache_dtype = "float32"
 
     c.sft = ml_collections.ConfigDict()
-    c.sft.steps = 300                # supervised warm start before GRPO (0: none)
-    c.sft.batch_size = 16
+    c.sft.steps = 400                # supervised warm start before GRPO (0: none)
+    c.sft.batch_size = 8
     c.sft.learning_rate = 3e-3
+    c.sft.warmup = 20
+    c.sft.buckets = (128, 256, 384, 512)
     c.sft.num_demos = 600
 
     c.rl = ml_collections.ConfigDict()

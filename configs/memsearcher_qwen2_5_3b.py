@@ -35,6 +35,7 @@ def get_config():
     c.agent.max_top_n = 10
     c.agent.temperature = 1.0
     c.agent.top_p = 0.99
+    c.agent.prompt_style = "full"
     c.sampler.cache_dtype = "bfloat16"
     c.sft.steps = 0
     c.rl.batch_questions = 256

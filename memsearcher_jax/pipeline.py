@@ -24,21 +24,24 @@ def _log(msg: str):
 
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
     """Supervised warm start on scripted demonstrations; cached as a HF model dir in out_dir."""
-    from memsearcher_jax.data.demos import make_demonstrations
-    from memsearcher_jax.rl.sft import SFTConfig, train_sft
+    from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+    from memsearcher_jax.rl.sft import SFTConfig, sft_train
     from memsearcher_jax.rl.trainer import load_policy
 
     if os.path.exists(os.path.join(out_dir, "config.json")):
         _log(f"warm start: reusing {out_dir}")
         return out_dir
-    rng_questions = setup.train_questions[: cfg.sft.num_demos]
-    demos = make_demonstrations(rng_questions, setup.builder, setup.retriever, seed=cfg.train.seed)
-    _log(f"warm start: {len(demos)} demonstration trajectories, {cfg.sft.steps} SFT steps")
+    rows = setup.train_questions[: cfg.sft.num_demos]
+    demos = make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed,
+                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n))
+    stats = demo_stats(demos)
+    _log(f"warm start: {len(demos)} scripted demonstrations ({stats}), {cfg.sft.steps} SFT steps")
     policy = load_policy(cfg, setup)
-    sft_cfg = SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, learning_rate=cfg.sft.learning_rate,
-                        seed=cfg.train.seed)
-    policy, history = train_sft(policy, demos, sft_cfg, pad_id=setup.builder.pad_id)
-    _log(f"warm start: loss {history[0]:.3f} -> {history[-1]:.3f}")
+    sft_cfg = SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
+                        warmup=min(cfg.sft.warmup, cfg.sft.steps), seed=cfg.train.seed,
+                        max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
+    policy, history = sft_train(policy, demo_conversations(demos), sft_cfg, pad_id=setup.builder.pad_id)
+    _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
     return out_dir
 

@@ -87,6 +87,13 @@ MEMORY_UPDATE_INSTRUCTION = (
     "Read the search results above. Update your memory with what helps answer the question "
     "and return the full updated memory inside <memory> </memory>."
 )
+
+# A compact prompt style for tiny models trained from scratch (the embedded default): the same
+# tool, tags and workflow, stated in a few tokens so that short contexts train fast on a CPU.
+COMPACT_SYSTEM_PROMPT = ("Answer by searching. Tool: wikipedia_search(query, top_n). Think in <think></think>, "
+                         "call <tool_call>{json}</tool_call>, answer \\boxed{}.")
+COMPACT_UPDATE_INSTRUCTION = "Update <memory></memory>."
+PROMPT_STYLES = ("full", "compact")
 NO_RESULTS = "No results found."
 
 
@@ -111,9 +118,12 @@ class PromptBuilder:
     `<think>` and `<tool_response>` as single tokens).
     """
 
-    def __init__(self, tokenizer, *, default_top_n: int = 5):
+    def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full"):
+        if style not in PROMPT_STYLES:
+            raise ValueError(f"prompt style {style!r}; expected one of {PROMPT_STYLES}")
         self.tokenizer = tokenizer
         self.default_top_n = default_top_n
+        self.style = style
         self.im_start_id = self._single_id(IM_START)
         self.eos_id = self._single_id(IM_END)  # the end-of-turn token generation stops on
         self.pad_id = self._single_id(ENDOFTEXT)
@@ -122,14 +132,17 @@ class PromptBuilder:
         self.tool_response_close_id = self._single_id(TOOL_RESPONSE_CLOSE)
 
         s, e, nl = self.im_start_id, self.eos_id, self._enc("\n")
-        self._mem_system = [s, *self._enc("system\n" + memsearcher_system_prompt(default_top_n)), e, *nl]
-        self._react_system = [s, *self._enc("system\n" + react_system_prompt(default_top_n)), e, *nl]
+        mem_sys, react_sys, update = (
+            (memsearcher_system_prompt(default_top_n), react_system_prompt(default_top_n), MEMORY_UPDATE_INSTRUCTION)
+            if style == "full" else (COMPACT_SYSTEM_PROMPT, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION))
+        self._mem_system = [s, *self._enc("system\n" + mem_sys), e, *nl]
+        self._react_system = [s, *self._enc("system\n" + react_sys), e, *nl]
         self._user_header = [s, *self._enc("user\n")]
         self._turn_end_newline = [e, *nl]
         self._assistant_header = [s, *self._enc("assistant\n")]
         self._newline = nl
         self._obs_user_header = [*nl, *self._user_header]
-        self._update_instruction = self._enc(MEMORY_UPDATE_INSTRUCTION)
+        self._update_instruction = self._enc(update)
         # Asserts the pieces do not merge across boundaries: "user\n" + "<question>" etc.
         for piece in ("system\n", "user\n", "assistant\n"):
             if self._enc(piece + "<x")[: len(self._enc(piece))] != self._enc(piece):

@@ -39,6 +39,7 @@ class AgentConfig:
     temperature: float = 1.0
     top_p: float = 0.99
     top_k: int = 0
+    prompt_style: str = "full"          # "compact": a few-token system prompt for tiny models
 
     def __post_init__(self):
         problems = []

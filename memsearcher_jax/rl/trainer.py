@@ -20,7 +20,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from memsearcher_jax.agent.prompts import PromptBuilder, memsearcher_system_prompt, react_system_prompt
+from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION,
+                                           MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt,
+                                           react_system_prompt)
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
 from memsearcher_jax.rl.advantages import zero_variance_fraction
@@ -98,12 +100,13 @@ def build_setup(cfg: ml_collections.ConfigDict) -> Setup:
     if cfg.world.enabled:
         from memsearcher_jax.data.world_cache import prepare_world
 
-        extra = (memsearcher_system_prompt(cfg.agent.default_top_n), react_system_prompt(cfg.agent.default_top_n))
+        extra = (memsearcher_system_prompt(cfg.agent.default_top_n), react_system_prompt(cfg.agent.default_top_n),
+                 MEMORY_UPDATE_INSTRUCTION, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION)
         world_paths = prepare_world(os.path.expanduser(cfg.world.cache_dir), seed=cfg.world.seed,
                                     num_entities=cfg.world.num_entities, extra_texts=extra)
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(tok_dir) if world_paths else _auto_tokenizer(tok_dir)
-    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n)
+    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style)
     if world_paths is not None:
         train_q = _read_jsonl(world_paths.train)
         eval_q = _read_jsonl(world_paths.heldout)
