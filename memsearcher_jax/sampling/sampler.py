@@ -1,6 +1,6 @@
 """Batched KV-cache sampler: one jitted prefill and one jitted decode loop.
 
-Cache layout, per call ([L, B, S, K, Dh], S = P + T + N):
+Cache layout, per call (per layer k, v [B, K, S, Dh], S = P + T + N):
 
     slots [0, P)        shared prefix, left-padded inside its bucket; prefilled ONCE at
                         batch 1 and broadcast to every row (P = 0 when not worth it)
@@ -17,7 +17,8 @@ The sampler keeps its own copy of the weights in a decode-friendly layout, made 
 `update_params`: one array per layer instead of the model's stacked [L, ...] arrays (slicing
 a stacked weight inside the loop costs a copy per step on XLA CPU) and, for tied embeddings,
 the embedding stored transposed [D, V] so the logits are a plain matmul. The cache is also
-one (k, v) pair per layer, so each decode step writes one slot in place.
+one (k, v) pair per layer, head-major [B, K, S, Dh], so each decode step writes one slot
+in place and decode attention reads each head's keys contiguously.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from memsearcher_jax.models.hf_io import shard_model
-from memsearcher_jax.models.qwen2 import DecoderLayers, Qwen2, rms_norm, rope_cos_sin
-from memsearcher_jax.models.sharding import ShardingConfig, named_sharding, param_spec
+from memsearcher_jax.models.qwen2 import _NEG, DecoderLayers, Qwen2, apply_rope, rms_norm, rope_cos_sin
+from memsearcher_jax.models.sharding import ShardingConfig, constrain, named_sharding, param_spec
 from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
@@ -54,7 +55,7 @@ class Completion:
 class DecodeState(NamedTuple):
     """Everything the decode loop carries. B rows, S cache slots, N token budget, W stop width."""
 
-    cache: tuple              # L pairs (k, v), each [B, S, K, Dh]
+    cache: tuple              # L pairs (k, v), each [B, K, S, Dh]
     kv_valid: jax.Array       # [B, S] bool
     last: jax.Array           # [B] int32, the token to feed next
     pos: jax.Array            # [B] int32, its position
@@ -110,14 +111,58 @@ def validate_request(prompts, max_new_tokens, temperature, top_p, top_k, vocab_s
     return budgets
 
 
+def _cached_attention(q, k, v, mask):
+    """q [B, T, H, Dh], cache k/v [B, K, S, Dh], mask [B, T, S] -> [B, T, H, Dh]; f32 softmax.
+
+    One new token (T == 1) is a matrix-vector product per head, which XLA CPU runs far
+    faster as broadcast-multiply-reduce than as a batched dot of tiny matrices.
+    """
+    b, t, h, d = q.shape
+    kh = k.shape[1]
+    g = h // kh
+    scale = d ** -0.5
+    if t == 1:
+        qg = q.reshape(b, kh, g, d).astype(jnp.float32)
+        scores = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
+        scores = jnp.where(mask[:, None, :, :], scores, _NEG)  # [B, K, G, S]
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)  # [B, K, G, Dh]
+        return out.reshape(b, 1, h, d).astype(q.dtype)
+    qg = q.reshape(b, t, kh, g, d)
+    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, d)
+
+
 class _LayerMath:
-    """What Qwen2._layer reads from `self` (config, sharding, mesh), without the weights, so
-    the sampler runs the model's own layer code on its per-layer weight copies."""
+    """One decoder layer over a head-major per-layer cache: the same math as Qwen2._layer
+    (tests compare with the model's full forward), with the cache laid out [B, K, S, Dh] so
+    decode attention reads contiguous keys per head."""
 
     def __init__(self, model: Qwen2):
         self.config, self.sharding, self.mesh = model.config, model.sharding, model.mesh
 
-    _layer = Qwen2._layer
+    def _layer(self, p: dict, x, cos, sin, mask, kv, write_index):
+        cfg, sh, mesh = self.config, self.sharding, self.mesh
+        dt = jnp.dtype(cfg.dtype)
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt)) + p["q_bias"].astype(dt)
+        k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt)) + p["k_bias"].astype(dt)
+        v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt)) + p["v_bias"].astype(dt)
+        q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
+        k = apply_rope(k, cos, sin)
+        ck, cv = kv
+        ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (0, 0, write_index, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, write_index, 0))
+        attn = constrain(_cached_attention(q, ck.astype(dt), cv.astype(dt), mask), sh.act_bthd, mesh)
+        x = x + constrain(jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), sh.act_btd, mesh)
+        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+        gate = jnp.einsum("btd,df->btf", h, p["gate_kernel"].astype(dt))
+        up = jnp.einsum("btd,df->btf", h, p["up_kernel"].astype(dt))
+        act = constrain(jax.nn.silu(gate) * up, sh.act_btf, mesh)
+        x = x + constrain(jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), sh.act_btd, mesh)
+        return x, (ck, cv)
 
 
 def _run_cached(math: _LayerMath, params: dict, ids, positions, cache: tuple, kv_valid, write_index):
@@ -128,7 +173,7 @@ def _run_cached(math: _LayerMath, params: dict, ids, positions, cache: tuple, kv
     the new cache. Same masking as Qwen2.forward_cached.
     """
     cfg = math.config
-    t, s = ids.shape[1], cache[0][0].shape[1]
+    t, s = ids.shape[1], cache[0][0].shape[2]
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
     q_slot = write_index + jnp.arange(t)
     mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
@@ -271,18 +316,19 @@ class Sampler:
         b, t = ids.shape
         p = prefix_ids.shape[1]
         s = p + t + num_new
-        shape = (b, s, cfg.num_kv_heads, cfg.head_dim)
-        cache_spec = P(*tuple(self._sharding.cache)[1:])
+        shape = (b, cfg.num_kv_heads, s, cfg.head_dim)
+        c = tuple(self._sharding.cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
+        cache_spec = P(c[1], c[3], c[2], c[4])
         zeros = lambda: self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
         cache = tuple((zeros(), zeros()) for _ in range(cfg.num_layers))
         kv_valid = jnp.zeros((b, s), bool).at[:, p:p + t].set(valid)
         if p > 0:
-            pshape = (1, p, cfg.num_kv_heads, cfg.head_dim)
+            pshape = (1, cfg.num_kv_heads, p, cfg.head_dim)
             pcache = tuple((jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
                            for _ in range(cfg.num_layers))
             _, pcache = _run_cached(self._math, params, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
             # The prefix's K/V computed once at batch 1, broadcast into every row.
-            bshape = (b, p, cfg.num_kv_heads, cfg.head_dim)
+            bshape = (b, cfg.num_kv_heads, p, cfg.head_dim)
             cache = tuple(tuple(jax.lax.dynamic_update_slice(c, jnp.broadcast_to(pc, bshape), (0, 0, 0, 0))
                                 for c, pc in zip(layer, player)) for layer, player in zip(cache, pcache))
             kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (b, p)))
