@@ -2,20 +2,14 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_14b_v5e_64.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 64 chips x 16 GiB: does NOT fit (~1.8x): the TP-only sampler copy (7 GiB at tp=8) plus the update leave no room; use v5p-128.
-    c = recipe_base.recipe("qwen2_5_14b", "v5e_64", data=1, fsdp=8, tp=8,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=8, logprob_batch_size=8)
+    c = recipe("qwen2_5_14b", "v5e_64", data=1, fsdp=8, tp=8,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=8, logprob_batch_size=8)
     c.sampler.batch_size = 160  # rollout rows per sampler pass (B*G=1280 in 8 passes)
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

@@ -2,18 +2,12 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_3b_h100_8.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 8 GPUs x 80 GiB on one node (NVLink): fsdp=4 x tp=2; tp=2 matches the 2 KV heads so the cache splits 8 ways and all 1280 rollout rows run in one pass.
-    c = recipe_base.recipe("qwen2_5_3b", "h100_8", data=1, fsdp=4, tp=2,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=4, logprob_batch_size=4)
+    c = recipe("qwen2_5_3b", "h100_8", data=1, fsdp=4, tp=2,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=4, logprob_batch_size=4)
     return c

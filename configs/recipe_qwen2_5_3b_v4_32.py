@@ -2,19 +2,13 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v4_32.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 16 chips x 32 GiB. tp=4 splits the f32 logits [row, 8K, V] four ways and fsdp=4 the weights; the cache (2 KV heads) splits over fsdp only, so rollouts run 160 rows at a time.
-    c = recipe_base.recipe("qwen2_5_3b", "v4_32", data=1, fsdp=4, tp=4,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=4, logprob_batch_size=4)
+    c = recipe("qwen2_5_3b", "v4_32", data=1, fsdp=4, tp=4,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=4, logprob_batch_size=4)
     c.sampler.batch_size = 160  # rollout rows per sampler pass (B*G=1280 in 8 passes)
     return c

@@ -2,18 +2,12 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v5p_128.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 64 chips x 95 GiB: memory is plentiful, so tp=2 (the 2 KV heads) and fsdp=32 for the most data parallelism; the whole B*G=1280 rollout batch fits in one pass.
-    c = recipe_base.recipe("qwen2_5_3b", "v5p_128", data=1, fsdp=32, tp=2,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=32, logprob_batch_size=32)
+    c = recipe("qwen2_5_3b", "v5p_128", data=1, fsdp=32, tp=2,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=32, logprob_batch_size=32)
     return c

@@ -2,19 +2,13 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_7b_h100_8.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 8 GPUs x 80 GiB: tp=4 within NVLink (4 KV heads), fsdp=2; rollouts in 320-row chunks keep the cache at ~16 GiB.
-    c = recipe_base.recipe("qwen2_5_7b", "h100_8", data=1, fsdp=2, tp=4,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=2, logprob_batch_size=2)
+    c = recipe("qwen2_5_7b", "h100_8", data=1, fsdp=2, tp=4,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=2, logprob_batch_size=2)
     c.sampler.batch_size = 320  # rollout rows per sampler pass (B*G=1280 in 4 passes)
     return c

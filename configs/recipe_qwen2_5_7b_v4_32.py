@@ -2,20 +2,14 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_7b_v4_32.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 16 chips x 32 GiB: does NOT fit with f32 master weights + an f32 reference + an un-donated update (~1.2x); needs buffer donation in the update and a bf16 reference, or a v4-64.
-    c = recipe_base.recipe("qwen2_5_7b", "v4_32", data=1, fsdp=4, tp=4,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=4, logprob_batch_size=4)
+    c = recipe("qwen2_5_7b", "v4_32", data=1, fsdp=4, tp=4,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=4, logprob_batch_size=4)
     c.sampler.batch_size = 320  # rollout rows per sampler pass (B*G=1280 in 4 passes)
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

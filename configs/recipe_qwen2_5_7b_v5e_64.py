@@ -2,20 +2,14 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_7b_v5e_64.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 64 chips x 16 GiB: does NOT fit (~1.6x): the TP-only sampler copy (f32, 7 GiB with tp=4) and 8K-token logits leave no room; use v5p or a bf16 sampler copy.
-    c = recipe_base.recipe("qwen2_5_7b", "v5e_64", data=1, fsdp=16, tp=4,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=16, logprob_batch_size=16)
+    c = recipe("qwen2_5_7b", "v5e_64", data=1, fsdp=16, tp=4,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=16, logprob_batch_size=16)
     c.sampler.batch_size = 320  # rollout rows per sampler pass (B*G=1280 in 4 passes)
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

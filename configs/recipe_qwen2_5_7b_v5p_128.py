@@ -2,18 +2,12 @@
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_7b_v5p_128.py
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_base", os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_base.py"))
-recipe_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_base)
+from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts configs/ on sys.path
 
 
 def get_config():
     # 64 chips x 95 GiB: tp=4 (4 KV heads, 28 heads) and fsdp=16; the whole rollout batch fits in one pass.
-    c = recipe_base.recipe("qwen2_5_7b", "v5p_128", data=1, fsdp=16, tp=4,
-                           # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                           micro_batch_size=16, logprob_batch_size=16)
+    c = recipe("qwen2_5_7b", "v5p_128", data=1, fsdp=16, tp=4,
+                # one row per (data x fsdp) shard: an 8K-token row is the activation unit
+                micro_batch_size=16, logprob_batch_size=16)
     return c

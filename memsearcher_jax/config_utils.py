@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import sys
 from typing import Any, Sequence
 
 import ml_collections
@@ -23,10 +24,16 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"config file not found: {path}")
     spec = importlib.util.spec_from_file_location(f"_memsearcher_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
+    # A config may import helpers that sit beside it (configs/_recipe_base.py): its folder goes
+    # on sys.path while it runs, and only then.
+    config_dir = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, config_dir)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # surface the file name with whatever went wrong inside it
         raise ConfigError(f"error while executing config file {path}: {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.remove(config_dir)
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path} has no get_config() function")
     cfg = module.get_config()

@@ -36,10 +36,21 @@ def test_split_overrides_both_spellings():
     assert ov == [("a.b", "1"), ("c.d", "2")]
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))))
+# Files starting with "_" are helpers shared by configs (configs/_recipe_base.py), not configs.
+CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                      if not os.path.basename(p).startswith("_"))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES)
 def test_every_config_file_loads(path):
     cfg = load_config(path)
     assert cfg.rl.group_size >= 1 and cfg.agent.workflow in ("memsearcher", "react")
+
+
+def test_helper_files_are_not_configs_and_configs_are_all_found():
+    assert len(CONFIG_FILES) >= 14
+    with pytest.raises(ConfigError, match="no get_config"):
+        load_config(os.path.join(ROOT, "configs", "_recipe_base.py"))
 
 
 def test_recipe_config_has_the_recipe_values():

@@ -67,6 +67,13 @@ def _train_cmd(cfg_dir, out, steps, worlds):
     return args
 
 
+def _logged_steps(metrics_path: str) -> int:
+    if not os.path.exists(metrics_path):
+        return 0
+    with open(metrics_path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.endswith("\n"))
+
+
 def _final_params(out):
     from memsearcher_jax.pipeline import restore_policy
 
@@ -84,16 +91,20 @@ def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path)
 
     proc = subprocess.Popen(_train_cmd(ROOT, killed_out, 4, worlds), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    ckpt2 = os.path.join(killed_out, "checkpoints", "2")
+    # Kill the moment step 3's metrics line is written: the step-2 checkpoint was issued before
+    # step 3 began, and the step-4 one needs a whole rollout + update more (far longer than the
+    # 10 ms poll), so the kill lands between the two. Waiting on a checkpoint directory instead
+    # races with the asynchronous save, which may finalize "2" while step 4 is already done.
+    metrics = os.path.join(killed_out, "logs", "metrics.jsonl")
     deadline = time.time() + 600
-    while not os.path.isdir(ckpt2) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert os.path.isdir(ckpt2), "the run never wrote its step-2 checkpoint"
-    time.sleep(1.0)  # into step 3, before the step-4 checkpoint
-    assert proc.poll() is None, "the run finished before it could be killed"
+    while _logged_steps(metrics) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run finished (or died) before it could be killed"
+    assert _logged_steps(metrics) == 3, "the run never logged step 3"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    assert not os.path.isdir(os.path.join(killed_out, "checkpoints", "4"))
+    ckpts = os.path.join(killed_out, "checkpoints")
+    assert os.path.isdir(os.path.join(ckpts, "2")) and not os.path.isdir(os.path.join(ckpts, "4")), os.listdir(ckpts)
 
     subprocess.run(_train_cmd(ROOT, killed_out, 4, worlds), env=env, check=True, timeout=900,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

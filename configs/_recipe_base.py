@@ -1,4 +1,4 @@
-"""Shared by the pod recipes (configs/recipe_qwen2_5_*_*.py): the MemSearcher recipe
+"""Shared by the pod recipes (configs/recipe_qwen2_5_*_*.py; not a config itself): the MemSearcher recipe
 (configs/memsearcher_qwen2_5_3b.py, B=256, G=5) on a given model and pod.
 
 Each recipe file picks the mesh, micro-batch sizes and remat for its pod and says why;
