@@ -55,7 +55,10 @@ def _eval_runner(cfg, trainer: Trainer, workflow: str | None = None) -> AgentRun
 
 def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after."""
+    from memsearcher_jax.planner import check_fits
+
     validate(cfg)
+    check_fits(cfg)  # before the warm start compiles anything
     out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
     if not resume and os.path.exists(out):
         shutil.rmtree(out)

@@ -9,6 +9,7 @@ Saved layout: `manifest.json` (kind "bm25"), `bm25/` (bm25s arrays, memory-mappe
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Iterable, Sequence
@@ -18,6 +19,9 @@ import numpy as np
 from retrieval.base import Hit
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.index import read_manifest, write_manifest
+
+# bm25s logs an INFO line for every empty query; a rollout can send many, and they are harmless.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 BM25_DIR = "bm25"
 DOCS_DIR = "docs"

@@ -87,3 +87,23 @@ def test_console_script_help():
     assert out.returncode == 0
     for cmd in ("train", "eval", "export-hf", "index", "serve-retriever", "plan"):
         assert cmd in out.stdout
+
+
+def test_train_with_a_bad_value_exits_2_naming_the_key(capsys):
+    code = main(["train", "--config", os.path.join(ROOT, "configs/default.py"), "--config.rl.batch_questions=0"])
+    assert code == 2
+    assert "rl.batch_questions must be >= 1" in capsys.readouterr().err
+
+
+def test_pipeline_refuses_a_config_that_cannot_fit_before_the_warm_start(tmp_path, monkeypatch):
+    import ml_collections
+
+    import memsearcher_jax.pipeline as pipeline
+    from memsearcher_jax.planner import PlanError
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"),
+                      [("train.output_dir", str(tmp_path / "run")), ("world.cache_dir", str(tmp_path / "w"))])
+    cfg.hardware = ml_collections.ConfigDict(dict(device_memory_gib=0.001, usable_fraction=0.9))
+    monkeypatch.setattr(pipeline, "build_setup", lambda cfg: pytest.fail("set-up ran before the fit check"))
+    with pytest.raises(PlanError, match="does not fit|fits: no"):
+        pipeline.run_default_pipeline(cfg)

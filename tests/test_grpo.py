@@ -12,8 +12,8 @@ from flax import nnx
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, accumulate_gradients, pack_rows,
-                                     score_trajectories, trajectory_advantages)
+from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, accumulate_gradients,
+                                     minibatch_row_indices, pack_rows, score_trajectories, trajectory_advantages)
 from memsearcher_jax.rl.losses import LossConfig, aggregation_weights
 from retrieval.base import Hit
 
@@ -192,3 +192,24 @@ def test_learner_updates_params_and_skips_non_finite_steps():
     assert m2["skipped"] == 2 and learner.skipped_steps == 2
     assert all(np.array_equal(np.asarray(a), b) for a, b in zip(jax.tree.leaves(learner.params),
                                                                jax.tree.leaves(after)))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_trajectory_mean_keeps_each_trajectory_in_one_minibatch(shuffle):
+    # 7 trajectories with 1..5 conversations each, split over 3 optimizer steps.
+    traj_ids = np.array([t for t, k in enumerate([1, 5, 2, 3, 1, 4, 2]) for _ in range(k)])
+    rng = np.random.default_rng(0)
+    chunks = minibatch_row_indices(traj_ids, 3, rng, shuffle=shuffle, whole_trajectories=True)
+    assert len(chunks) == 3
+    assert sorted(np.concatenate(chunks).tolist()) == list(range(len(traj_ids)))
+    owners = [set(traj_ids[c].tolist()) for c in chunks]
+    assert all(not (a & b) for i, a in enumerate(owners) for b in owners[i + 1:])  # no trajectory split
+    # So within each optimizer step every present trajectory weighs exactly 1 in total.
+    mask = np.ones((len(traj_ids), 4))
+    for c in chunks:
+        w, denom = aggregation_weights("trajectory_mean", mask[c], traj_ids[c], np.zeros(len(c), np.int64), 1)
+        per_traj = {t: w[traj_ids[c] == t].sum() for t in set(traj_ids[c].tolist())}
+        assert np.allclose(list(per_traj.values()), 1.0) and denom == len(per_traj)
+    # The row-shuffling modes do split trajectories (that is fine for a token mean).
+    row_chunks = minibatch_row_indices(traj_ids, 3, np.random.default_rng(0), shuffle=True)
+    assert sorted(np.concatenate(row_chunks).tolist()) == list(range(len(traj_ids)))

@@ -18,7 +18,12 @@ VOCAB = 128
 def hf_and_model(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("qwen2_tiny"))
     hf = make_hf_qwen2(d, vocab_size=VOCAB)
+    hf.model_dir = d
     return hf, from_pretrained(d)
+
+
+def model_dir_of(hf_and_model) -> str:
+    return hf_and_model[0].model_dir
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,14 @@ def test_greedy_equals_naive_loop_and_transformers(hf_and_model, sampler):
             ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                               do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
         assert o.tokens == ref[0, len(p):].tolist()
+    # And as one left-padded ragged batch, the way an agent would call transformers.
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        batch_ref = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                pad_token_id=0)
+    assert [o.tokens for o in outs] == batch_ref[:, width:].tolist()
 
 
 def test_logprobs_equal_full_forward(hf_and_model, sampler):
@@ -137,6 +150,9 @@ def test_stop_ids_and_sequences_end_exactly_their_rows(sampler):
     outs = sampler.generate(prompts, max_new_tokens=n, stop_token_ids=[stop_id], stop_sequences=[tool_call_end])
     ends = [find_stop(t, stops) for t in free]
     assert ends[0] is not None and ends[0] <= 5 and ends[1] is not None and ends[1] <= 8
+    # Row 1 must end on the two-token sequence itself, not on the single stop id.
+    if stop_id not in free[1][:8]:
+        assert outs[1].tokens[-2:] == list(tool_call_end)
     assert any(e is None for e in ends), "want at least one row that runs to its budget"
     for f, e, o in zip(free, ends, outs):
         if e is None:
@@ -158,8 +174,19 @@ def test_sharded_equals_single_device(hf_and_model, sampler):
         for r, o in zip(ref, outs):
             assert o.tokens == r.tokens
             assert np.abs(np.asarray(o.logprobs) - np.asarray(r.logprobs)).max() < 1e-4
-        # The cache really is laid out on the mesh (batch over data x fsdp, KV heads over tp).
-        assert s._batch_shards() == data * fsdp
+        # The weights are in the TP-only sampling layout: no weight is split over fsdp or data,
+        # and the big matrices really are split over tp.
+        specs = [leaf.sharding.spec for leaf in jax.tree.leaves(s._params)]
+        assert all("fsdp" not in str(spec) and "data" not in str(spec) for spec in specs), specs
+        q = s._params["layers"][0]["q_kernel"]
+        assert len(q.sharding.device_set) == 8 and "tp" in str(q.sharding.spec)
+        assert q.addressable_shards[0].data.size * tp == q.size
+
+    # A model placed in the training (FSDP) layout is re-laid out for sampling, not used as is.
+    trained = from_pretrained(model_dir_of(hf_and_model), mesh=make_mesh(1, 4, 2))
+    s = Sampler(trained, cache_dtype=jnp.float32, mesh=trained.mesh)
+    assert all("fsdp" not in str(leaf.sharding.spec) for leaf in jax.tree.leaves(s._params))
+    assert [o.tokens for o in s.generate(prompts, **kw)] == [r.tokens for r in ref]
 
 
 def test_shared_prefix_equals_plain_path(hf_and_model):
@@ -241,6 +268,18 @@ def test_bad_input_fails_before_compiling(hf_and_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         s.generate(args.pop("prompts"), **args)
     assert s.num_compilations == 0
+
+
+def test_generate_function_validates_before_building_a_sampler(hf_and_model, monkeypatch):
+    import memsearcher_jax.sampling.sampler as sampler_module
+
+    built = []
+    monkeypatch.setattr(sampler_module.Sampler, "__init__", lambda self, *a, **k: built.append(1))
+    for bad in (dict(prompts=[]), dict(prompts=[[]]), dict(prompts=[[1]], top_p=2.0)):
+        args = dict(prompts=[[5, 6]], max_new_tokens=4) | bad
+        with pytest.raises(ValueError):
+            generate(hf_and_model[1], args.pop("prompts"), **args)
+    assert not built
 
 
 def test_generate_function_and_bf16_cache(hf_and_model):

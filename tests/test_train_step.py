@@ -67,6 +67,29 @@ def _train_cmd(cfg_dir, out, steps, worlds):
     return args
 
 
+# What every training step must log (the trainer issue's list), in metrics.jsonl and TensorBoard.
+STEP_METRICS = (
+    "reward_mean", "reward_std", "em", "f1", "format_error_rate", "zero_variance_groups", "turns_per_trajectory",
+    "searches_per_trajectory", "memory_tokens_mean", "context_tokens_mean", "context_tokens_max",
+    "response_tokens_mean", "clip_fraction", "approx_kl", "entropy", "grad_norm", "skipped_steps_total",
+    "logprob_gap_max", "time_rollout", "time_retrieval", "time_logprobs", "time_update", "tokens_per_second")
+
+
+def _check_logged_metrics(out: str, steps: int):
+    import json
+
+    with open(os.path.join(out, "logs", "metrics.jsonl"), encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f]
+    assert [m["step"] for m in lines] == list(range(1, steps + 1))
+    for m in lines:
+        missing = [k for k in STEP_METRICS if k not in m]
+        assert not missing, missing
+        assert 0.0 <= m["reward_mean"] <= 1.0 and m["time_rollout"] > 0 and m["tokens_per_second"] > 0
+    # The sampler and the trainer score the same ids with the same weights before the update.
+    assert lines[0]["logprob_gap_max"] < 1e-3, lines[0]["logprob_gap_max"]
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(out, "logs")))
+
+
 def _logged_steps(metrics_path: str) -> int:
     if not os.path.exists(metrics_path):
         return 0
@@ -89,6 +112,8 @@ def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path)
     subprocess.run(_train_cmd(ROOT, ref_out, 4, worlds), env=env, check=True, timeout=900,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    _check_logged_metrics(ref_out, steps=4)
+
     proc = subprocess.Popen(_train_cmd(ROOT, killed_out, 4, worlds), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     # Kill the moment step 3's metrics line is written: the step-2 checkpoint was issued before
@@ -108,6 +133,7 @@ def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path)
 
     subprocess.run(_train_cmd(ROOT, killed_out, 4, worlds), env=env, check=True, timeout=900,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _check_logged_metrics(killed_out, steps=4)  # step 4 logged once, by the resumed run
     step_a, ref = _final_params(ref_out)
     step_b, resumed = _final_params(killed_out)
     assert step_a == step_b == 4

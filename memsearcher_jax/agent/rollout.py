@@ -17,7 +17,7 @@ import dataclasses
 import time
 from typing import Protocol, Sequence
 
-from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory, parse_tool_calls
+from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
 from retrieval.base import ERROR_HIT_ID, Hit, Retriever
 
@@ -109,6 +109,7 @@ class Trajectory:
     conversations: list[Conversation] = dataclasses.field(default_factory=list)
     memory: str = ""
     memories: list[str] = dataclasses.field(default_factory=list)
+    memory_tokens: list[int] = dataclasses.field(default_factory=list)  # token count of each kept memory
     done: bool = False
     end_reason: str = ""
     num_searches: int = 0
@@ -202,6 +203,32 @@ class AgentRunner:
             self._run_react(trajs, seed)
         return trajs
 
+    # ------------------------------------------------------------------ the act call, shared
+    def _act(self, rows: list[Trajectory], prompts: list[list[int]], budgets: list[int], seed: int):
+        """One batched act call: record each completion on its row, end the rows that answered,
+        stopped illegally or wrote no valid act. Returns (rows that search, their parsed calls)."""
+        cfg, b = self.config, self.builder
+        searching, calls = [], []
+        for t, (tokens, logprobs, reason) in zip(rows, self._generate(prompts, budgets, seed=seed)):
+            conv = t.final
+            conv.add_generated(tokens, logprobs)
+            conv.blocks.append(b.decode_act(tokens))
+            conv.ended_with_eos = reason == "stop" and bool(tokens) and tokens[-1] == b.eos_id
+            if not conv.ended_with_eos:
+                t.finish("length" if reason == "length" else "illegal_stop")
+                continue
+            kind = classify_act(conv.blocks[-1])
+            if kind == ActKind.ANSWER:
+                t.finish("answer")
+            elif kind == ActKind.INVALID:
+                t.finish("invalid_act")
+            else:
+                searching.append(t)
+                # The same text classify_act judged: calls outside every thinking span.
+                calls.append(parse_tool_calls(outside_think(conv.blocks[-1]),
+                                              default_top_n=cfg.default_top_n, max_top_n=cfg.max_top_n))
+        return searching, calls
+
     # ------------------------------------------------------------------ MemSearcher
     def _run_memsearcher(self, trajs: list[Trajectory], seed: int):
         cfg, b = self.config, self.builder
@@ -215,25 +242,8 @@ class AgentRunner:
                 t.context_tokens.append(len(ctx))
             budgets = [max(1, min(cfg.max_new_tokens, cfg.max_context_tokens - len(t.final.prompt_ids),
                                   cfg.max_response_tokens)) for t in live]
-            acts = self._generate([t.final.prompt_ids for t in live], budgets, seed=_seed(seed, turn, 0))
-            searching, calls = [], []
-            for t, (tokens, logprobs, reason) in zip(live, acts):
-                conv = t.final
-                conv.add_generated(tokens, logprobs)
-                conv.blocks.append(b.decode_act(tokens))
-                conv.ended_with_eos = reason == "stop" and bool(tokens) and tokens[-1] == b.eos_id
-                if not conv.ended_with_eos:
-                    t.finish("length" if reason == "length" else "illegal_stop")
-                    continue
-                kind = classify_act(conv.blocks[-1])
-                if kind == ActKind.ANSWER:
-                    t.finish("answer")
-                elif kind == ActKind.INVALID:
-                    t.finish("invalid_act")
-                else:
-                    searching.append(t)
-                    calls.append(parse_tool_calls(conv.blocks[-1].split("</think>")[-1],
-                                                  default_top_n=cfg.default_top_n, max_top_n=cfg.max_top_n))
+            searching, calls = self._act(live, [t.final.prompt_ids for t in live], budgets,
+                                         seed=_seed(seed, turn, 0))
             if not searching:
                 continue
             results = _run_searches(self.retriever, calls, self.stats)
@@ -264,11 +274,12 @@ class AgentRunner:
                     t.finish("length" if reason == "length" else "illegal_stop")
                 elif memory is None:
                     t.finish("no_memory")
-                elif b.memory_tokens(memory) > cfg.memory_budget:
+                elif (n_memory := b.memory_tokens(memory)) > cfg.memory_budget:
                     t.finish("memory_over_budget")
                 else:
                     t.memory = memory
                     t.memories.append(memory)
+                    t.memory_tokens.append(n_memory)
         for t in trajs:
             if not t.done:
                 t.finish("max_turns")
@@ -295,26 +306,9 @@ class AgentRunner:
                     t.finish("response_budget")
             if not runnable:
                 break
-            acts = self._generate([t.final.prompt_ids + t.final.response_ids for t, _ in runnable],
-                                  [n for _, n in runnable], seed=_seed(seed, turn, 0))
-            searching, calls = [], []
-            for (t, _), (tokens, logprobs, reason) in zip(runnable, acts):
-                conv = t.final
-                conv.add_generated(tokens, logprobs)
-                conv.blocks.append(b.decode_act(tokens))
-                conv.ended_with_eos = reason == "stop" and bool(tokens) and tokens[-1] == b.eos_id
-                if not conv.ended_with_eos:
-                    t.finish("length" if reason == "length" else "illegal_stop")
-                    continue
-                kind = classify_act(conv.blocks[-1])
-                if kind == ActKind.ANSWER:
-                    t.finish("answer")
-                elif kind == ActKind.INVALID:
-                    t.finish("invalid_act")
-                else:
-                    searching.append(t)
-                    calls.append(parse_tool_calls(conv.blocks[-1].split("</think>")[-1],
-                                                  default_top_n=cfg.default_top_n, max_top_n=cfg.max_top_n))
+            searching, calls = self._act([t for t, _ in runnable],
+                                         [t.final.prompt_ids + t.final.response_ids for t, _ in runnable],
+                                         [n for _, n in runnable], seed=_seed(seed, turn, 0))
             if searching:
                 results = _run_searches(self.retriever, calls, self.stats)
                 for t, row_calls, row_results in zip(searching, calls, results):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from typing import Sequence
 
 import jax
@@ -184,6 +185,26 @@ def apply_update(params, opt_state, grads, tx: optax.GradientTransformation):
     return keep(new_params, params), keep(new_opt, opt_state), grad_norm, jnp.logical_not(finite)
 
 
+def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.random.Generator,
+                          shuffle: bool = True, whole_trajectories: bool = False) -> list[np.ndarray]:
+    """Split rows [R] into `optimizer_steps` mini-batches (row indices), shuffled unless told not to.
+
+    whole_trajectories: keep every trajectory's rows in one mini-batch (shuffling trajectories,
+    not rows). `trajectory_mean` needs it: a trajectory split over two optimizer steps would
+    weigh 1 in each, bringing back the bias toward long trajectories the mode exists to remove.
+    """
+    traj_ids = np.asarray(traj_ids)
+    if not whole_trajectories:
+        order = rng.permutation(len(traj_ids)) if shuffle else np.arange(len(traj_ids))
+        return np.array_split(order, optimizer_steps)
+    units = np.unique(traj_ids)
+    if shuffle:
+        units = units[rng.permutation(len(units))]
+    rows_of = {u: np.flatnonzero(traj_ids == u) for u in units}
+    return [np.concatenate([rows_of[u] for u in part]) if len(part) else np.zeros((0,), np.int64)
+            for part in np.array_split(units, optimizer_steps)]
+
+
 # ----------------------------------------------------------------------------- learner
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -266,10 +287,12 @@ class GRPOLearner:
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
         """Old/ref log-probs, then `optimizer_steps` updates over shuffled mini-batches."""
         cfg = self.config
+        t0 = time.perf_counter()
         old_logp = self.compute_logprobs(self.params, rows)
         ref_logp = self.compute_logprobs(self.ref_params, rows)
-        order = rng.permutation(rows.num_rows) if cfg.shuffle_rows else np.arange(rows.num_rows)
-        chunks = np.array_split(order, cfg.optimizer_steps)
+        time_logprobs = time.perf_counter() - t0
+        chunks = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
+                                       whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
         metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0}
         totals: dict[str, float] = {}
         ratio_max, ratio_min = -np.inf, np.inf
@@ -317,5 +340,6 @@ class GRPOLearner:
             "ratio_max": ratio_max, "ratio_min": ratio_min,
             "logprob_gap_max": float(gap.max()) if gap.size else 0.0,
             "trained_tokens": int(mask.sum()),
+            "time_logprobs": time_logprobs,
         })
         return metrics

@@ -43,8 +43,10 @@ def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
 
 def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
     rl = cfg.rl
+    # Optional keys (older config files lack them) fall back to the recipe's values.
+    extra = {k: rl[k] for k in ("kl_clamp", "log_ratio_clamp", "kl_estimator") if k in rl}
     loss = LossConfig(clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=rl.dual_clip, kl_coef=rl.kl_coef,
-                      entropy_coef=rl.entropy_coef, aggregation=rl.aggregation)
+                      entropy_coef=rl.entropy_coef, aggregation=rl.aggregation, **extra)
     optim = OptimConfig(**cfg.optim.to_dict())
     return GRPOConfig(optimizer_steps=rl.optimizer_steps, micro_batch_size=rl.micro_batch_size,
                       logprob_batch_size=rl.logprob_batch_size, shuffle_rows=rl.shuffle_rows,
@@ -205,7 +207,7 @@ def rollout_metrics(trajs: list[Trajectory], results, rows) -> dict:
     rewards = np.array([r.reward for r in results])
     groups = np.array([t.group_id for t in trajs])
     ctx = [c for t in trajs for c in t.context_tokens]
-    mem = [len(m) for t in trajs for m in t.memories]
+    mem = [n for t in trajs for n in t.memory_tokens]
     return {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
         "em": float(np.mean([r.em for r in results])), "f1": float(np.mean([r.f1 for r in results])),
@@ -213,7 +215,7 @@ def rollout_metrics(trajs: list[Trajectory], results, rows) -> dict:
         "zero_variance_groups": float(zero_variance_fraction(rewards, groups)),
         "turns_per_trajectory": float(np.mean([len(t.conversations) for t in trajs])),
         "searches_per_trajectory": float(np.mean([t.num_searches for t in trajs])),
-        "memory_chars": float(np.mean(mem)) if mem else 0.0,
+        "memory_tokens_mean": float(np.mean(mem)) if mem else 0.0,
         "context_tokens_mean": float(np.mean(ctx)) if ctx else 0.0,
         "context_tokens_max": float(np.max(ctx)) if ctx else 0.0,
         "response_tokens_mean": float(np.mean([len(c.response_ids) for t in trajs for c in t.conversations])),
@@ -224,13 +226,22 @@ def rollout_metrics(trajs: list[Trajectory], results, rows) -> dict:
 class MetricsWriter:
     """TensorBoard scalars + one JSON line per step."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, resume_step: int = 0):
+        """resume_step: the step a resumed run restarts after; lines logged past it by the run
+        that died are dropped (TensorBoard purges them too), so every step is logged once."""
         os.makedirs(log_dir, exist_ok=True)
-        self.jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        path = os.path.join(log_dir, "metrics.jsonl")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                kept = [line for line in f if line.endswith("\n") and json.loads(line)["step"] <= resume_step]
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(path + ".tmp", path)
+        self.jsonl = open(path, "a", encoding="utf-8")
         try:
             from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir)
+            self.tb = SummaryWriter(log_dir, purge_step=resume_step + 1 if resume_step else None)
         except ImportError:  # TensorBoard is optional
             self.tb = None
 
@@ -353,7 +364,8 @@ class Trainer:
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps,
             "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
-            "time_retrieval": stats.retrieval_seconds, "time_update": t_update,
+            "time_retrieval": stats.retrieval_seconds, "time_logprobs": update["time_logprobs"],
+            "time_update": t_update - update["time_logprobs"],
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
         return metrics
@@ -363,7 +375,7 @@ class Trainer:
 
         steps = self.cfg.train.steps if steps is None else steps
         self.maybe_resume()
-        writer = MetricsWriter(os.path.join(self.out_dir, "logs"))
+        writer = MetricsWriter(os.path.join(self.out_dir, "logs"), resume_step=self.step)
         history = []
         bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not self.progress, dynamic_ncols=True)
         try:

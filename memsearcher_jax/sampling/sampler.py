@@ -218,7 +218,9 @@ class Sampler:
 
     # ----- parameters -----
     def _place(self, model: Qwen2) -> Qwen2:
-        if self.mesh is not None and (model.mesh is None or model.mesh != self.mesh):
+        # Decode reads every weight each step: it wants the TP-only sampling layout, never the
+        # FSDP training one (which would all-gather weights inside the loop).
+        if self.mesh is not None and (model.mesh != self.mesh or model.sharding != ShardingConfig.sampling()):
             # shard_model re-places the Variables it is given; clone so the caller's model stays put.
             model = shard_model(nnx.clone(model), self.mesh, ShardingConfig.sampling())
         return model
@@ -440,6 +442,9 @@ def generate(model: Qwen2, prompts: list[list[int]], *, max_new_tokens: int | Se
              stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0, cache_dtype=jnp.bfloat16,
              mesh: Mesh | None = None) -> list[Completion]:
     """One-shot generation (builds a Sampler; keep a Sampler to reuse compiled programs)."""
+    # Validate before the Sampler is built: building it compiles the weight-layout program.
+    validate_request(prompts, max_new_tokens, temperature, top_p, top_k, model.config.vocab_size,
+                     model.config.max_position_embeddings, normalize_stops(stop_token_ids, stop_sequences))
     return Sampler(model, cache_dtype=cache_dtype, mesh=mesh).generate(
         prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         stop_token_ids=stop_token_ids, stop_sequences=stop_sequences, seed=seed)
