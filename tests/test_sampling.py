@@ -165,6 +165,7 @@ def test_stop_ids_and_sequences_end_exactly_their_rows(sampler):
 def test_sharded_equals_single_device(hf_and_model, sampler):
     model = hf_and_model[1]
     prompts = _prompts(3, (7, 2, 12))
+    prompts.append(prompts[0])  # a duplicate: the gathered prefill runs sharded too
     kw = dict(max_new_tokens=9, temperature=1.0, top_p=0.95, seed=5)
     ref = sampler.generate(prompts, **kw)
     for data, fsdp, tp in ((2, 2, 2), (1, 4, 2)):
@@ -187,6 +188,26 @@ def test_sharded_equals_single_device(hf_and_model, sampler):
     s = Sampler(trained, cache_dtype=jnp.float32, mesh=trained.mesh)
     assert all("fsdp" not in str(leaf.sharding.spec) for leaf in jax.tree.leaves(s._params))
     assert [o.tokens for o in s.generate(prompts, **kw)] == [r.tokens for r in ref]
+
+
+def test_duplicate_prompts_prefilled_once_equal_the_plain_path(hf_and_model):
+    # A group's G samples start from one identical prompt: prefilled once, sampled per row.
+    model = hf_and_model[1]
+    s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_shared_prefix=4))
+    a, b = _prompts(9, (11, 6))
+    sys_prompt = _prompts(10, (8,))[0]
+    for prompts in ([a, a, b, a, b], [sys_prompt + a] * 3 + [sys_prompt + b] * 2):
+        kw = dict(max_new_tokens=7, temperature=1.0, top_p=0.9, seed=2)
+        before = set(s.compiled_keys)
+        shared = s.generate(prompts, **kw)
+        new_keys = s.compiled_keys - before
+        assert new_keys and all(0 < k[-1] < k[0] for k in new_keys), new_keys  # fewer prefill rows
+        plain = s.generate(prompts, share_duplicates=False, **kw)
+        for x, y in zip(shared, plain):
+            assert x.tokens == y.tokens and x.finish_reason == y.finish_reason
+            assert np.abs(np.asarray(x.logprobs) - np.asarray(y.logprobs)).max() < 1e-5
+        # The rows of one prompt sampled independently (different keys), not copied.
+        assert len({tuple(o.tokens) for o, p in zip(shared, prompts) if p == prompts[0]}) > 1
 
 
 def test_shared_prefix_equals_plain_path(hf_and_model):

@@ -307,37 +307,47 @@ class Sampler:
                            stopped=st.stopped | hit, done=st.done | hit | (length >= st.budget),
                            step=st.step + 1)
 
-    def _prefill_impl(self, params, prefix_ids, prefix_pos, prefix_valid, ids, pos, valid, budget, row_keys,
+    def _prefill_impl(self, params, prefix_ids, prefix_pos, prefix_valid, ids, pos, valid, src, budget, row_keys,
                       temperature, top_p, top_k, stop_table, stop_lengths, *, num_new: int) -> DecodeState:
-        """prefix_* [1, P] (P may be 0); ids, pos, valid [B, T]; budget [B] (0 = padding row).
+        """prefix_* [1, P] (P may be 0); ids, pos, valid [U, T]: the distinct suffixes;
+        src [B] (or None when every row is distinct, U == B): the suffix row of each of the B
+        rows; budget, row_keys [B] (budget 0 = padding row).
 
-        Returns the decode state with token 0 already sampled.
+        Duplicate prompts (a group's G samples at turn 0) are prefilled once, then their K/V
+        are gathered into every row that shares them. Returns the decode state with token 0
+        already sampled.
         """
         self.num_compilations += 1  # runs only while tracing, i.e. once per compiled program
         cfg = self.config
-        b, t = ids.shape
+        u, t = ids.shape
+        b = budget.shape[0]
         p = prefix_ids.shape[1]
         s = p + t + num_new
-        shape = (b, cfg.num_kv_heads, s, cfg.head_dim)
+        shape = (u, cfg.num_kv_heads, s, cfg.head_dim)
         c = tuple(self._sharding.cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
         cache_spec = P(c[1], c[3], c[2], c[4])
         zeros = lambda: self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
         cache = tuple((zeros(), zeros()) for _ in range(cfg.num_layers))
-        kv_valid = jnp.zeros((b, s), bool).at[:, p:p + t].set(valid)
+        kv_valid = jnp.zeros((u, s), bool).at[:, p:p + t].set(valid)
         if p > 0:
             pshape = (1, cfg.num_kv_heads, p, cfg.head_dim)
             pcache = tuple((jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
                            for _ in range(cfg.num_layers))
             _, pcache = _run_cached(self._math, params, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
             # The prefix's K/V computed once at batch 1, broadcast into every row.
-            bshape = (b, cfg.num_kv_heads, p, cfg.head_dim)
+            bshape = (u, cfg.num_kv_heads, p, cfg.head_dim)
             cache = tuple(tuple(jax.lax.dynamic_update_slice(c, jnp.broadcast_to(pc, bshape), (0, 0, 0, 0))
                                 for c, pc in zip(layer, player)) for layer, player in zip(cache, pcache))
-            kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (b, p)))
+            kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (u, p)))
         kv_valid = self._constrain(kv_valid, self._rows_spec(2))
         hidden, cache = _run_cached(self._math, params, ids, pos, cache, kv_valid, p)
         # Left padding puts every row's last prompt token in the last suffix slot.
-        logits = self._logits(params, hidden[:, -1])
+        last_hidden = hidden[:, -1]
+        if src is not None:  # distinct rows -> all B rows
+            rows = lambda x: self._constrain(jnp.take(x, src, axis=0), self._rows_spec(x.ndim))
+            cache = tuple((rows(k), rows(v)) for k, v in cache)
+            kv_valid, last_hidden, valid, pos = rows(kv_valid), rows(last_hidden), rows(valid), rows(pos)
+        logits = self._logits(params, last_hidden)
         cache = tuple((self._constrain(k, cache_spec), self._constrain(v, cache_spec)) for k, v in cache)
         w = stop_table.shape[1]
         st = DecodeState(
@@ -379,11 +389,12 @@ class Sampler:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | Sequence[int], temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
                  stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0,
-                 share_prefix: bool | None = None) -> list[Completion]:
+                 share_prefix: bool | None = None, share_duplicates: bool = True) -> list[Completion]:
         """Complete every prompt (a list of token ids). See module docstring for the layout.
 
         max_new_tokens: one budget, or one per prompt. temperature 0 = greedy. top_k 0 and
         top_p 1 are off. share_prefix: None decides by BucketConfig.min_shared_prefix.
+        share_duplicates: prefill identical prompts once (each row still samples on its own).
         """
         stops = normalize_stops(stop_token_ids, stop_sequences)
         budgets = validate_request(prompts, max_new_tokens, temperature, top_p, top_k, self.config.vocab_size,
@@ -400,6 +411,22 @@ class Sampler:
         pb = bk.prompt(plen) if plen else 0
         tb = bk.prompt(max(lens) - plen)
         nb = bk.new_tokens(max(budgets))
+        # Identical prompts (a group's G samples at turn 0) share one prefill row.
+        first_row: dict[tuple, int] = {}
+        distinct, src_rows = [], []
+        for p in prompts:
+            suffix = tuple(p[plen:])
+            if suffix not in first_row:
+                first_row[suffix] = len(distinct)
+                distinct.append(p)
+            src_rows.append(first_row[suffix])
+        u = len(distinct)
+        share_duplicates = share_duplicates and u < n
+        ub = bk.batch(u, self._batch_shards()) if share_duplicates else b
+        src = None
+        if share_duplicates:
+            src = np.zeros((b,), np.int32)  # padding rows read suffix row 0: budget 0, never emitted
+            src[:n] = src_rows
 
         prefix_ids = np.zeros((1, pb), np.int32)
         prefix_pos = np.zeros((1, pb), np.int32)
@@ -408,27 +435,29 @@ class Sampler:
             prefix_ids[0, pb - plen:] = prompts[0][:plen]
             prefix_pos[0, pb - plen:] = np.arange(plen)
             prefix_valid[0, pb - plen:] = True
-        ids = np.zeros((b, tb), np.int32)
-        pos = np.zeros((b, tb), np.int32)
-        valid = np.zeros((b, tb), bool)
+        rows_in = distinct if src is not None else prompts
+        ids = np.zeros((ub, tb), np.int32)
+        pos = np.zeros((ub, tb), np.int32)
+        valid = np.zeros((ub, tb), bool)
         budget = np.zeros((b,), np.int32)
-        for i, p in enumerate(prompts):
+        budget[:n] = budgets
+        for i, p in enumerate(rows_in):
             suf = p[plen:]
             ids[i, tb - len(suf):] = suf
             pos[i, tb - len(suf):] = np.arange(plen, len(p))
             valid[i, tb - len(suf):] = True
-            budget[i] = budgets[i]
-        for i in range(n, b):  # padding rows: one dummy token, budget 0 (done from the start)
+        for i in range(len(rows_in), ub):  # padding rows: one dummy token, budget 0 (done from the start)
             valid[i, -1] = True
         base = jax.random.key(int(seed))
         row_keys = np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(b))))
         table, lengths = pack_stops(stops)
 
-        key = (b, pb, tb, nb, table.shape)
+        key = (b, pb, tb, nb, table.shape, ub if src is not None else 0)  # last: distinct prefill rows (0: all)
         self.compiled_keys.add(key)
         st = self._prefill(self._params, self._put(prefix_ids, False), self._put(prefix_pos, False),
                            self._put(prefix_valid, False), self._put(ids, True), self._put(pos, True),
-                           self._put(valid, True), self._put(budget, True), self._put(row_keys, True),
+                           self._put(valid, True), None if src is None else self._put(src, True),
+                           self._put(budget, True), self._put(row_keys, True),
                            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), self._put(table, False),
                            self._put(lengths, False), num_new=nb)
         st = self._decode(self._params, st)
