@@ -54,6 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.max_context_tokens = 1024
     c.agent.default_top_n = 2
     c.agent.max_top_n = 5
+    c.agent.missing_top_n = 0        # passages for a call without top_n (0: default_top_n)
     c.agent.temperature = 1.0
     c.agent.top_p = 1.0
     c.agent.top_k = 0

@@ -33,6 +33,7 @@ def get_config():
     c.agent.max_context_tokens = 16384
     c.agent.default_top_n = 5
     c.agent.max_top_n = 10
+    c.agent.missing_top_n = 10  # the recipe's server default when a call gives no top_n
     c.agent.temperature = 1.0
     c.agent.top_p = 0.99
     c.agent.prompt_style = "full"

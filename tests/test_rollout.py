@@ -131,3 +131,31 @@ def test_per_row_budgets_respect_the_response_budget(tok):
     # The observation leaves no room for the memory update within 60 response tokens.
     assert t.end_reason == "response_budget"
     assert sampler.calls[0][1] == [60]
+
+
+class CountingDocs(Docs):
+    def search(self, queries, top_n):
+        self.top_ns = getattr(self, "top_ns", []) + [top_n]
+        return super().search(queries, top_n)
+
+
+@pytest.mark.parametrize("missing, expected", [(0, 5), (10, 10)])
+def test_call_without_top_n_gets_missing_top_n(tok, missing, expected):
+    b = PromptBuilder(tok)
+    no_top_n = 'x</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "capital"}}</tool_call>'
+    docs = CountingDocs()
+    runner = AgentRunner(b, FixedSampler(tok, b, lambda i: no_top_n, lambda i: "<memory>m</memory>"), docs,
+                         AgentConfig(max_turns=1, default_top_n=5, max_top_n=10, missing_top_n=missing))
+    runner.run(Q)
+    assert docs.top_ns == [expected]
+
+
+def test_tool_call_inside_a_later_think_span_is_not_run(tok):
+    # classify_act and the search see the same text: calls outside every <think> span only.
+    b = PromptBuilder(tok)
+    act = SEARCH + "<think>also <tool_call>{\"name\": \"wikipedia_search\", \"arguments\": {\"query\": \"hidden\"}}</tool_call></think>"
+    docs = Docs()
+    runner = AgentRunner(b, FixedSampler(tok, b, lambda i: act, lambda i: "<memory>m</memory>"), docs,
+                         AgentConfig(max_turns=1))
+    (t,) = runner.run(Q)
+    assert docs.queries == [["capital"]] and t.num_searches == 1

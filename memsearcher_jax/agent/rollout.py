@@ -36,6 +36,8 @@ class AgentConfig:
     max_context_tokens: int = 32768     # prompt + response of one generation call
     default_top_n: int = 5              # what the prompt tells the model
     max_top_n: int = 10                 # the recipe's server returns 10 unless asked for fewer
+    missing_top_n: int = 0              # passages for a call without top_n; 0: default_top_n (the
+                                        # prompt's word). The recipe's server gives 10.
     temperature: float = 1.0
     top_p: float = 0.99
     top_k: int = 0
@@ -53,6 +55,8 @@ class AgentConfig:
             problems.append(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.missing_top_n < 0:
+            problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
         if problems:
             raise ValueError("invalid AgentConfig: " + "; ".join(problems))
 
@@ -226,7 +230,8 @@ class AgentRunner:
                 searching.append(t)
                 # The same text classify_act judged: calls outside every thinking span.
                 calls.append(parse_tool_calls(outside_think(conv.blocks[-1]),
-                                              default_top_n=cfg.default_top_n, max_top_n=cfg.max_top_n))
+                                              default_top_n=cfg.missing_top_n or cfg.default_top_n,
+                                              max_top_n=cfg.max_top_n))
         return searching, calls
 
     # ------------------------------------------------------------------ MemSearcher
