@@ -130,12 +130,12 @@ def main(argv=None) -> int:
         print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        # A config that validates but cannot run (bad values, does not fit its devices): the
-        # message already names what is wrong, and a traceback would bury it.
+        # A config that validates but cannot run (bad values, does not fit its devices) or a
+        # missing input: the message already names what is wrong, and a traceback would bury it.
         from memsearcher_jax.planner import PlanError
         from memsearcher_jax.rl.trainer import TrainConfigError
 
-        if isinstance(e, (TrainConfigError, PlanError)):
+        if isinstance(e, (TrainConfigError, PlanError, FileNotFoundError)):
             print(f"memsearcher-jax: {e}", file=sys.stderr)
             return 2
         raise

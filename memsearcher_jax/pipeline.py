@@ -15,7 +15,8 @@ from flax import nnx
 
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
-from memsearcher_jax.rl.trainer import Setup, Trainer, agent_config, build_setup, evaluate, validate
+from memsearcher_jax.rl.trainer import (Setup, Trainer, TrainConfigError, agent_config, build_setup, evaluate,
+                                         validate)
 
 
 def _log(msg: str):
@@ -145,15 +146,19 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
              split: str = "heldout", limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
     """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
-    validate(cfg)
-    setup = build_setup(cfg)
+    if bool(model_dir) == bool(checkpoint):
+        raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    if model_dir:
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+            raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")
+        cfg.model.source = model_dir  # its tokenizer too, unless data.tokenizer_dir or the world says otherwise
+    validate(cfg, training=False)
+    setup = build_setup(cfg, training=False)
     if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
-    elif checkpoint:
-        policy, _ = restore_policy(checkpoint)
     else:
-        raise SystemExit("memsearcher-jax eval: give --checkpoint or --model")
-    cfg = ml_collections.ConfigDict(cfg.to_dict())
+        policy, _ = restore_policy(checkpoint)
     cfg.sft.steps = 0
     trainer = Trainer(cfg, setup, policy, progress=False)
     runner = _eval_runner(cfg, trainer, workflow)
@@ -174,6 +179,9 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                 print(f"skipping {name}: {e}", file=sys.stderr)
                 continue
             benchmarks[name] = next(iter(splits.values()))
+        if not benchmarks:
+            raise TrainConfigError(f"no evaluation set could be read from data.eval_path={cfg.data.eval_path!r} "
+                                   f"(looked for {', '.join(names)})")
     rows = []
     all_trajs = []
     for name, qs in benchmarks.items():

@@ -53,8 +53,10 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
                       min_seq_len=rl.min_seq_len, loss=loss, optim=optim)
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Cheap checks with messages naming the key; everything typed is validated by its dataclass."""
+def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """Cheap checks with messages naming the key; everything typed is validated by its dataclass.
+
+    training=False (evaluation) does not ask for training data."""
     problems = []
     for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
         if cfg.rl[key] < 1:
@@ -69,8 +71,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         problems.append("retrieval.kind=http needs retrieval.url")
     if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
         problems.append("retrieval.kind=index needs retrieval.index_dir")
-    if not cfg.world.enabled and not cfg.data.train_path:
+    if training and not cfg.world.enabled and not cfg.data.train_path:
         problems.append("data.train_path is required when world.enabled is false")
+    if not training and not cfg.world.enabled and not cfg.data.eval_path:
+        problems.append("data.eval_path (a directory of evaluation sets) is required when world.enabled is false")
+    for key in ("dtype", "param_dtype"):
+        if cfg.model[key] not in ("float32", "bfloat16", "float16"):
+            problems.append(f"model.{key} must be float32, bfloat16 or float16, got {cfg.model[key]!r}")
     if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
         problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
     if problems:
@@ -95,7 +102,8 @@ class Setup:
     world: Any = None
 
 
-def build_setup(cfg: ml_collections.ConfigDict) -> Setup:
+def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
+    """Tokenizer, prompt builder, retriever and questions. training=False skips the training set."""
     from memsearcher_jax.data.tokenizer import load_tokenizer
 
     world_paths = None
@@ -115,7 +123,7 @@ def build_setup(cfg: ml_collections.ConfigDict) -> Setup:
     else:
         from memsearcher_jax.data.qa import load_qa
 
-        train_q = load_qa(cfg.data.train_path, "train")
+        train_q = load_qa(cfg.data.train_path, "train") if training else []
         eval_q = load_qa(cfg.data.eval_path, None) if cfg.data.eval_path else []
     retriever = build_retriever(cfg, world_paths)
     return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever, train_questions=train_q,

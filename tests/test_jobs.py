@@ -1,0 +1,77 @@
+"""The CLI jobs around training: export-hf from a checkpoint, eval from a checkpoint or a
+Hugging Face directory, and their errors."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from memsearcher_jax.cli import main
+from tests.test_train_step import ROOT, SMALL
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 1-step training run of the tiny default (no warm start, no held-out eval)."""
+    d = tmp_path_factory.mktemp("jobs")
+    out, worlds = str(d / "run"), str(d / "worlds")
+    args = ["train", "--config", os.path.join(ROOT, "configs/default.py")]
+    args += [f"--config.{k}={v}" for k, v in SMALL + [("world.cache_dir", worlds), ("train.output_dir", out),
+                                                     ("train.steps", "1"), ("train.save_every", "1")]]
+    assert main(args) == 0
+    return d, out, worlds
+
+
+def _eval_args(worlds, *extra):
+    return ["eval", "--config", os.path.join(ROOT, "configs/default.py"), f"--config.world.cache_dir={worlds}",
+            "--config.model.hidden_size=64", "--config.model.intermediate_size=128", "--config.model.num_layers=2",
+            "--config.model.head_dim=16", "--limit", "6", *extra]
+
+
+@pytest.mark.slow
+def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from memsearcher_jax.models import from_pretrained, param_dict
+    from memsearcher_jax.pipeline import restore_policy
+
+    d, out, worlds = trained
+    hf_dir = str(d / "hf")
+    assert main(["export-hf", "--checkpoint", out, "--out", hf_dir]) == 0
+    assert os.path.isfile(os.path.join(hf_dir, "tokenizer.json"))  # the world's tokenizer went along
+    AutoModelForCausalLM.from_pretrained(hf_dir)  # transformers takes it as it is
+    ckpt_model, meta = restore_policy(out)
+    assert meta["step"] == 1
+    exported = param_dict(from_pretrained(hf_dir))
+    for k, v in param_dict(ckpt_model).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(exported[k]), err_msg=k)
+
+    results = {}
+    for name, source in (("ckpt", ["--checkpoint", out]), ("hf", ["--model", hf_dir])):
+        eval_out = str(d / f"eval_{name}")
+        assert main(_eval_args(worlds, *source, "--out", eval_out)) == 0
+        table = capsys.readouterr().out
+        assert "synthetic-heldout" in table and "mean prompt tokens" in table
+        with open(os.path.join(eval_out, "results.json")) as f:
+            results[name] = json.load(f)
+        with open(os.path.join(eval_out, "trajectories.jsonl")) as f:
+            trajs = [json.loads(line) for line in f]
+        assert len(trajs) == 6 and all({"question", "golds", "em", "context_tokens", "conversations"} <= set(t)
+                                       for t in trajs)
+    # Greedy evaluation of the same weights: the same table either way.
+    assert results["ckpt"] == results["hf"]
+
+
+def test_eval_needs_exactly_one_model_source(tmp_path, capsys):
+    worlds = str(tmp_path / "worlds")
+    assert main(_eval_args(worlds)) == 2
+    assert "exactly one of --checkpoint or --model" in capsys.readouterr().err
+    assert main(_eval_args(worlds, "--model", str(tmp_path))) == 2
+    assert "not a Hugging Face model directory" in capsys.readouterr().err
+
+
+def test_export_from_a_missing_checkpoint_names_it(tmp_path, capsys):
+    assert main(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert "no checkpoint directory" in capsys.readouterr().err and not os.path.exists(tmp_path / "out")
