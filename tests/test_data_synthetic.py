@@ -43,7 +43,13 @@ def test_splits_disjoint_and_both_hops_present(world):
         assert {r["hops"] for r in split} == {1, 2}
 
 
-def test_heldout_reads_a_fact_no_training_question_reads(world):
+@pytest.fixture(scope="module", params=["entity", "fact"])
+def split_world(request) -> tuple[str, World]:
+    return request.param, generate_world(seed=0, heldout_by=request.param)
+
+
+def test_heldout_reads_a_fact_no_training_question_reads(split_world):
+    kind, world = split_world
     # A fact = (entity, relation). Training questions must never read a held-out question's
     # unseen fact, so held-out accuracy measures retrieval, not memorisation.
     def facts(row):
@@ -54,7 +60,10 @@ def test_heldout_reads_a_fact_no_training_question_reads(world):
     seen = set().union(*(facts(r) for r in world.train))
     for row in world.heldout:
         assert facts(row) - seen, row["question"]
-    # And the held-out 2-hop chains are not chains used in training.
+    # And (entity split) the held-out 2-hop chains are not chains used in training; a fact split
+    # may reuse a chain's first hop, never its held-out fact (checked above).
+    if kind == "fact":
+        return
     train_chains = {(r["subject"], r["intermediate"]) for r in world.train if r["hops"] == 2}
     held_chains = {(r["subject"], r["intermediate"]) for r in world.heldout if r["hops"] == 2}
     assert not train_chains & held_chains
@@ -130,3 +139,18 @@ def test_load_world_names_missing_files(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"id": "0", "contents": "A\\nA."}\n')
     with pytest.raises(FileNotFoundError, match=r"train\.jsonl.*synthetic world directory"):
         load_world(str(tmp_path))
+
+
+def test_fact_split_shares_names_but_not_facts():
+    by_entity, by_fact = generate_world(seed=0), generate_world(seed=0, heldout_by="fact")
+    assert by_fact.corpus == by_entity.corpus  # the same world, split differently
+    assert sorted(r["question"] for r in by_fact.train + by_fact.heldout) == \
+        sorted(r["question"] for r in by_entity.train + by_entity.heldout)
+    train_subjects = {r["subject"] for r in by_fact.train}
+    shared = sum(r["subject"] in train_subjects for r in by_fact.heldout) / len(by_fact.heldout)
+    assert shared > 0.9  # held-out questions ask about entities training questions ask about
+    entity_shared = sum(r["subject"] in {t["subject"] for t in by_entity.train} for r in by_entity.heldout)
+    assert entity_shared / len(by_entity.heldout) < shared
+    assert 0.1 < len(by_fact.heldout) / len(by_fact.train + by_fact.heldout) < 0.5
+    with pytest.raises(ValueError, match="heldout_by"):
+        generate_world(seed=0, heldout_by="random")

@@ -136,3 +136,16 @@ def test_sft_lowers_masked_loss_on_demos(demos):
     assert {h["length"] for h in history} == {1024}  # one bucket: one compilation
     assert after < 0.5 * before, (before, after, elapsed, [round(h["loss"], 2) for h in history])
     assert np.mean([h["loss"] for h in history[-5:]]) < 0.5 * history[0]["loss"]
+
+
+def test_length_grouped_order_is_a_permutation_with_less_padding():
+    from memsearcher_jax.rl.sft import _length_grouped_order
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(50, 400, 1000)
+    order = _length_grouped_order(lengths, 8, np.random.default_rng(1))
+    assert sorted(order.tolist()) == list(range(1000))
+    padded = lambda o: sum(lengths[o[i:i + 8]].max() * 8 for i in range(0, 1000, 8))
+    assert padded(order) < 0.8 * padded(np.random.default_rng(1).permutation(1000))
+    # Still shuffled: not simply sorted.
+    assert not np.all(np.diff(lengths[order]) >= 0)

@@ -173,14 +173,23 @@ def generate_world(
     num_entities: int = 100,
     num_countries: int = 6,
     heldout_fraction: float = 0.15,
+    heldout_by: str = "entity",
 ) -> World:
     """Build a world deterministically from `seed`.
 
     num_entities people + cities + companies (60% / 15% / 25%, at least 2 each); countries are
-    answer-only entities. heldout_fraction: share of people/cities/companies in the held-out group.
+    answer-only entities. heldout_by="entity": heldout_fraction of the people/cities/companies
+    form the held-out group and every question reading one of their facts is held out (the
+    module docstring's rule; held-out names never appear in a training question).
+    heldout_by="fact": heldout_fraction of the facts (entity, relation) form the held-out group
+    and every question reading one of them is held out: no training question reads a held-out
+    fact (so its sentence is never a training target), but held-out questions name entities
+    that training questions also ask about.
     """
     if num_entities < 6:
         raise ValueError(f"num_entities={num_entities}: need at least 6 (2 people, 2 cities, 2 companies)")
+    if heldout_by not in ("entity", "fact"):
+        raise ValueError(f"heldout_by must be 'entity' or 'fact', got {heldout_by!r}")
     rng = random.Random(seed)
     n_city = max(2, round(0.15 * num_entities))
     n_company = max(2, round(0.25 * num_entities))
@@ -248,6 +257,17 @@ def generate_world(
                 "queries": [ONE_HOP[stype][bridge][1].format(s=name), ONE_HOP[mtype][rel2][1].format(s=mid)],
             }))
 
+    if heldout_by == "fact":
+        # A separate stream, so the world itself (entities, corpus, questions) is the same
+        # whichever split is asked for.
+        def facts(row):
+            ents = [row["subject"]] + ([row["intermediate"]] if row["hops"] == 2 else [])
+            return list(zip(ents, row["relation"].split("/")))
+
+        every = sorted({f for _, row in rows for f in facts(row)})
+        split_rng = random.Random(seed * 7919 + 1)
+        held = set(split_rng.sample(every, round(heldout_fraction * len(every))))
+        rows = [(any(f in held for f in facts(row)), row) for _, row in rows]
     train, heldout = [], []
     for is_heldout, row in rows:
         split = heldout if is_heldout else train

@@ -224,11 +224,27 @@ def evaluate_loss(model, conversations: Sequence, pad_id: int = 0, config: SFTCo
     return _evaluate(graphdef, params, build_rows(conversations, pad_id, cfg.max_len), cfg)
 
 
+def _length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                          window_batches: int = 16) -> np.ndarray:
+    """An epoch's row order whose consecutive batches hold rows of similar length.
+
+    Shuffle, sort each window of `window_batches` batches by length, cut it into batches, then
+    shuffle the batches: each batch pads to a smaller bucket while the data order stays random
+    at the scale of a window (the usual group-by-length sampler).
+    """
+    perm = rng.permutation(len(lengths))
+    w = batch_size * window_batches
+    windows = [perm[i:i + w][np.argsort(lengths[perm[i:i + w]], kind="stable")] for i in range(0, len(perm), w)]
+    flat = np.concatenate(windows)
+    batches = [flat[i:i + batch_size] for i in range(0, len(flat), batch_size)]
+    return np.concatenate([batches[i] for i in rng.permutation(len(batches))])
+
+
 def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0):
     """Train `model` on the conversations; returns (trained model, per-step history dicts).
 
-    Batches are drawn by reshuffling the rows each epoch (seeded); a batch is padded to the
-    bucket of its longest row.
+    Batches are drawn by reshuffling the rows each epoch (seeded), grouped by length so a batch
+    (padded to the bucket of its longest row) wastes little on padding.
     """
     rows = build_rows(conversations, pad_id, config.max_len)
     if rows.weights.sum() == 0:
@@ -236,7 +252,7 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     trainer = SFTTrainer(model, config)
     rng = np.random.default_rng(config.seed)
     n, bs = len(rows.lengths), config.batch_size
-    order, pos = rng.permutation(n), 0
+    order, pos = _length_grouped_order(rows.lengths, bs, rng), 0
     history = []
     bar = None
     if config.progress:
@@ -245,7 +261,7 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
         bar = tqdm(total=config.steps, desc="sft", leave=False)
     for step in range(config.steps):
         if pos + bs > n:
-            order, pos = rng.permutation(n), 0
+            order, pos = _length_grouped_order(rows.lengths, bs, rng), 0
         idx = order[pos:pos + bs] if bs <= n else rng.choice(n, bs)
         pos += bs
         stats = trainer.train_step(rows, idx)
