@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.world.enabled = True           # the synthetic world supplies data, corpus and tokenizer
     c.world.seed = 0
     c.world.num_entities = 100
+    c.world.heldout_by = "entity"    # "entity": held-out names never asked about in training; "fact": held-out facts
     c.world.cache_dir = "~/.cache/memsearcher-jax/worlds"
 
     c.data = ml_collections.ConfigDict()
@@ -71,6 +72,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.warmup = 20
     c.sft.buckets = (128, 256, 384, 512)
     c.sft.num_demos = 600
+    # The demonstrator's deliberate flaws (share of demos; at most one flaw per demo).
+    c.sft.vague_query_rate = 0.15    # a vague or wrong-entity first search, then a recovery search
+    c.sft.wrong_answer_rate = 0.1    # every hop searched, the boxed answer wrong
+    c.sft.early_answer_rate = 0.1    # answers before every hop is found (1-hop: without searching)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_questions = 16        # B

@@ -81,10 +81,15 @@ def test_bad_corpus_line_named_or_skipped(corpus, tmp_path, capsys):
     assert "indexed 60 passages" in cap.out and "skipped 1 bad line(s)" in cap.out and "line 61" in cap.err
 
 
-def test_serve_retriever_subprocess(corpus, tmp_path):
-    path, queries, _ = corpus
-    out = str(tmp_path / "bm25")
-    assert main(["index", "--corpus", path, "--out", out, "--index-type", "bm25"]) == 0
+@pytest.mark.parametrize("kind", ["bm25", "dense"])
+def test_serve_retriever_subprocess(corpus, tmp_path, kind):
+    path, queries, gold = corpus
+    out = str(tmp_path / kind)
+    if kind == "bm25":
+        assert main(["index", "--corpus", path, "--out", out, "--index-type", "bm25"]) == 0
+    else:  # the server loads the encoder named in the manifest and warms it up before serving
+        assert main(["index", "--corpus", path, "--encoder", minilm_encoder_dir(), "--out", out,
+                     "--no-progress"]) == 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -94,16 +99,20 @@ def test_serve_retriever_subprocess(corpus, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url, health = f"http://127.0.0.1:{port}", None
-        for _ in range(150):  # up to ~30 s for the interpreter to import and bind
+        for _ in range(300):  # up to ~60 s for the interpreter to import, load and bind
             try:
                 health = httpx.get(url + "/health", timeout=1).json()
                 break
             except httpx.TransportError:
                 assert proc.poll() is None, proc.stdout.read().decode()
                 time.sleep(0.2)
-        assert health == {"status": "ok", "kind": "bm25:bm25", "count": 60}
+        assert health is not None and health["status"] == "ok" and health["count"] == 60
+        assert health["kind"] == ("bm25:bm25" if kind == "bm25" else "dense:flat"), health
         r = httpx.post(url + "/retrieve", json={"queries": queries[:2], "topk": 2, "return_scores": True})
         assert r.status_code == 200 and [len(x) for x in r.json()["result"]] == [2, 2]
+        r = httpx.post(url + "/batch_search", json={"query": queries[:8], "top_n": 5})
+        found = [g in [d["id"] for d in docs] for docs, g in zip(r.json(), gold)]
+        assert r.status_code == 200 and sum(found) >= 7, found
     finally:
         proc.terminate()
         proc.wait(10)

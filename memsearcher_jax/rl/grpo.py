@@ -28,6 +28,7 @@ from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.losses import LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, weighted_loss_sum
 from memsearcher_jax.rl.reward import RewardResult, compute_reward
+from memsearcher_jax.sampling.buckets import bucket as shape_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +76,11 @@ class RowBatch:
         return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
 
 
-def bucket(n: int, minimum: int) -> int:
-    """Smallest power of two >= max(n, minimum): bounds the number of compiled shapes."""
-    return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+def bucket(n: int, minimum: int, steps_per_octave: int = 1) -> int:
+    """Smallest bucket >= max(n, minimum): powers of two split into `steps_per_octave` steps
+    (4: ..., 256, 320, 384, 448, 512, ...). Bounds the number of compiled shapes while
+    padding at most 1/steps_per_octave of the work."""
+    return shape_bucket(max(n, 1), minimum, steps_per_octave)
 
 
 def score_trajectories(trajs: Sequence[Trajectory]) -> list[RewardResult]:
@@ -90,7 +93,7 @@ def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: 
     """One row per conversation; every conversation of trajectory i carries A_i."""
     convs = [c for t in trajs for c in t.conversations]
     lengths = [len(c.prompt_ids) + len(c.response_ids) for c in convs]
-    s = bucket(max(lengths), min_len)
+    s = bucket(max(lengths), min_len, steps_per_octave=4)  # a power of two could double the work
     if max_len is not None and max(lengths) > max_len:
         raise ValueError(f"a conversation has {max(lengths)} tokens, over the trainer's max_len {max_len}")
     if max_len is not None:
@@ -300,7 +303,7 @@ class GRPOLearner:
         gap = np.abs(rows.sampler_logp - old_logp)[mask > 0]
         for idx in chunks:
             mbs = cfg.micro_batch_size
-            n_micro = bucket(max(1, math.ceil(len(idx) / mbs)), 1)
+            n_micro = bucket(max(1, math.ceil(len(idx) / mbs)), 1, steps_per_octave=2)
             micro_ids = np.arange(len(idx)) // mbs
             weights, denom = aggregation_weights(cfg.loss.aggregation, mask[idx], rows.traj_ids[idx], micro_ids,
                                                  max(1, math.ceil(len(idx) / mbs)))
