@@ -20,17 +20,22 @@ from retrieval.base import Hit
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.index import read_manifest, write_manifest
 
-# bm25s logs an INFO line for every empty query; a rollout can send many, and they are harmless.
-logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+
+def _bm25s():
+    """bm25s, imported lazily (it is heavy). It sets its own logger to DEBUG on import and then
+    logs an INFO line for every empty query; a rollout can send many, and they are harmless."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
 
 BM25_DIR = "bm25"
 DOCS_DIR = "docs"
 
 
 def _tokenize(texts: Sequence[str], return_ids: bool):
-    import bm25s
-
-    return bm25s.tokenize(list(texts), stopwords="en", return_ids=return_ids, show_progress=False)
+    return _bm25s().tokenize(list(texts), stopwords="en", return_ids=return_ids, show_progress=False)
 
 
 class BM25Retriever:
@@ -74,8 +79,7 @@ class BM25Retriever:
 
     @classmethod
     def load(cls, index_dir: str, mmap: bool = True) -> "BM25Retriever":
-        import bm25s
-
+        bm25s = _bm25s()
         m = read_manifest(index_dir)
         if m["kind"] != "bm25":
             raise ValueError(f"{index_dir!r} holds a {m['kind']!r} index, not bm25")
@@ -84,9 +88,7 @@ class BM25Retriever:
 
 
 def _index(texts: list[str], k1: float = 1.5, b: float = 0.75):
-    import bm25s
-
-    model = bm25s.BM25(k1=k1, b=b)
+    model = _bm25s().BM25(k1=k1, b=b)
     model.index(_tokenize(texts, return_ids=True), show_progress=False)
     return model
 
