@@ -66,7 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampler.cache_dtype = "float32"
 
     c.sft = ml_collections.ConfigDict()
-    c.sft.steps = 400                # supervised warm start before GRPO (0: none)
+    c.sft.steps = 800                # supervised warm start before GRPO (0: none)
     c.sft.batch_size = 8
     c.sft.learning_rate = 3e-3
     c.sft.warmup = 20
@@ -96,14 +96,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.min_seq_len = 128
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.learning_rate = 1e-4     # the recipe's 1e-6 is for a pretrained 3B model
+    c.optim.learning_rate = 3e-4     # the recipe's 1e-6 is for a pretrained 3B model
     c.optim.b1 = 0.9
     c.optim.b2 = 0.999
     c.optim.weight_decay = 0.01
     c.optim.max_grad_norm = 1.0
 
     c.train = ml_collections.ConfigDict()
-    c.train.steps = 30
+    c.train.steps = 20
     c.train.seed = 0
     c.train.output_dir = "runs/default"
     c.train.save_every = 10

@@ -9,15 +9,17 @@ and `global_mesh` lays the ("data", "fsdp", "tp") mesh over all of them.
 
 Rollout host-side work (retrieval calls, tool-call parsing, rewards) is NOT sharded by JAX:
 each host runs it for its own rows only, the questions `host_shard` gives it, against its own
-retriever (an in-process index or a shared server URL). Only the jitted programs see the
-global batch.
+retriever (an in-process index or a shared server URL). The rollout's sampler runs on a
+host-local mesh (`local_mesh`) with a host-local copy of the weights (`to_local_arrays`);
+`allgather_rows` then hands every host the same global batch of packed rows, in process
+order, for the learner's jitted programs, which see the global mesh.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
-from typing import Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 DEFAULT_PORT = 8476  # coordinator port when SLURM gives only the node list
@@ -139,6 +141,97 @@ def global_mesh(data: int, fsdp: int, tp: int):
         raise ValueError(f"mesh.tp={tp} does not divide the {n_local} devices of one host; "
                          "tensor parallelism across hosts is not supported")
     return make_mesh(data, fsdp, tp, devices=jax.devices())
+
+
+def local_mesh(tp: int):
+    """A ("data", "fsdp", "tp") mesh over this process's devices only: (1, n_local // tp, tp).
+
+    The rollout sampler runs on it, so each host samples its own rows without collectives
+    across hosts; `tp` keeps the learner's value, so the weights split as in the sampling
+    layout on the global mesh (see `to_local_arrays`)."""
+    import jax
+
+    from memsearcher_jax.models import make_mesh
+
+    devices = jax.local_devices()
+    if len(devices) % tp:
+        raise ValueError(f"mesh.tp={tp} does not divide the {len(devices)} devices of one host")
+    return make_mesh(1, len(devices) // tp, tp, devices=devices)
+
+
+def to_local_arrays(tree: Any, mesh) -> Any:
+    """Host-local copies, on `mesh` (a `local_mesh`), of a tree of (global) arrays.
+
+    Each leaf keeps its PartitionSpec (fitted to `mesh`). A shard this host already holds is
+    reused with `jax.make_array_from_single_device_arrays` (no transfer when it sits on the
+    same device); when the host lacks one (the spec splits over an axis that crosses hosts),
+    the leaf is gathered with `process_allgather`, which every process must then reach too:
+    the specs and meshes are the same on every host, so they all do. Leaves that are not
+    jax arrays, or live on `mesh` already, pass through.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from memsearcher_jax.models.sharding import named_sharding
+
+    def key(index, shape):
+        return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+
+    def convert(x):
+        if not isinstance(x, jax.Array) or (isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh):
+            return x
+        spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else PartitionSpec()
+        target = named_sharding(mesh, x.shape, spec)
+        held = {key(s.index, x.shape): s.data for s in x.addressable_shards}
+        wanted = target.addressable_devices_indices_map(x.shape)
+        if all(key(idx, x.shape) in held for idx in wanted.values()):
+            pieces = [jax.device_put(held[key(idx, x.shape)], d) for d, idx in wanted.items()]
+            return jax.make_array_from_single_device_arrays(x.shape, target, pieces)
+        full = x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+        return jax.device_put(np.asarray(full), target)
+
+    return jax.tree.map(convert, tree)
+
+
+def allgather_rows(fields: Mapping[str, Any], pad_values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every host's rows, concatenated in process order (host 0's rows, then host 1's, ...),
+    on every host.
+
+    fields: numpy arrays with rows on axis 0, the same names, dtypes and ranks on every host;
+    the row counts may differ, and so may the length of axis 1 (a sequence): the longest
+    wins, shorter ones are right-padded with pad_values[name] (default 0). Integer fields
+    travel as int32 (JAX without x64), so their values must fit it; dtypes are restored.
+    A collective: every process must call it, with the same field names.
+    """
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    pad_values = dict(pad_values or {})
+    names = sorted(fields)
+    local = {k: np.asarray(fields[k]) for k in names}
+    rows = {local[k].shape[0] for k in names}
+    if len(rows) != 1:
+        raise ValueError(f"fields disagree on the number of rows: {sorted(rows)}")
+    (n_rows,) = rows
+    seq = max([local[k].shape[1] for k in names if local[k].ndim >= 2], default=0)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([n_rows, seq], np.int32)))  # [P, 2]
+    max_rows, max_seq = int(sizes[:, 0].max()), int(sizes[:, 1].max())
+    padded = {}
+    for k in names:
+        a = local[k]
+        if a.dtype == np.int64 or a.dtype == np.uint64:
+            if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+                raise ValueError(f"field {k!r} has values outside int32; they cannot be gathered without x64")
+            a = a.astype(np.int32)
+        width = [(0, max_rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1)
+        if a.ndim >= 2:
+            width[1] = (0, max_seq - a.shape[1])
+        padded[k] = np.pad(a, width, constant_values=pad_values.get(k, 0))
+    gathered = multihost_utils.process_allgather(padded)  # leaves [P, max_rows, ...]
+    return {k: np.concatenate([np.asarray(gathered[k][p])[:int(sizes[p, 0])]
+                               for p in range(sizes.shape[0])]).astype(local[k].dtype) for k in names}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

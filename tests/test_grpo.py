@@ -32,7 +32,7 @@ class ScriptedSampler:
         self.tok, self.b, self.plan = tok, builder, searches_before_answer
         self.emitted: list[list[int]] = []
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed, row_seeds=None):
         outs = []
         for p in prompts:
             text = self.tok.decode(p)

@@ -1,5 +1,6 @@
 """Multi-host on one CPU machine: 2 processes x 4 fake devices == 1 x 8 == 1 x 1, and checkpoints
-written in one layout restore in the other.
+written in one layout restore in the other; a full training step (rollout, retrieval, reward,
+update) on 2 processes x 4 devices == on 1 x 8.
 
 Each run is a subprocess executing this file as a worker (`python tests/test_multihost.py ...`),
 with its own XLA_FLAGS device count; the 2-process run joins through
@@ -78,6 +79,79 @@ def worker(out_dir: str, tag: str, restore_from: str | None) -> None:
             f.write(f"{jax.process_count()} {jax.device_count()} {metrics['loss']}\n")
 
 
+TRAIN_MESH = [("mesh.data", "2"), ("mesh.fsdp", "2"), ("mesh.tp", "2")]
+
+
+def _check_helpers(mesh) -> bool:
+    """The two multi-host pieces of the step on shapes the tiny rollout may not produce:
+    hosts with different row counts and sequence lengths, and a tp-split global array."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from memsearcher_jax.distributed import allgather_rows, local_mesh, to_local_arrays
+
+    def host_rows(p):  # host p: p + 2 rows of 3 + 2p tokens
+        r, s = p + 2, 3 + 2 * p
+        return {"tokens": np.arange(r * s, dtype=np.int32).reshape(r, s) + 100 * p,
+                "ids": np.arange(r, dtype=np.int64) + 10 * p, "final": np.arange(r) % 2 == 0}
+
+    got = allgather_rows(host_rows(jax.process_index()), pad_values={"tokens": -1})
+    mine = [host_rows(p) for p in range(jax.process_count())]
+    width = max(h["tokens"].shape[1] for h in mine)
+    want_tokens = np.concatenate([np.pad(h["tokens"], [(0, 0), (0, width - h["tokens"].shape[1])],
+                                         constant_values=-1) for h in mine])
+    ok = (np.array_equal(got["tokens"], want_tokens) and got["ids"].dtype == np.int64
+          and np.array_equal(got["ids"], np.concatenate([h["ids"] for h in mine]))
+          and np.array_equal(got["final"], np.concatenate([h["final"] for h in mine])))
+    value = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+    x = jax.jit(lambda: jnp.asarray(value), out_shardings=NamedSharding(mesh, P(None, "tp")))()
+    local = to_local_arrays({"w": x}, local_mesh(mesh.shape["tp"]))["w"]
+    return bool(ok and local.is_fully_addressable and local.sharding.spec == P(None, "tp")
+                and np.array_equal(np.asarray(local), value))
+
+
+def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
+    """One full Trainer.train_step of the tiny default config (no warm start, no eval)."""
+    import json
+
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from memsearcher_jax.distributed import initialize_from_env
+
+    spec = initialize_from_env(timeout_s=120)
+    from jax.experimental import multihost_utils
+
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.models import param_dict
+    from memsearcher_jax.rl.trainer import Trainer
+    from tests.test_train_step import SMALL
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"),
+                      SMALL + TRAIN_MESH + [("world.cache_dir", worlds),
+                                            ("train.output_dir", os.path.join(out_dir, f"run_{tag}"))])
+    trainer = Trainer(cfg, progress=False)
+
+    def gathered(tree):
+        return _flat(multihost_utils.process_allgather(tree, tiled=True) if spec.num_processes > 1 else tree)
+
+    initial = gathered(trainer.learner.params)
+    helpers_ok = _check_helpers(trainer.mesh) if spec.num_processes > 1 else None
+    metrics = trainer.train_step()
+    flat = gathered(trainer.learner.params)
+    q = param_dict(trainer.learner.model())["layers.q_kernel"]
+    if jax.process_index() == 0:
+        np.savez(os.path.join(out_dir, f"step_{tag}.npz"), **flat)
+        np.savez(os.path.join(out_dir, f"step_initial_{tag}.npz"), **initial)
+        info = {"processes": jax.process_count(), "devices": jax.device_count(),
+                "sampler_devices": trainer.sampler.mesh.size, "q_devices": len(q.sharding.device_set),
+                "q_spec": str(q.sharding.spec), "helpers_ok": helpers_ok,
+                **{k: metrics[k] for k in ("rows", "trained_tokens", "loss")}}
+        with open(os.path.join(out_dir, f"step_{tag}.json"), "w") as f:
+            json.dump(info, f)
+
+
 # ----------------------------------------------------------------------------- test
 
 def _free_port() -> int:
@@ -86,7 +160,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(out_dir, tag, devices, num_processes=1, restore_from=None):
+def _spawn(out_dir, tag, devices, num_processes=1, restore_from=None, worker_args=None):
     port = _free_port()
     procs = []
     for pid in range(num_processes):
@@ -97,7 +171,8 @@ def _spawn(out_dir, tag, devices, num_processes=1, restore_from=None):
         if num_processes > 1:
             env.update(MEMSEARCHER_COORDINATOR=f"127.0.0.1:{port}", MEMSEARCHER_NUM_PROCESSES=str(num_processes),
                        MEMSEARCHER_PROCESS_ID=str(pid))
-        cmd = [sys.executable, os.path.abspath(__file__), out_dir, tag] + ([restore_from] if restore_from else [])
+        cmd = [sys.executable, os.path.abspath(__file__)] + (
+            worker_args or [out_dir, tag] + ([restore_from] if restore_from else []))
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     outputs = []
@@ -144,6 +219,71 @@ def test_two_processes_match_one_process_and_checkpoints_cross_layouts(tmp_path)
     assert abs(float(info["single"][2]) - float(info["multi"][2])) < 1e-5
 
 
+def test_row_seeds_make_a_row_independent_of_its_batch():
+    """With per-row seeds, a prompt samples the same tokens alone and inside a larger batch
+    (other prompts, a duplicate of it with another seed, padding rows, a shared prefix or not);
+    row seeds 0..n-1 reproduce the default (positional) streams."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+    from memsearcher_jax.sampling import Sampler
+
+    sampler = Sampler(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(3)),
+                      cache_dtype=jnp.float32)
+    rng = np.random.RandomState(0)
+    prefix = rng.randint(1, 64, 3).tolist()  # shared by the whole batch
+    target = prefix + rng.randint(1, 64, 4).tolist()
+    others = [prefix + rng.randint(1, 64, 5).tolist(), prefix + rng.randint(1, 64, 1).tolist()]
+    kw = dict(max_new_tokens=12, temperature=1.0, seed=5)
+    alone = sampler.generate([target], row_seeds=[41], **kw)[0]
+    batch = [others[0], target, others[1], target, others[0]]
+    for share_prefix in (True, False):  # with and without the batch-1 prefix prefill
+        outs = sampler.generate(batch, row_seeds=[7, 41, 9, 8, 2], share_prefix=share_prefix, **kw)
+        assert outs[1].tokens == alone.tokens
+        np.testing.assert_allclose(outs[1].logprobs, alone.logprobs, atol=1e-5)
+        assert outs[3].tokens != alone.tokens  # the duplicate with its own seed samples its own tokens
+    default = sampler.generate(batch, **kw)
+    positional = sampler.generate(batch, row_seeds=list(range(len(batch))), **kw)
+    assert [o.tokens for o in default] == [o.tokens for o in positional]
+    with pytest.raises(ValueError, match="row_seeds"):
+        sampler.generate(batch, row_seeds=[1, 2], **kw)
+
+
+@pytest.mark.slow
+def test_full_train_step_two_processes_match_one_process(tmp_path):
+    """Trainer.train_step (rollout with the sampler + BM25 retrieval + reward + GRPO update):
+    2 processes x 4 devices, each rolling out half of the questions on its own devices, end
+    with the parameters of 1 process x 8 devices."""
+    import json
+
+    out, worlds = str(tmp_path), str(tmp_path / "worlds")
+    # The 1-process run builds the world cache first; the two processes then only read it.
+    _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds])
+    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds])
+    info = {t: json.load(open(os.path.join(out, f"step_{t}.json"))) for t in ("eight", "multi")}
+    assert (info["eight"]["processes"], info["eight"]["devices"]) == (1, 8)
+    assert (info["multi"]["processes"], info["multi"]["devices"]) == (2, 8)
+    # The learner spans all 8 devices in both runs; the 2-process sampler only its host's 4.
+    assert info["eight"]["q_devices"] == info["multi"]["q_devices"] == 8
+    assert info["eight"]["sampler_devices"] == 8 and info["multi"]["sampler_devices"] == 4
+    # The same rollout: the same rows and the same trained (generated) tokens.
+    assert info["eight"]["rows"] == info["multi"]["rows"] > 0
+    assert info["eight"]["trained_tokens"] == info["multi"]["trained_tokens"] > 0
+    eight, multi = (_load(os.path.join(out, f"step_{t}.npz")) for t in ("eight", "multi"))
+    assert info["multi"]["helpers_ok"] is True
+    assert info["eight"]["q_spec"] == info["multi"]["q_spec"]  # the training layout, after the step
+    assert _max_diff(multi, eight) < 1e-5
+    assert abs(info["eight"]["loss"] - info["multi"]["loss"]) < 1e-5
+    # The same start, and the step moved the weights (else equality would be vacuous).
+    initial = _load(os.path.join(out, "step_initial_eight.npz"))
+    assert _max_diff(_load(os.path.join(out, "step_initial_multi.npz")), initial) == 0.0
+    assert _max_diff(eight, initial) > 1e-4
+
+
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
-    worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    if sys.argv[1] == "--train-step":
+        train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -72,10 +72,14 @@ class Completion(Protocol):
 
 
 class TokenSampler(Protocol):
-    """What the turn loop needs from the sampler (memsearcher_jax.sampling.Sampler)."""
+    """What the turn loop needs from the sampler (memsearcher_jax.sampling.Sampler).
+
+    row_seeds (one per prompt) are the trajectory ids: a trajectory's samples must not depend
+    on which other rows share the call (or the host)."""
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, stop_token_ids: Sequence[int], seed: int) -> list[Completion]: ...
+                 top_k: int, stop_token_ids: Sequence[int], seed: int,
+                 row_seeds: Sequence[int] | None = None) -> list[Completion]: ...
 
 
 @dataclasses.dataclass
@@ -173,13 +177,18 @@ class AgentRunner:
         self.config = config
         self.stats = RolloutStats()
 
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int):
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int,
+                  rows: Sequence[Trajectory] | None = None):
+        """One sampler call. rows: the trajectory of each prompt; their traj_ids become the
+        sampler's per-row seeds, so a trajectory samples the same tokens whichever other
+        trajectories share the call (or the host)."""
         cfg = self.config
         t0 = time.perf_counter()
         # Per-row budgets go to the sampler; a row that still overshoots is cut and marked "length".
         budget = max(max_new_tokens) if isinstance(max_new_tokens, list) else max_new_tokens
         outs = self.sampler.generate(prompts, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
-                                     top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,), seed=seed)
+                                     top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,), seed=seed,
+                                     row_seeds=None if rows is None else [t.traj_id for t in rows])
         self.stats.sampler_seconds += time.perf_counter() - t0
         self.stats.sampler_calls += 1
         results = []
@@ -193,14 +202,18 @@ class AgentRunner:
         return results
 
     def run(self, questions: Sequence[dict], group_size: int = 1, seed: int = 0,
-            first_group_id: int = 0) -> list[Trajectory]:
+            first_group_id: int = 0, first_traj_id: int = 0) -> list[Trajectory]:
         """questions: dicts with "question" and "golden_answers". Returns B * G trajectories,
-        trajectory i*G..i*G+G-1 forming group first_group_id + i."""
+        trajectory i*G..i*G+G-1 (ids first_traj_id + i*G + g) forming group first_group_id + i.
+
+        A trajectory's samples depend on (seed, its traj_id) only, so a host that runs a slice
+        of a batch with the slice's global first_traj_id / first_group_id produces exactly the
+        trajectories the whole batch run in one call would."""
         trajs = []
         for qi, q in enumerate(questions):
             for g in range(group_size):
-                trajs.append(Trajectory(traj_id=len(trajs), group_id=first_group_id + qi, question=q["question"],
-                                        golds=list(q.get("golden_answers", []))))
+                trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
+                                        question=q["question"], golds=list(q.get("golden_answers", []))))
         if self.config.workflow == "memsearcher":
             self._run_memsearcher(trajs, seed)
         else:
@@ -213,7 +226,7 @@ class AgentRunner:
         stopped illegally or wrote no valid act. Returns (rows that search, their parsed calls)."""
         cfg, b = self.config, self.builder
         searching, calls = [], []
-        for t, (tokens, logprobs, reason) in zip(rows, self._generate(prompts, budgets, seed=seed)):
+        for t, (tokens, logprobs, reason) in zip(rows, self._generate(prompts, budgets, seed=seed, rows=rows)):
             conv = t.final
             conv.add_generated(tokens, logprobs)
             conv.blocks.append(b.decode_act(tokens))
@@ -267,7 +280,7 @@ class AgentRunner:
                 update_budgets.append(room)
             if not update_rows:
                 continue
-            updates = self._generate(update_prompts, update_budgets, seed=_seed(seed, turn, 1))
+            updates = self._generate(update_prompts, update_budgets, seed=_seed(seed, turn, 1), rows=update_rows)
             for t, (tokens, logprobs, reason) in zip(update_rows, updates):
                 conv = t.final
                 conv.add_generated(tokens, logprobs)

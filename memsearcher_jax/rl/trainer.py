@@ -5,6 +5,14 @@ is the orchestration around them: build everything (validating the config before
 compiled), resume from the latest checkpoint, and for each step
     questions -> AgentRunner (sampler + retriever) -> rewards -> rows -> GRPOLearner update
 with metrics to TensorBoard + JSONL and a progress bar.
+
+Multi-host (jax.process_count() > 1, after `distributed.initialize_from_env`): the learner
+runs on the global mesh; each host rolls out its contiguous slice of the step's questions
+(`host_shard`) with a sampler on its own devices (`distributed.local_mesh`), scores and packs
+its rows, and `distributed.allgather_rows` gives every host the same global rows, in the
+order one process would have packed them, for the unchanged update. Trajectory and group ids
+are global and every trajectory samples from (step seed, its traj_id), so N hosts draw the
+same tokens as one process.
 """
 from __future__ import annotations
 
@@ -20,13 +28,15 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from memsearcher_jax import distributed
 from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION,
                                            MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt,
                                            react_system_prompt)
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
 from memsearcher_jax.rl.advantages import zero_variance_fraction
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, pack_rows, score_trajectories, trajectory_advantages
+from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, RowBatch, pack_rows, score_trajectories,
+                                     trajectory_advantages)
 from memsearcher_jax.rl.losses import LossConfig
 
 
@@ -286,8 +296,19 @@ class Trainer:
         os.makedirs(self.out_dir, exist_ok=True)
         self.mesh = None
         n_dev = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tp
-        if n_dev > 1:
+        self.num_hosts = jax.process_count()
+        if self.num_hosts > 1:
+            if cfg.rl.batch_questions % self.num_hosts:
+                raise TrainConfigError(f"rl.batch_questions={cfg.rl.batch_questions} must be a multiple of the "
+                                       f"{self.num_hosts} hosts (each rolls out an equal slice)")
+            # The learner spans every device of every host; the sampler only this host's.
+            self.mesh = distributed.global_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp)
+            self.sampler_mesh = distributed.local_mesh(cfg.mesh.tp)
+        elif n_dev > 1:
             self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, devices=jax.devices()[:n_dev])
+            self.sampler_mesh = self.mesh
+        else:
+            self.sampler_mesh = None
         self.setup = setup or build_setup(cfg)
         policy = policy if policy is not None else load_policy(cfg, self.setup)
         if self.mesh is not None:
@@ -295,7 +316,8 @@ class Trainer:
         self.learner = GRPOLearner(policy, self.grpo_cfg, mesh=self.mesh)
         from memsearcher_jax.sampling import Sampler
 
-        self.sampler = Sampler(self._sampling_model(), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=self.mesh)
+        self.sampler = Sampler(self._sampling_model(), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype),
+                               mesh=self.sampler_mesh)
         self.runner = AgentRunner(self.setup.builder, self.sampler, self.setup.retriever, self.agent_cfg)
         self.step = 0
         self._ckpt = None
@@ -306,6 +328,14 @@ class Trainer:
         model = nnx.merge(self.learner.graphdef, jax.tree.map(lambda x: x, self.learner.params))
         if self.mesh is not None:
             model = shard_model(model, self.mesh, ShardingConfig.sampling())
+        if self.num_hosts > 1:
+            # The sampling layout is replicated over data/fsdp and split over tp, which stays
+            # inside a host: every host holds a whole copy among its shards. Rebuild it as
+            # host-local arrays on the sampler's local mesh (same specs, same devices).
+            graphdef, state = nnx.split(model)
+            model = nnx.merge(graphdef, distributed.to_local_arrays(state, self.sampler_mesh))
+            model.mesh = self.sampler_mesh
+            model.sharding = ShardingConfig.sampling()
         return model
 
     # --- checkpoints ---
@@ -354,13 +384,21 @@ class Trainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         questions, _ = batch_for_step(self.setup.train_questions, self.step, cfg.rl.batch_questions, cfg.train.seed)
+        # This host's contiguous slice (all of it on one host): a group's G samples stay
+        # together, so rewards and advantages need nothing from the other hosts.
+        first_q = jax.process_index() * (len(questions) // self.num_hosts)
+        questions = distributed.host_shard(questions, jax.process_index(), self.num_hosts)
         self.runner.stats = type(self.runner.stats)()
+        # Global ids: group ids for the advantages, trajectory ids for the rows and the seeds.
         trajs = self.runner.run(questions, group_size=cfg.rl.group_size, seed=_step_seed(cfg.train.seed, self.step),
-                                first_group_id=self.step * cfg.rl.batch_questions)
+                                first_group_id=self.step * cfg.rl.batch_questions + first_q,
+                                first_traj_id=first_q * cfg.rl.group_size)
         t_rollout = time.perf_counter() - t0
         results = score_trajectories(trajs)
         adv = trajectory_advantages(trajs, [r.reward for r in results])
         rows = pack_rows(trajs, adv, self.setup.builder.pad_id, min_len=self.grpo_cfg.min_seq_len)
+        if self.num_hosts > 1:
+            rows = gather_rows(rows, self.setup.builder.pad_id)
         t1 = time.perf_counter()
         rng = np.random.default_rng([cfg.train.seed, self.step, 1])
         update = self.learner.train_on_rows(rows, rng)
@@ -368,6 +406,8 @@ class Trainer:
         self.sampler.update_params(self._sampling_model())
         self.step += 1
         stats = self.runner.stats
+        # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
+        # "rows" and the update's metrics are global.
         metrics = rollout_metrics(trajs, results, rows)
         metrics.update(update)
         metrics.update({
@@ -384,24 +424,39 @@ class Trainer:
 
         steps = self.cfg.train.steps if steps is None else steps
         self.maybe_resume()
-        writer = MetricsWriter(os.path.join(self.out_dir, "logs"), resume_step=self.step)
+        lead = jax.process_index() == 0  # one host writes the logs and draws the bar
+        writer = MetricsWriter(os.path.join(self.out_dir, "logs"), resume_step=self.step) if lead else None
         history = []
-        bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not self.progress, dynamic_ncols=True)
+        bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not (self.progress and lead),
+                   dynamic_ncols=True)
         try:
             while self.step < steps:
                 m = self.train_step()
                 history.append(m)
-                writer.write(self.step, m)
+                if writer is not None:
+                    writer.write(self.step, m)
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", em=f"{m['em']:.2f}", kl=f"{m['approx_kl']:.4f}")
                 if self.step % self.cfg.train.save_every == 0 or self.step == steps:
                     self.save()
         finally:
             bar.close()
-            writer.close()
+            if writer is not None:
+                writer.close()
             if self._ckpt is not None:
                 self.checkpoints.wait_until_finished()
         return history
+
+
+def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
+    """Every host's packed rows, in process order, on every host (a collective).
+
+    The sequence length becomes the longest host's bucket, which is the bucket one process
+    packing all the trajectories picks (buckets grow with the length); the extra columns are
+    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
+    """
+    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
+    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 def _step_seed(seed: int, step: int) -> int:

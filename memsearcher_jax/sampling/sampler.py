@@ -389,16 +389,28 @@ class Sampler:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | Sequence[int], temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
                  stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0,
-                 share_prefix: bool | None = None, share_duplicates: bool = True) -> list[Completion]:
+                 share_prefix: bool | None = None, share_duplicates: bool = True,
+                 row_seeds: Sequence[int] | None = None) -> list[Completion]:
         """Complete every prompt (a list of token ids). See module docstring for the layout.
 
         max_new_tokens: one budget, or one per prompt. temperature 0 = greedy. top_k 0 and
         top_p 1 are off. share_prefix: None decides by BucketConfig.min_shared_prefix.
         share_duplicates: prefill identical prompts once (each row still samples on its own).
+        row_seeds: one non-negative integer per prompt; row i's random stream is then derived
+        from (seed, row_seeds[i]) instead of from its position i in the batch, so its tokens do
+        not depend on which other prompts share the call (the agent passes trajectory ids, so a
+        host that samples only its own slice of the trajectories draws what one process
+        sampling all of them would). None: the stream of row i is (seed, i).
         """
         stops = normalize_stops(stop_token_ids, stop_sequences)
         budgets = validate_request(prompts, max_new_tokens, temperature, top_p, top_k, self.config.vocab_size,
                                    self.max_len, stops)
+        if row_seeds is not None:
+            row_seeds = [int(r) for r in row_seeds]
+            if len(row_seeds) != len(prompts):
+                raise ValueError(f"row_seeds has {len(row_seeds)} entries for {len(prompts)} prompts")
+            if any(not 0 <= r < 2 ** 32 for r in row_seeds):
+                raise ValueError("row_seeds must be integers in [0, 2**32)")
         prompts = [list(map(int, p)) for p in prompts]
         bk = self.buckets
         n = len(prompts)
@@ -449,7 +461,11 @@ class Sampler:
         for i in range(len(rows_in), ub):  # padding rows: one dummy token, budget 0 (done from the start)
             valid[i, -1] = True
         base = jax.random.key(int(seed))
-        row_keys = np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(b))))
+        if row_seeds is None:
+            fold = jnp.arange(b)
+        else:  # padding rows (budget 0, never emitted) take seed 0
+            fold = jnp.asarray(np.asarray(row_seeds + [0] * (b - n), np.uint32))
+        row_keys = np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(fold)))
         table, lengths = pack_stops(stops)
 
         key = (b, pb, tb, nb, table.shape, ub if src is not None else 0)  # last: distinct prefill rows (0: all)
