@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,8 @@ from memsearcher_jax.models import (CheckpointError, ModelConfig, Qwen2, Shardin
                                     make_mesh, param_dict, save_pretrained, shard_model)
 from memsearcher_jax.models.safetensors_io import SafetensorsFile, TensorDirectory, save_file
 from tests.hf_fixtures import make_hf_qwen2, torch_logits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PARITY_CONFIGS = {
     # name: transformers Qwen2Config overrides
@@ -94,6 +98,49 @@ def test_round_trip_is_bit_identical_and_loads_in_transformers(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(str(dst)).eval()
     ids = np.random.RandomState(2).randint(0, 128, (2, 6))
     assert np.abs(torch_logits(reloaded, ids) - np.asarray(model(jnp.asarray(ids, jnp.int32)))).max() < 1e-4
+
+
+def test_bf16_tied_round_trip_is_bit_identical(tmp_path):
+    import torch
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    hf = make_hf_qwen2(str(tmp_path / "f32"), tie_word_embeddings=True)
+    hf.to(torch.bfloat16).save_pretrained(str(src))  # a bf16 checkpoint, as Qwen2.5 ships
+    model = from_pretrained(str(src), dtype="bfloat16")  # params stored in the checkpoint's dtype
+    save_pretrained(model, str(dst))
+    a, b = TensorDirectory(str(src)), TensorDirectory(str(dst))
+    assert set(a.keys()) == set(b.keys()) and "lm_head.weight" not in b.keys()  # tied stays tied
+    for k in a.keys():
+        x, y = a.get(k), b.get(k)
+        assert str(x.dtype) == str(y.dtype) == "bfloat16", (k, x.dtype, y.dtype)
+        assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), k
+
+
+def test_library_imports_and_runs_without_torch(tmp_path):
+    # torch is a test extra only: block it and use the model, the sampler and retrieval.
+    code = r"""
+import sys
+sys.modules["torch"] = None  # any "import torch" now raises ImportError
+import jax.numpy as jnp
+from flax import nnx
+from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained, from_pretrained
+from memsearcher_jax.sampling import generate
+from retrieval.bm25 import BM25Retriever
+model = Qwen2(ModelConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0))
+save_pretrained(model, sys.argv[1])
+model = from_pretrained(sys.argv[1])
+assert model(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 64)
+out = generate(model, [[1, 2, 3]], max_new_tokens=3)
+assert len(out[0].tokens) == 3
+hits = BM25Retriever.from_passages([{"id": "0", "contents": "t\nhello world"}]).search(["hello"], 1)
+assert hits[0][0].id == "0"
+assert "torch" not in {m.split(".")[0] for m, v in sys.modules.items() if v is not None}
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
 def test_jax_built_model_exports_sharded_and_loads_in_transformers(tmp_path):
