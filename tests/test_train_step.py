@@ -116,19 +116,19 @@ def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path)
 
     proc = subprocess.Popen(_train_cmd(ROOT, killed_out, 4, worlds), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    # Kill the moment step 3's metrics line is written: the step-2 checkpoint was issued before
-    # step 3 began, and the step-4 one needs a whole rollout + update more (far longer than the
-    # 10 ms poll), so the kill lands between the two. Waiting on a checkpoint directory instead
-    # races with the asynchronous save, which may finalize "2" while step 4 is already done.
+    # Kill once step 3 is logged AND the step-2 checkpoint is finalized. The asynchronous save
+    # can finish after step 3 is logged, so the metrics alone are not enough; and Orbax begins
+    # the step-4 save only after the step-2 one is finalized, so polling every 10 ms kills the
+    # run before "4" can exist.
     metrics = os.path.join(killed_out, "logs", "metrics.jsonl")
+    ckpts = os.path.join(killed_out, "checkpoints")
     deadline = time.time() + 600
-    while _logged_steps(metrics) < 3 and time.time() < deadline and proc.poll() is None:
+    while not (_logged_steps(metrics) >= 3 and os.path.isdir(os.path.join(ckpts, "2"))) \
+            and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
     assert proc.poll() is None, "the run finished (or died) before it could be killed"
-    assert _logged_steps(metrics) == 3, "the run never logged step 3"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    ckpts = os.path.join(killed_out, "checkpoints")
     assert os.path.isdir(os.path.join(ckpts, "2")) and not os.path.isdir(os.path.join(ckpts, "4")), os.listdir(ckpts)
 
     subprocess.run(_train_cmd(ROOT, killed_out, 4, worlds), env=env, check=True, timeout=900,
