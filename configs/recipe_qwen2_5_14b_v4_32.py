@@ -6,7 +6,7 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 16 chips x 32 GiB: does NOT fit (~1.7x): 14.8B f32 params, reference, moments and update outputs alone are ~30 GiB per chip; needs a v4-64 or larger.
+    # 16 chips x 32 GiB: does NOT fit (~1.45x): 14.8B f32 params, reference and moments alone are ~14 GiB per chip before the KV cache and activations; needs a v4-64 or larger.
     c = recipe("qwen2_5_14b", "v4_32", data=1, fsdp=2, tp=8,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=2, logprob_batch_size=2)

@@ -6,7 +6,7 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 64 chips x 16 GiB: does NOT fit (~1.8x): the TP-only sampler copy (7 GiB at tp=8) plus the update leave no room; use v5p-128.
+    # 64 chips x 16 GiB: does NOT fit (~1.65x): the TP-only sampler copy (7 GiB at tp=8) plus the update leave no room; use v5p-128.
     c = recipe("qwen2_5_14b", "v5e_64", data=1, fsdp=8, tp=8,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=8, logprob_batch_size=8)

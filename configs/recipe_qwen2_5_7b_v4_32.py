@@ -6,7 +6,7 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 16 chips x 32 GiB: does NOT fit with f32 master weights + an f32 reference + an un-donated update (~1.2x); needs buffer donation in the update and a bf16 reference, or a v4-64.
+    # 16 chips x 32 GiB: does NOT fit with f32 master weights + an f32 reference (~1.1x); needs a bf16 reference, or a v4-64.
     c = recipe("qwen2_5_7b", "v4_32", data=1, fsdp=4, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=4, logprob_batch_size=4)

@@ -10,9 +10,9 @@ Three phases never overlap in time, so the total is NOT the sum of all rows:
     persistent  params, reference params, AdamW moments, sampler copy (if its layout differs)
     rollout     + KV cache at the sampler batch (B*G rows) and length
     scoring     + forward activations of one log-prob chunk (logprob_batch_size rows)
-    update      + gradients (accumulator and one micro-batch's) + the update's outputs
-                  (params and moments are not donated to the jitted update, so old and new
-                  live together) + activations of one micro-batch
+    update      + gradients (accumulator and one micro-batch's) + the optimizer's update
+                  tree (params and moments are donated, so they are updated in place)
+                  + activations of one micro-batch
     total = persistent + max(rollout, scoring, update)
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v5e_64.py
@@ -287,7 +287,9 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     rows.append(PlanRow("log-prob activations", "scoring", fwd_layer_bytes(mb_s) + logits_bytes(mb_s, 2),
                         f"{mb_s} rows/device x {seq} tokens, forward only"))
     rows.append(PlanRow("gradients", "update", 2 * p_el * 4, "f32 accumulator + one micro-batch's"))
-    rows.append(PlanRow("update outputs", "update", 3 * p_el * pbytes, "new params + moments (not donated)"))
+    # GRPOLearner donates params and optimizer state: they are updated in place, and what the
+    # step adds is the optimizer's update tree (one params-shaped temporary).
+    rows.append(PlanRow("update temporaries", "update", p_el * pbytes, "AdamW update tree (params, moments donated)"))
     if mc.remat:
         # Per-layer checkpointing keeps only each layer's input; one layer is recomputed at a time
         # and its backward roughly doubles that layer's working set.
