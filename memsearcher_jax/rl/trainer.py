@@ -396,7 +396,8 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         results = score_trajectories(trajs)
         adv = trajectory_advantages(trajs, [r.reward for r in results])
-        rows = pack_rows(trajs, adv, self.setup.builder.pad_id, min_len=self.grpo_cfg.min_seq_len)
+        rows = pack_rows(trajs, adv, self.setup.builder.pad_id, min_len=self.grpo_cfg.min_seq_len,
+                         max_len=self.grpo_cfg.max_seq_len)
         if self.num_hosts > 1:
             rows = gather_rows(rows, self.setup.builder.pad_id)
         t1 = time.perf_counter()
