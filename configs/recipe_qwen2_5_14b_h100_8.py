@@ -6,9 +6,9 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 8 GPUs x 80 GiB: tp=8 (no separate sampler copy, the training layout is TP-only here); f32 params + reference + moments are ~28 GiB per GPU, 160-row rollouts keep the cache at ~28 GiB: fits at ~82% of usable, but only once the turn loop honours sampler.batch_size (docs/scale_out.md, known gaps).
+    # 8 GPUs x 80 GiB: tp=8 (no separate sampler copy, the training layout is TP-only here); f32 params + reference + moments are ~28 GiB per GPU, 128-row rollout calls keep the cache at ~28 GiB: fits at ~82% of usable (see docs/scale_out.md, known gaps, for what the plan leaves out).
     c = recipe("qwen2_5_14b", "h100_8", data=1, fsdp=1, tp=8,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=1, logprob_batch_size=1)
-    c.sampler.batch_size = 160  # rollout rows per sampler pass (B*G=1280 in 8 passes)
+    c.sampler.batch_size = 128  # rollout rows per sampler call (B*G=1280 in 10; a power of two, the sampler's own bucket)
     return c

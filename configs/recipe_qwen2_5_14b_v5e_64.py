@@ -10,6 +10,6 @@ def get_config():
     c = recipe("qwen2_5_14b", "v5e_64", data=1, fsdp=8, tp=8,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=8, logprob_batch_size=8)
-    c.sampler.batch_size = 160  # rollout rows per sampler pass (B*G=1280 in 8 passes)
+    c.sampler.batch_size = 128  # rollout rows per sampler call (B*G=1280 in 10; a power of two, the sampler's own bucket)
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

@@ -6,9 +6,9 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 16 chips x 32 GiB. tp=4 splits the f32 logits [row, 8K, V] four ways and fsdp=4 the weights; the cache (2 KV heads) splits over fsdp only, so rollouts run 160 rows at a time.
+    # 16 chips x 32 GiB. tp=4 splits the f32 logits [row, 8K, V] four ways and fsdp=4 the weights; the cache (2 KV heads) splits over fsdp only, so rollouts run 128 rows per sampler call.
     c = recipe("qwen2_5_3b", "v4_32", data=1, fsdp=4, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=4, logprob_batch_size=4)
-    c.sampler.batch_size = 160  # rollout rows per sampler pass (B*G=1280 in 8 passes)
+    c.sampler.batch_size = 128  # rollout rows per sampler call (B*G=1280 in 10; a power of two, the sampler's own bucket)
     return c

@@ -10,6 +10,6 @@ def get_config():
     c = recipe("qwen2_5_7b", "v4_32", data=1, fsdp=4, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=4, logprob_batch_size=4)
-    c.sampler.batch_size = 320  # rollout rows per sampler pass (B*G=1280 in 4 passes)
+    c.sampler.batch_size = 256  # rollout rows per sampler call (B*G=1280 in 5; a power of two, the sampler's own bucket)
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

@@ -159,3 +159,36 @@ def test_tool_call_inside_a_later_think_span_is_not_run(tok):
                          AgentConfig(max_turns=1))
     (t,) = runner.run(Q)
     assert docs.queries == [["capital"]] and t.num_searches == 1
+
+
+def test_sampler_batch_size_chunks_calls_without_changing_samples(tok):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+    from memsearcher_jax.sampling import Sampler
+
+    class Spy:
+        def __init__(self, sampler):
+            self.sampler, self.sizes = sampler, []
+
+        def generate(self, prompts, **kw):
+            self.sizes.append(len(prompts))
+            return self.sampler.generate(prompts, **kw)
+
+    b = PromptBuilder(tok)
+    model = Qwen2(ModelConfig.tiny(vocab_size=len(tok), num_layers=1), rngs=nnx.Rngs(3))
+    sampler = Sampler(model, cache_dtype=jnp.float32)
+    questions = [{"question": f"Where was person {i} born?", "golden_answers": ["x"]} for i in range(5)]
+    runs = {}
+    for chunk in (0, 3):
+        spy = Spy(sampler)
+        # Greedy: a random model's near-uniform distribution would let last-bit differences
+        # between batch shapes pick a neighbouring token (seeds are tested in test_multihost.py).
+        runner = AgentRunner(b, spy, Docs(), AgentConfig(max_turns=1, max_new_tokens=6, temperature=0.0,
+                                                         sampler_batch_size=chunk))
+        trajs = runner.run(questions, group_size=2, seed=4)
+        runs[chunk] = [(c.response_ids, c.sampler_logprobs) for t in trajs for c in t.conversations]
+        assert max(spy.sizes) == (10 if chunk == 0 else 3) and runner.stats.sampler_calls == len(spy.sizes)
+    assert [r[0] for r in runs[0]] == [r[0] for r in runs[3]]
+    assert max(abs(a - b) for x, y in zip(runs[0], runs[3]) for a, b in zip(x[1], y[1])) < 1e-5

@@ -38,6 +38,8 @@ class AgentConfig:
     max_top_n: int = 10                 # the recipe's server returns 10 unless asked for fewer
     missing_top_n: int = 0              # passages for a call without top_n; 0: default_top_n (the
                                         # prompt's word). The recipe's server gives 10.
+    sampler_batch_size: int = 0         # rows per sampler call (0: every live row at once); bounds
+                                        # the KV cache, and row seeds keep the samples the same
     temperature: float = 1.0
     top_p: float = 0.99
     top_k: int = 0
@@ -55,6 +57,8 @@ class AgentConfig:
             problems.append(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.sampler_batch_size < 0:
+            problems.append(f"sampler_batch_size must be >= 0 (0: all rows), got {self.sampler_batch_size}")
         if self.missing_top_n < 0:
             problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
         if problems:
@@ -186,11 +190,16 @@ class AgentRunner:
         t0 = time.perf_counter()
         # Per-row budgets go to the sampler; a row that still overshoots is cut and marked "length".
         budget = max(max_new_tokens) if isinstance(max_new_tokens, list) else max_new_tokens
-        outs = self.sampler.generate(prompts, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
-                                     top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,), seed=seed,
-                                     row_seeds=None if rows is None else [t.traj_id for t in rows])
+        row_seeds = None if rows is None else [t.traj_id for t in rows]
+        chunk = cfg.sampler_batch_size or len(prompts)
+        outs = []
+        for i in range(0, len(prompts), chunk):  # chunks bound the KV cache of one call
+            budgets = max_new_tokens[i:i + chunk] if isinstance(max_new_tokens, list) else max_new_tokens
+            outs += self.sampler.generate(prompts[i:i + chunk], max_new_tokens=budgets, temperature=cfg.temperature,
+                                          top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,),
+                                          seed=seed, row_seeds=None if row_seeds is None else row_seeds[i:i + chunk])
+            self.stats.sampler_calls += 1
         self.stats.sampler_seconds += time.perf_counter() - t0
-        self.stats.sampler_calls += 1
         results = []
         for i, o in enumerate(outs):
             limit = max_new_tokens[i] if isinstance(max_new_tokens, list) else budget

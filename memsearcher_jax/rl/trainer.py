@@ -48,7 +48,9 @@ class TrainConfigError(ValueError):
 
 def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
     fields = {f.name for f in dataclasses.fields(AgentConfig)}
-    return AgentConfig(**{k: v for k, v in cfg.agent.to_dict().items() if k in fields})
+    values = {k: v for k, v in cfg.agent.to_dict().items() if k in fields}
+    # Rows per sampler call live with the sampler's settings (the planner reads them there).
+    return AgentConfig(**values, sampler_batch_size=int(cfg.sampler.get("batch_size", 0) or 0))
 
 
 def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
