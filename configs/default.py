@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.world.enabled = True           # the synthetic world supplies data, corpus and tokenizer
     c.world.seed = 0
     c.world.num_entities = 100
+    c.world.whole_name_tokens = False  # let BPE merge names into single tokens (default: syllable pieces)
     c.world.heldout_by = "entity"    # "entity": held-out names never asked about in training; "fact": held-out facts
     c.world.cache_dir = "~/.cache/memsearcher-jax/worlds"
 

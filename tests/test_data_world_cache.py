@@ -54,3 +54,21 @@ def test_lost_race_uses_winner(tmp_path, monkeypatch):
     paths = world_cache.prepare_world(str(tmp_path), seed=4, num_entities=20)
     assert load_world(paths.world_dir).seed == 4
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(paths.root)]
+
+
+def test_whole_name_tokens_and_fact_split_are_their_own_entries(tmp_path):
+    from tokenizers import Tokenizer
+
+    pieces = world_cache.prepare_world(str(tmp_path), seed=2, num_entities=40)
+    whole = world_cache.prepare_world(str(tmp_path), seed=2, num_entities=40, whole_names=True)
+    by_fact = world_cache.prepare_world(str(tmp_path), seed=2, num_entities=40, heldout_by="fact")
+    assert len({pieces.world_dir, whole.world_dir, by_fact.world_dir}) == 3
+    names = [p["contents"].split("\n")[0] for p in load_world(pieces.world_dir).corpus]
+
+    def tokens_per_name(paths):
+        tok = Tokenizer.from_file(os.path.join(paths.tokenizer_dir, "tokenizer.json"))
+        return sum(len(tok.encode(" " + n).ids) for n in names) / len(names)
+
+    # Syllable pieces by default; whole names let BPE merge them (fewer tokens per name).
+    assert tokens_per_name(whole) < tokens_per_name(pieces)
+    assert load_world(by_fact.world_dir).corpus == load_world(pieces.world_dir).corpus

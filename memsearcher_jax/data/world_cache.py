@@ -53,22 +53,23 @@ def _paths(root: str) -> WorldPaths:
 
 
 def cache_key(seed: int, num_entities: int, num_countries: int, heldout_fraction: float, vocab_size: int,
-              extra_texts: Sequence[str], heldout_by: str = "entity") -> str:
+              extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False) -> str:
     key = [CACHE_FORMAT, seed, num_entities, num_countries, heldout_fraction, vocab_size, list(extra_texts)]
-    if heldout_by != "entity":  # entity-split keys stay what they were, so existing caches still hit
-        key.append(heldout_by)
+    if heldout_by != "entity" or whole_names:  # default keys stay what they were: existing caches still hit
+        key += [heldout_by, whole_names]
     h = hashlib.sha256(json.dumps(key).encode())
     return f"world-s{seed}-n{num_entities}-v{vocab_size}-{h.hexdigest()[:12]}"
 
 
 def _build(tmp: str, seed: int, num_entities: int, num_countries: int, heldout_fraction: float, vocab_size: int,
-           extra_texts: Sequence[str], heldout_by: str = "entity") -> None:
+           extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False) -> None:
     paths = _paths(tmp)
     world = generate_world(seed, num_entities=num_entities, num_countries=num_countries,
                            heldout_fraction=heldout_fraction, heldout_by=heldout_by)
     save_world(world, paths.world_dir)
     train_tokenizer(world.texts(), paths.tokenizer_dir, vocab_size=vocab_size,
-                    extra_texts=list(FORMAT_TEXTS) + list(extra_texts), word_pieces=world.name_pieces())
+                    extra_texts=list(FORMAT_TEXTS) + list(extra_texts),
+                    word_pieces=None if whole_names else world.name_pieces())
     from tokenizers import Tokenizer  # the raw tokenizer is enough for length statistics
 
     tok = Tokenizer.from_file(os.path.join(paths.tokenizer_dir, "tokenizer.json"))
@@ -92,16 +93,18 @@ def _build(tmp: str, seed: int, num_entities: int, num_countries: int, heldout_f
 
 def prepare_world(cache_dir: str, seed: int = 0, num_entities: int = 100, num_countries: int = 6,
                   heldout_fraction: float = 0.15, vocab_size: int = 1024,
-                  extra_texts: Sequence[str] = (), heldout_by: str = "entity") -> WorldPaths:
+                  extra_texts: Sequence[str] = (), heldout_by: str = "entity",
+                  whole_names: bool = False) -> WorldPaths:
     """Return the cached world + tokenizer for these arguments, building them on first use."""
     cache_dir = os.path.expanduser(cache_dir)
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, cache_key(seed, num_entities, num_countries, heldout_fraction, vocab_size,
-                                              extra_texts, heldout_by))
+                                              extra_texts, heldout_by, whole_names))
     if not os.path.isdir(final):
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir)  # same filesystem, so rename is atomic
         try:
-            _build(tmp, seed, num_entities, num_countries, heldout_fraction, vocab_size, extra_texts, heldout_by)
+            _build(tmp, seed, num_entities, num_countries, heldout_fraction, vocab_size, extra_texts, heldout_by,
+                   whole_names)
             try:
                 os.rename(tmp, final)
             except OSError:

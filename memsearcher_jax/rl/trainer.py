@@ -126,7 +126,8 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                  MEMORY_UPDATE_INSTRUCTION, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION)
         world_paths = prepare_world(os.path.expanduser(cfg.world.cache_dir), seed=cfg.world.seed,
                                     num_entities=cfg.world.num_entities, extra_texts=extra,
-                                    heldout_by=cfg.world.get("heldout_by", "entity"))
+                                    heldout_by=cfg.world.get("heldout_by", "entity"),
+                                    whole_names=cfg.world.get("whole_name_tokens", False))
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(tok_dir) if world_paths else _auto_tokenizer(tok_dir)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style)
