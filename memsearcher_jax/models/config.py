@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen2",)
-_DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # accepted for param_dtype and dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +51,8 @@ class ModelConfig:
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         for name in ("param_dtype", "dtype"):
-            if getattr(self, name) not in _DTYPES:
-                problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+            if getattr(self, name) not in DTYPES:
+                problems.append(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 

@@ -34,6 +34,7 @@ from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE
                                            react_system_prompt)
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
+from memsearcher_jax.models.config import DTYPES
 from memsearcher_jax.rl.advantages import zero_variance_fraction
 from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, RowBatch, pack_rows, score_trajectories,
                                      trajectory_advantages)
@@ -87,9 +88,9 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append("data.train_path is required when world.enabled is false")
     if not training and not cfg.world.enabled and not cfg.data.eval_path:
         problems.append("data.eval_path (a directory of evaluation sets) is required when world.enabled is false")
-    for key in ("dtype", "param_dtype"):
-        if cfg.model[key] not in ("float32", "bfloat16", "float16"):
-            problems.append(f"model.{key} must be float32, bfloat16 or float16, got {cfg.model[key]!r}")
+    for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
+        if cfg.model[key] not in DTYPES:
+            problems.append(f"model.{key} must be one of {DTYPES}, got {cfg.model[key]!r}")
     if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
         problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
     if problems:

@@ -433,12 +433,13 @@ class Sampler:
                 distinct.append(p)
             src_rows.append(first_row[suffix])
         u = len(distinct)
-        share_duplicates = share_duplicates and u < n
-        ub = bk.batch(u, self._batch_shards()) if share_duplicates else b
         src = None
-        if share_duplicates:
+        if share_duplicates and u < n:
             src = np.zeros((b,), np.int32)  # padding rows read suffix row 0: budget 0, never emitted
             src[:n] = src_rows
+        else:  # every row prefills its own suffix
+            distinct = prompts
+        ub = bk.batch(len(distinct), self._batch_shards()) if src is not None else b
 
         prefix_ids = np.zeros((1, pb), np.int32)
         prefix_pos = np.zeros((1, pb), np.int32)
@@ -447,18 +448,17 @@ class Sampler:
             prefix_ids[0, pb - plen:] = prompts[0][:plen]
             prefix_pos[0, pb - plen:] = np.arange(plen)
             prefix_valid[0, pb - plen:] = True
-        rows_in = distinct if src is not None else prompts
         ids = np.zeros((ub, tb), np.int32)
         pos = np.zeros((ub, tb), np.int32)
         valid = np.zeros((ub, tb), bool)
         budget = np.zeros((b,), np.int32)
         budget[:n] = budgets
-        for i, p in enumerate(rows_in):
+        for i, p in enumerate(distinct):
             suf = p[plen:]
             ids[i, tb - len(suf):] = suf
             pos[i, tb - len(suf):] = np.arange(plen, len(p))
             valid[i, tb - len(suf):] = True
-        for i in range(len(rows_in), ub):  # padding rows: one dummy token, budget 0 (done from the start)
+        for i in range(len(distinct), ub):  # padding rows: one dummy token, budget 0 (done from the start)
             valid[i, -1] = True
         base = jax.random.key(int(seed))
         if row_seeds is None:
