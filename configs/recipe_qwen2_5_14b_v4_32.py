@@ -6,10 +6,13 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 16 chips x 32 GiB: does NOT fit (~1.45x): 14.8B f32 params, reference and moments alone are ~14 GiB per chip before the KV cache and activations; needs a v4-64 or larger.
-    c = recipe("qwen2_5_14b", "v4_32", data=1, fsdp=2, tp=8,
+    # 16 chips x 32 GiB on 4 hosts of 4 chips: does NOT fit (~1.9x): tp is capped at the 4 chips of a host
+    # (global_mesh keeps tensor parallelism inside a host), and 14.8B f32 params, reference and moments are
+    # ~14 GiB per chip before the TP-only sampler copy (~14 GiB at tp=4), the KV cache and activations;
+    # needs a v4-64 or larger.
+    c = recipe("qwen2_5_14b", "v4_32", data=1, fsdp=4, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                micro_batch_size=2, logprob_batch_size=2)
+                micro_batch_size=4, logprob_batch_size=4)
     c.sampler.batch_size = 128  # rollout rows per sampler call (B*G=1280 in 10; a power of two, the sampler's own bucket)
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

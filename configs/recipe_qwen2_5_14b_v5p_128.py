@@ -6,8 +6,10 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 64 chips x 95 GiB: tp=8 (8 KV heads, 40 heads) and fsdp=8; the whole rollout batch fits in one pass.
-    c = recipe("qwen2_5_14b", "v5p_128", data=1, fsdp=8, tp=8,
+    # 64 chips x 95 GiB on 16 hosts of 4 chips: tp=4, the most a host holds (global_mesh keeps tensor
+    # parallelism inside a host; 40 heads and 8 KV heads divide by 4), and fsdp=16; the whole rollout batch
+    # fits in one pass.
+    c = recipe("qwen2_5_14b", "v5p_128", data=1, fsdp=16, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
-                micro_batch_size=8, logprob_batch_size=8)
+                micro_batch_size=16, logprob_batch_size=16)
     return c

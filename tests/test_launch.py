@@ -161,3 +161,31 @@ def test_host_shard_partitions_the_batch_in_order():
         host_shard(items, 0, 5)
     with pytest.raises(ValueError, match="outside"):
         host_shard(items, 3, 3)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
+def test_every_recipe_mesh_keeps_tensor_parallelism_inside_a_host(path, monkeypatch):
+    # The real checks of distributed.global_mesh and local_mesh, on a fake pod of the recipe's
+    # hosts: jax reports the pod's process and device counts, make_mesh records what it is given.
+    import jax
+
+    import memsearcher_jax.models as models
+    from memsearcher_jax import distributed
+    from memsearcher_jax.config_utils import load_config
+
+    cfg = load_config(path, [])
+    hw = cfg.hardware
+    hosts, n = int(hw.hosts), int(hw.num_devices)
+    assert n % hosts == 0, f"{hw.num_devices} devices do not split over {hosts} hosts"
+    per_host = n // hosts
+    assert per_host % cfg.mesh.tp == 0, (f"{os.path.basename(path)}: mesh.tp={cfg.mesh.tp} does not divide the "
+                                         f"{per_host} chips of one host")
+    made = []
+    monkeypatch.setattr(jax, "process_count", lambda: hosts)
+    monkeypatch.setattr(jax, "local_device_count", lambda: per_host)
+    monkeypatch.setattr(jax, "devices", lambda: list(range(n)))
+    monkeypatch.setattr(jax, "local_devices", lambda: list(range(per_host)))
+    monkeypatch.setattr(models, "make_mesh", lambda d, f, t, devices: made.append((d, f, t, len(devices))))
+    distributed.global_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp)
+    distributed.local_mesh(cfg.mesh.tp)
+    assert made == [(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, n), (1, per_host // cfg.mesh.tp, cfg.mesh.tp, per_host)]
