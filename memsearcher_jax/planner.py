@@ -8,7 +8,9 @@ not divide is counted as replicated, just as it is placed. Activation rows are e
 Three phases never overlap in time, so the total is NOT the sum of all rows:
 
     persistent  params, reference params, AdamW moments, sampler copy (if its layout differs)
-    rollout     + KV cache at the sampler batch (B*G rows) and length
+    rollout     + KV cache and prefill attention of the largest sampler call, shaped as the
+                  Sampler pads it (`sampler_call`): rows up to the batch bucket, slots up to
+                  the prompt and budget buckets, on the sampler's mesh (host-local on a pod)
     scoring     + forward activations of one log-prob chunk (logprob_batch_size rows)
     update      + gradients (accumulator and one micro-batch's) + the optimizer's update
                   tree (params and moments are donated, so they are updated in place)
@@ -36,6 +38,9 @@ _PROMPT_OVERHEAD_TOKENS = 512  # system prompt + question + chat markup
 _WORLD_VOCAB = 1024  # the synthetic world's tokenizer (data/world_cache.py default)
 
 
+PHASES = ("rollout", "scoring", "update")  # never overlap in time; see the module docstring
+
+
 class PlanError(ValueError):
     """The config does not fit on its devices (or cannot be planned); the message holds the table."""
 
@@ -43,7 +48,7 @@ class PlanError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class PlanRow:
     name: str
-    phase: str          # "persistent" | "rollout" | "scoring" | "update"
+    phase: str          # "persistent" or one of PHASES
     bytes: int          # per device
     note: str = ""
 
@@ -55,13 +60,14 @@ class MemoryPlan:
     capacity_bytes: int | None            # usable bytes per device (None: unknown)
     device_kind: str
     model_name: str
+    sampler_call: "SamplerCall | None" = None  # the rollout call the rollout rows are sized for
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if r.phase == phase)
 
     @property
     def peak_phase(self) -> str:
-        return max(("rollout", "scoring", "update"), key=self.phase_bytes)
+        return max(PHASES, key=self.phase_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -85,7 +91,7 @@ class MemoryPlan:
         for r in self.rows:
             lines.append(f"  {r.name:<28} {r.phase:<11} {r.bytes / GIB:>9.3f}  {r.note}")
         lines.append(f"  {'persistent':<28} {'':<11} {self.phase_bytes('persistent') / GIB:>9.3f}")
-        for ph in ("rollout", "scoring", "update"):
+        for ph in PHASES:
             lines.append(f"  {'+ ' + ph + ' peak':<28} {'':<11} {self.phase_bytes(ph) / GIB:>9.3f}")
         lines.append(f"  {'TOTAL (peak: ' + self.peak_phase + ')':<28} {'':<11} {self.total_bytes / GIB:>9.3f}")
         if self.capacity_bytes is None:
@@ -180,14 +186,89 @@ def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
     return {n: per_device_elems(s, param_spec(n, len(s), sharding), mesh) for n, s in shapes.items()}
 
 
-def kv_cache_len(cfg) -> int:
-    """Slots per sampler row: sampler.max_cache_len if set, else prompt budget + response, capped."""
-    explicit = cfg.sampler.get("max_cache_len", 0)
-    if explicit:
-        return int(explicit)
+def _context_tokens(cfg) -> int:
+    """Longest context a conversation starts from: system prompt + question (+ memory)."""
     a = cfg.agent
-    want = _PROMPT_OVERHEAD_TOKENS + a.memory_budget + a.max_response_tokens
-    return int(min(a.max_context_tokens, want))
+    memory = a.memory_budget if a.get("workflow", "memsearcher") == "memsearcher" else 0
+    return _PROMPT_OVERHEAD_TOKENS + memory
+
+
+def conversation_tokens(cfg) -> int:
+    """Longest conversation (prompt + response), the training row's length before bucketing."""
+    a = cfg.agent
+    return int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens))
+
+
+def hosts_and_local_devices(cfg) -> tuple[int, int]:
+    """(hosts, devices per host) from the hardware section (one host when it names none)."""
+    mesh = _mesh_shape(cfg)
+    n_dev = math.prod(mesh)
+    hw = cfg.get("hardware", None)
+    hosts = int(hw.get("hosts", 1) or 1) if hw is not None else 1
+    if hosts < 1 or n_dev % hosts:
+        raise PlanError(f"the mesh's {n_dev} devices do not split evenly over hardware.hosts={hosts}")
+    per_host = n_dev // hosts
+    if hosts > 1 and per_host % mesh[2]:
+        # The same rule distributed.global_mesh enforces when the job starts.
+        raise PlanError(f"mesh.tp={mesh[2]} does not divide the {per_host} devices of one host "
+                        f"(hardware.hosts={hosts}); tensor parallelism across hosts is not supported")
+    return hosts, per_host
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerCall:
+    """One Sampler.generate call as the Sampler pads it: per layer k, v [batch, K, slots, Dh]."""
+
+    rows: int                     # live rows handed to the call
+    batch: int                    # B: rows rounded up to the batch bucket (a multiple of the batch shards)
+    prefix: int                   # P: shared-prefix slots (0: no shared prefix)
+    suffix: int                   # T: prompt-suffix slots, also the prefill's query length
+    new: int                      # N: slots for generated tokens
+    mesh: tuple[int, int, int]    # the sampler's (data, fsdp, tp): host-local on a multi-host pod
+    longest_prompt: int           # tokens of the call's longest prompt
+    shared_prefix: int            # tokens every prompt shares that give this split (0: none)
+    largest_budget: int           # the call's largest max_new_tokens
+
+    @property
+    def slots(self) -> int:
+        return self.prefix + self.suffix + self.new
+
+
+def sampler_calls(cfg) -> list[SamplerCall]:
+    """Every shape the largest rollout call can take on one host, one per prefix/suffix split.
+
+    Rows: the trainer's sampler sees one host's B*G / hosts rows (`host_shard`), chunked by
+    sampler.batch_size, on the host-local mesh (1, devices per host / tp, tp) when there are
+    several hosts, else on the learner's mesh. Slots: a call's prompts are at most
+    min(max_context_tokens, context + max_response_tokens) - 1 tokens (a memory-update or
+    ReAct prompt carries the response so far and leaves >= 1 token of budget), its budgets at
+    most min(max_new_tokens, max_response_tokens, max_context_tokens - 1); a batch whose
+    prompts share a prefix of plen >= min_shared_prefix tokens is split into prefix and suffix,
+    each rounded up to its own prompt bucket. The Sampler's own BucketConfig does the rounding
+    (the trainer builds its Sampler with the default one).
+    """
+    from memsearcher_jax.sampling.buckets import BucketConfig
+
+    bk = BucketConfig()
+    d, f, t = _mesh_shape(cfg)
+    hosts, per_host = hosts_and_local_devices(cfg)
+    mesh = (1, per_host // t, t) if hosts > 1 else (d, f, t)
+    questions = int(cfg.rl.batch_questions)
+    if questions % hosts:
+        raise PlanError(f"rl.batch_questions={questions} must be a multiple of the {hosts} hosts "
+                        "(each rolls out an equal slice)")
+    host_rows = questions // hosts * int(cfg.rl.group_size)
+    rows = min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
+    batch = bk.batch(rows, mesh[0] * mesh[1])
+    a = cfg.agent
+    longest_prompt = int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens)) - 1
+    budget = int(min(a.max_new_tokens, a.max_response_tokens, a.max_context_tokens - 1))
+    splits = {(0, bk.prompt(longest_prompt)): 0}
+    if rows > 1:  # one row has no shared prefix
+        for n in range(bk.min_shared_prefix, longest_prompt):
+            splits.setdefault((bk.prompt(n), bk.prompt(longest_prompt - n)), n)
+    return [SamplerCall(rows, batch, p, t_, bk.new_tokens(budget), mesh, longest_prompt, n, budget)
+            for (p, t_), n in sorted(splits.items())]
 
 
 def capacity_bytes(cfg, device_memory_gib: float | None) -> int | None:
@@ -206,6 +287,8 @@ def capacity_bytes(cfg, device_memory_gib: float | None) -> int | None:
 def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None,
                 vocab_size: int | None = None) -> MemoryPlan:
     """Per-device memory table for training `cfg` on mesh cfg.mesh (see the module docstring)."""
+    from jax.sharding import PartitionSpec as P
+
     from memsearcher_jax.models import ShardingConfig
 
     mesh = _mesh_shape(cfg)
@@ -253,15 +336,36 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     tp = mesh[2]
     L, D, F, H, K, Dh, V = (mc.num_layers, mc.hidden_size, mc.intermediate_size, mc.num_heads, mc.num_kv_heads,
                             mc.head_dim, mc.vocab_size)
-    # Rollout: KV cache [L, B*G, S, K, Dh] x (k, v) laid out with the cache spec.
-    sample_rows = int(cfg.sampler.get("batch_size", 0) or cfg.rl.batch_questions * cfg.rl.group_size)
-    s_kv = kv_cache_len(cfg)
-    kv_el = per_device_elems((L, sample_rows, s_kv, K, Dh), ShardingConfig.training().cache, mesh)
-    rows.append(PlanRow("KV cache", "rollout", 2 * kv_el * cbytes,
-                        f"{sample_rows} rows x {s_kv} slots, {cfg.sampler.get('cache_dtype', 'bfloat16')}"))
+    # Rollout: the Sampler's cache, per layer k, v [B, K, S, Dh] with the cache spec, and the
+    # prefill's attention: _cached_attention materialises f32 scores [B, K, G, T, S] for a whole
+    # layer, not chunked; XLA (CPU, measured in tests/test_planner.py) holds them with one more
+    # f32 temporary of the softmax and the probabilities in the compute dtype, next to the
+    # [B, T, S] mask.
+    cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
+    layer_spec = P(cs[1], cs[3], cs[2], cs[4])
 
-    # A training row is one conversation (the same bound), padded to a power-of-two bucket.
-    seq = max(int(cfg.rl.get("min_seq_len", 1)), 1 << max(0, math.ceil(math.log2(max(s_kv, 1)))))
+    def rollout_rows(call: SamplerCall) -> tuple[int, int]:
+        kv = 2 * L * per_device_elems((call.batch, K, call.slots, Dh), layer_spec, call.mesh) * cbytes
+        rows_loc = call.batch // (call.mesh[0] * call.mesh[1])
+        h_loc = H // call.mesh[2] if H % call.mesh[2] == 0 else H
+        attn = rows_loc * call.suffix * call.slots * (h_loc * (4 + 4 + abytes) + 1)
+        return kv, attn
+
+    call = max(sampler_calls(cfg), key=lambda c: sum(rollout_rows(c)))
+    kv_b, attn_b = rollout_rows(call)
+    on = (f"host-local mesh {'x'.join(map(str, call.mesh))}" if call.mesh != mesh
+          else f"{call.mesh[0] * call.mesh[1]} batch shards")
+    rows.append(PlanRow("KV cache", "rollout", kv_b,
+                        f"{call.batch} rows ({call.rows} live) x {call.slots} slots (P {call.prefix} + T "
+                        f"{call.suffix} + N {call.new}), {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"))
+    h_note = f"{H}/{call.mesh[2]}" if H % call.mesh[2] == 0 else str(H)
+    rows.append(PlanRow("prefill attention", "rollout", attn_b,
+                        f"[{call.batch // (call.mesh[0] * call.mesh[1])}, {h_note} heads, {call.suffix}, "
+                        f"{call.slots}] f32 scores, softmax temporary, probs, mask; one layer"))
+
+    # A training row is one conversation, padded to a power-of-two bucket.
+    s_conv = conversation_tokens(cfg)
+    seq = max(int(cfg.rl.get("min_seq_len", 1)), 1 << max(0, math.ceil(math.log2(max(s_conv, 1)))))
 
     def local_rows(n: int) -> int:
         return n // batch_ways if n % batch_ways == 0 else n  # not divisible: replicated (as _put does)
@@ -305,7 +409,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
     kind = (hw.get("device_kind", None) if hw else None) or "device"
     return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),
-                      device_kind=str(kind), model_name=str(name))
+                      device_kind=str(kind), model_name=str(name), sampler_call=call)
 
 
 def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections import defaultdict
 from types import SimpleNamespace
@@ -15,8 +16,8 @@ from flax import nnx
 from memsearcher_jax import planner
 from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, make_mesh, shard_model
-from memsearcher_jax.models.sharding import named_sharding
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
+from memsearcher_jax.sampling import Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "configs", "recipe_qwen*.py")))
@@ -31,7 +32,9 @@ def tiny_cfg(data=1, fsdp=1, tp=1, **model):
         cfg.model[k] = v
     cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp = data, fsdp, tp
     cfg.rl.batch_questions, cfg.rl.group_size = 8, 2
-    cfg.sampler.max_cache_len = 64
+    # Short calls: prompts of at most 95 tokens, budgets of at most 24.
+    cfg.agent.max_context_tokens, cfg.agent.max_new_tokens, cfg.agent.max_response_tokens = 96, 24, 64
+    cfg.agent.memory_budget = 16
     cfg.sampler.cache_dtype = "float32"
     return cfg
 
@@ -68,16 +71,11 @@ def test_plan_matches_bytes_held_by_live_arrays(mesh_shape):
         for sh in x.addressable_shards:
             if sh.data.unsafe_buffer_pointer() not in train_bufs:
                 copied[sh.device] += sh.data.nbytes
-    rows = cfg.rl.batch_questions * cfg.rl.group_size
-    shape = (mc.num_layers, rows, 64, mc.num_kv_heads, mc.head_dim)
-    sh = named_sharding(mesh, shape, ShardingConfig.training().cache)
-    kv = [jax.device_put(jnp.zeros(shape, jnp.float32), sh) for _ in range(2)]
     measured = {
         "params": per_device_bytes(learner.params),
         "reference params": per_device_bytes(learner.ref_params),
         "optimizer state": per_device_bytes(learner.opt_state),
         "sampler weights": max(copied.values(), default=0),
-        "KV cache": per_device_bytes(kv),
     }
     for name, got in measured.items():
         want = plan.row(name).bytes
@@ -87,7 +85,92 @@ def test_plan_matches_bytes_held_by_live_arrays(mesh_shape):
             assert abs(want - got) / got < 0.2, f"{name} on mesh {mesh_shape}: planned {want}, measured {got}"
     # Parameter rows are exact, not merely within 20%.
     assert plan.row("params").bytes == measured["params"]
-    assert plan.row("KV cache").bytes == measured["KV cache"]
+
+
+def run_real_sampler(cfg, call):
+    """Run the Sampler a trainer would build for `cfg` on one call shaped like `call`; returns
+    (largest per-device bytes of the live KV cache it allocated, that cache's per-layer shape,
+    the compiled prefill program's temporary bytes per device)."""
+    mc = planner.model_config_for_plan(cfg)
+    n = math.prod(call.mesh)
+    mesh = make_mesh(*call.mesh, devices=jax.devices()[:n]) if n > 1 else None
+    sampler = Sampler(Qwen2(mc, rngs=nnx.Rngs(0)), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh)
+    # Every prompt has the longest length; they share exactly call.shared_prefix tokens.
+    rng = np.random.default_rng(0)
+    shared = rng.integers(1, mc.vocab_size, call.shared_prefix).tolist()
+    tail = call.longest_prompt - call.shared_prefix - 1
+    prompts = [shared + [i + 1] + rng.integers(1, mc.vocab_size, tail).tolist() for i in range(call.rows)]
+    seen = {}
+    prefill, decode = sampler._prefill, sampler._decode
+
+    def spy_prefill(*args, **kwargs):
+        seen["prefill"] = (args, kwargs)
+        return prefill(*args, **kwargs)
+
+    def spy_decode(params, st):  # the cache the prefill allocated, before decode donates it
+        seen["kv"], seen["shape"] = per_device_bytes(st.cache), st.cache[0][0].shape
+        return decode(params, st)
+
+    sampler._prefill, sampler._decode = spy_prefill, spy_decode
+    sampler.generate(prompts, max_new_tokens=call.largest_budget, temperature=1.0, seed=1)
+    args, kwargs = seen["prefill"]
+    temp = prefill.lower(*args, **kwargs).compile().memory_analysis().temp_size_in_bytes
+    return seen["kv"], seen["shape"], temp
+
+
+@pytest.mark.parametrize("mesh_shape, hosts, batch_size", [
+    ((1, 1, 1), 1, 0), ((1, 4, 2), 1, 0), ((2, 2, 2), 1, 6), ((1, 4, 2), 2, 0)],
+    ids=["one-device", "fsdp4-tp2", "data2-fsdp2-tp2-chunks-of-6", "two-hosts-of-4"])
+def test_kv_row_is_the_cache_the_real_sampler_allocates(mesh_shape, hosts, batch_size):
+    cfg = tiny_cfg(*mesh_shape)
+    cfg.sampler.batch_size = batch_size
+    if hosts > 1:  # each host samples its B*G / hosts rows on its own (1, 4 / tp, tp) mesh
+        cfg.hardware = {"device_kind": "cpu", "num_devices": 8, "hosts": hosts}
+    plan = planner.plan_memory(cfg)
+    call = plan.sampler_call
+    mc = planner.model_config_for_plan(cfg)
+    kv, shape, _ = run_real_sampler(cfg, call)
+    assert shape == (call.batch, mc.num_kv_heads, call.slots, mc.head_dim)
+    want = plan.row("KV cache").bytes
+    assert abs(want - kv) / kv < 0.2, f"planned {want}, the sampler holds {kv}"
+    assert want == kv  # in fact exact
+    if batch_size:
+        assert (call.rows, call.batch) == (6, 8)  # 6 rows padded to the bucket, a multiple of 4 shards
+    if hosts > 1:
+        assert call.mesh == (1, 2, 2) and call.rows == 8
+
+
+def test_shared_prefix_split_shapes_match_the_sampler():
+    # A batch sharing a prefix is cached as prefix bucket + suffix bucket + budget bucket, which
+    # can exceed the unsplit prompt bucket: the planner's widest split is the sampler's.
+    cfg = tiny_cfg(1, 4, 2)
+    widest = max(planner.sampler_calls(cfg), key=lambda c: c.slots)
+    assert widest.shared_prefix > 0 and widest.slots > planner.sampler_calls(cfg)[0].slots
+    _, shape, _ = run_real_sampler(cfg, widest)
+    assert shape[2] == widest.slots
+
+
+def test_prefill_attention_row_tracks_the_compiled_prefill():
+    # Long enough prompts (512-slot suffix) that the [B, K, G, T, S] scores dominate the
+    # prefill program's temporaries, as they do at 8K tokens.
+    cfg = tiny_cfg(1, 1, 1)
+    cfg.agent.max_context_tokens = 400
+    plan = planner.plan_memory(cfg)
+    assert plan.sampler_call.suffix == 512
+    _, _, temp = run_real_sampler(cfg, plan.sampler_call)
+    want = plan.row("prefill attention").bytes
+    assert abs(want - temp) / temp < 0.2, f"planned {want}, the compiled prefill holds {temp} temporary bytes"
+
+
+def test_tensor_parallelism_across_hosts_is_refused():
+    cfg = tiny_cfg(1, 1, 8)
+    cfg.hardware = {"device_kind": "TPU v5 lite", "num_devices": 8, "hosts": 2, "device_memory_gib": 16.0}
+    with pytest.raises(planner.PlanError, match="mesh.tp=8 does not divide the 4 devices of one host"):
+        planner.plan_memory(cfg)
+    cfg.mesh.fsdp, cfg.mesh.tp = 2, 4
+    cfg.rl.batch_questions = 3
+    with pytest.raises(planner.PlanError, match="multiple of the 2 hosts"):
+        planner.plan_memory(cfg)
 
 
 def test_unsharded_params_are_num_params_times_itemsize():
@@ -119,7 +202,7 @@ def test_remat_lowers_the_activation_estimate():
 
 def test_total_is_persistent_plus_the_largest_phase():
     plan = planner.plan_memory(tiny_cfg(1, 4, 2))
-    phases = {p: plan.phase_bytes(p) for p in ("rollout", "scoring", "update")}
+    phases = {p: plan.phase_bytes(p) for p in planner.PHASES}
     assert plan.total_bytes == plan.phase_bytes("persistent") + max(phases.values())
     assert plan.total_bytes < sum(r.bytes for r in plan.rows)
 
@@ -167,9 +250,13 @@ def test_main_prints_the_table_and_exit_code(capsys):
 def test_cli_plan_subcommand(capsys):
     from memsearcher_jax.cli import main as cli_main
 
-    rc = cli_main(["plan", "--config", os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py"),
-                   "--device-memory-gib", "1000"])
-    assert rc == 0 and "fits: yes" in capsys.readouterr().out
+    # The recipe with all 1280 rows in one sampler call: the prefill's attention scores alone
+    # are terabytes per device; 8 rows per call (a --config override) fit in 1000 GiB.
+    recipe = os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")
+    assert cli_main(["plan", "--config", recipe, "--device-memory-gib", "1000"]) == 1
+    assert "fits: NO" in capsys.readouterr().out
+    assert cli_main(["plan", "--config", recipe, "--device-memory-gib", "1000", "--config.sampler.batch_size=8"]) == 0
+    assert "fits: yes" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[os.path.basename(p) for p in RECIPES])
