@@ -5,9 +5,10 @@ abstract parameter tree (`nnx.eval_shape`, nothing allocated) and apply the same
 `ShardingConfig` + `fit_spec` rules that place the live arrays, so a dimension the mesh does
 not divide is counted as replicated, just as it is placed. Activation rows are estimates.
 
-Three phases never overlap in time, so the total is NOT the sum of all rows:
+The phases never overlap in time, so the total is NOT the sum of all rows:
 
-    persistent  params, reference params, AdamW moments, sampler copy (if its layout differs)
+    persistent  params, reference params, AdamW moments, the Sampler's own per-layer copy of
+                the weights (TP-only layout; always a copy, even where the layouts agree)
     rollout     + KV cache and prefill attention of the largest sampler call, shaped as the
                   Sampler pads it (`sampler_call`): rows up to the batch bucket, slots up to
                   the prompt and budget buckets, on the sampler's mesh (host-local on a pod)
@@ -15,7 +16,9 @@ Three phases never overlap in time, so the total is NOT the sum of all rows:
     update      + gradients (accumulator and one micro-batch's) + the optimizer's update
                   tree (params and moments are donated, so they are updated in place)
                   + activations of one micro-batch
-    total = persistent + max(rollout, scoring, update)
+    refresh     + after the update: the weights re-laid out for sampling and the Sampler's new
+                  per-layer copy, built while the old one is still held (`update_params`)
+    total = persistent + max(rollout, scoring, update, refresh)
 
     memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v5e_64.py
 """
@@ -38,7 +41,7 @@ _PROMPT_OVERHEAD_TOKENS = 512  # system prompt + question + chat markup
 _WORLD_VOCAB = 1024  # the synthetic world's tokenizer (data/world_cache.py default)
 
 
-PHASES = ("rollout", "scoring", "update")  # never overlap in time; see the module docstring
+PHASES = ("rollout", "scoring", "update", "refresh")  # never overlap in time; see the module docstring
 
 
 class PlanError(ValueError):
@@ -305,8 +308,9 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     train_el = _layout_elems(shapes, mesh, ShardingConfig.training())
     samp_el = _layout_elems(shapes, mesh, ShardingConfig.sampling())
     p_el = sum(train_el.values())
-    # The sampler's weights are a device_put of the trained params to the TP-only layout:
-    # a real copy only for the tensors whose placement differs.
+    # The trainer re-lays the trained params out in the TP-only layout (a real copy only for the
+    # tensors whose placement differs), then the Sampler slices that into its own per-layer
+    # arrays: a full copy of every tensor, which it keeps.
     from memsearcher_jax.models.sharding import fit_spec, param_spec
 
     fake = _fake_mesh(mesh)
@@ -321,7 +325,8 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
 
     differs = [n for n, s in shapes.items()
                if placement(n, s, ShardingConfig.training()) != placement(n, s, ShardingConfig.sampling())]
-    sampler_el = sum(samp_el[n] for n in differs)
+    relaid_el = sum(samp_el[n] for n in differs)
+    sampler_el = sum(samp_el.values())
 
     rows = [
         PlanRow("params", "persistent", p_el * pbytes, f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
@@ -329,7 +334,9 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         # optax.adamw keeps mu and nu in the parameter dtype and layout.
         PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
         PlanRow("sampler weights", "persistent", sampler_el * pbytes,
-                f"TP-only copy of {len(differs)} tensors" if differs else "same layout as training: shared"),
+                f"the Sampler's per-layer copy of all {len(shapes)} tensors, TP-only"),
+        PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * pbytes,
+                f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"),
     ]
 
     batch_ways = mesh[0] * mesh[1]

@@ -64,18 +64,30 @@ def test_plan_matches_bytes_held_by_live_arrays(mesh_shape):
     sampling = shard_model(fresh, mesh, ShardingConfig.sampling())
     assert jax.tree.leaves(learner.params)[0].sharding.spec == jax.tree.leaves(model_params)[0].sharding.spec
     samp_params = nnx.state(sampling, nnx.Param)
-    # Sampler copy: only shards in new buffers (an equivalent layout aliases the training buffers).
-    train_bufs = {sh.data.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.params) for sh in x.addressable_shards}
-    copied = defaultdict(int)
-    for x in jax.tree.leaves(samp_params):
-        for sh in x.addressable_shards:
-            if sh.data.unsafe_buffer_pointer() not in train_bufs:
-                copied[sh.device] += sh.data.nbytes
+    # As the trainer does: the Sampler is built from (and refreshed with) the re-laid-out model.
+    sampler = Sampler(sampling, cache_dtype=jnp.float32, mesh=mesh)
+
+    def new_bytes(tree, known):  # per device: shards in buffers none of `known` holds
+        held = defaultdict(int)
+        for x in jax.tree.leaves(tree):
+            for sh in x.addressable_shards:
+                if sh.data.unsafe_buffer_pointer() not in known:
+                    held[sh.device] += sh.data.nbytes
+        return held
+
+    def buffers(tree):
+        return {sh.data.unsafe_buffer_pointer() for x in jax.tree.leaves(tree) for sh in x.addressable_shards}
+
+    # Re-laid-out model: only shards in new buffers (an equivalent layout aliases the training ones).
+    relaid = new_bytes(samp_params, buffers(learner.params))
+    own = new_bytes(sampler._params, buffers(learner.params) | buffers(samp_params))
     measured = {
         "params": per_device_bytes(learner.params),
         "reference params": per_device_bytes(learner.ref_params),
         "optimizer state": per_device_bytes(learner.opt_state),
-        "sampler weights": max(copied.values(), default=0),
+        "sampler weights": max(own.values(), default=0),
+        # update_params: a new per-layer copy from a freshly re-laid-out model, the old copy still held
+        "sampler refresh": max(relaid[d] + own[d] for d in own),
     }
     for name, got in measured.items():
         want = plan.row(name).bytes
@@ -84,7 +96,8 @@ def test_plan_matches_bytes_held_by_live_arrays(mesh_shape):
         else:
             assert abs(want - got) / got < 0.2, f"{name} on mesh {mesh_shape}: planned {want}, measured {got}"
     # Parameter rows are exact, not merely within 20%.
-    assert plan.row("params").bytes == measured["params"]
+    for name in ("params", "sampler weights", "sampler refresh"):
+        assert plan.row(name).bytes == measured[name], name
 
 
 def run_real_sampler(cfg, call):
@@ -181,7 +194,9 @@ def test_unsharded_params_are_num_params_times_itemsize():
     assert plan.model_name == "qwen2_5_3b" or "3085" in plan.model_name
     assert plan.row("params").bytes == 4 * n
     assert plan.row("optimizer state").bytes == 8 * n
-    assert plan.row("sampler weights").bytes == 0  # one device: the sampler shares the arrays
+    # One device: the layouts agree, yet the Sampler slices its own per-layer copy.
+    assert plan.row("sampler weights").bytes == 4 * n
+    assert plan.row("sampler refresh").bytes == 4 * n
 
 
 def test_more_sharding_never_costs_more_per_device():
