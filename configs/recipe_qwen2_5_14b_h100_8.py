@@ -6,9 +6,12 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 8 GPUs x 80 GiB: tp=8 (no separate sampler copy, the training layout is TP-only here); f32 params + reference + moments are ~28 GiB per GPU, 128-row rollout calls keep the cache at ~28 GiB: fits at ~82% of usable (see docs/scale_out.md, known gaps, for what the plan leaves out).
+    # 8 GPUs x 80 GiB: tp=8 (8 KV heads, 40 heads); f32 params + reference + moments are ~28 GiB per GPU
+    # and the sampler's own per-layer f32 copy ~7 GiB. Fits at ~95% of usable, peak in the rollout.
     c = recipe("qwen2_5_14b", "h100_8", data=1, fsdp=1, tp=8,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=1, logprob_batch_size=1)
-    c.sampler.batch_size = 128  # rollout rows per sampler call (B*G=1280 in 10; a power of two, the sampler's own bucket)
+    # Rollout: with fsdp=1 every GPU holds every row of a call, and the prefill's unchunked attention
+    # scores cost ~4 GiB per row per GPU at 8K tokens: 8 rows per call (160 calls per generation phase).
+    c.sampler.batch_size = 8  # rows per sampler call (a power of two: the sampler's own bucket)
     return c
