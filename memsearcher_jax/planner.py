@@ -335,8 +335,6 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
         PlanRow("sampler weights", "persistent", sampler_el * pbytes,
                 f"the Sampler's per-layer copy of all {len(shapes)} tensors, TP-only"),
-        PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * pbytes,
-                f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"),
     ]
 
     batch_ways = mesh[0] * mesh[1]
@@ -412,6 +410,8 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
     # Logits and softmax saved for the backward, their cotangent and one temporary: f32, vocab over tp.
     rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4), f"[{mb_t}, {seq}, V/{tp}] f32 x 4"))
+    rows.append(PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * pbytes,
+                        f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"))
 
     name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
     kind = (hw.get("device_kind", None) if hw else None) or "device"
