@@ -78,6 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.vague_query_rate = 0.15    # a vague or wrong-entity first search, then a recovery search
     c.sft.wrong_answer_rate = 0.1    # every hop searched, the boxed answer wrong
     c.sft.early_answer_rate = 0.1    # answers before every hop is found (1-hop: without searching)
+    c.sft.two_hop_early_rate = 0.0   # share of 2-hop demos that stop after hop 1 (drawn apart from the above)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_questions = 16        # B

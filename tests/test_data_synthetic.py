@@ -154,3 +154,23 @@ def test_fact_split_shares_names_but_not_facts():
     assert 0.1 < len(by_fact.heldout) / len(by_fact.train + by_fact.heldout) < 0.5
     with pytest.raises(ValueError, match="heldout_by"):
         generate_world(seed=0, heldout_by="random")
+
+
+def test_question_split_holds_out_questions_not_facts():
+    by_entity, by_q = generate_world(seed=0), generate_world(seed=0, heldout_by="question")
+    assert by_q.corpus == by_entity.corpus
+    train_qs, held_qs = {r["question"] for r in by_q.train}, {r["question"] for r in by_q.heldout}
+    assert not train_qs & held_qs  # no question in both splits
+    assert train_qs | held_qs == {r["question"] for r in by_entity.train + by_entity.heldout}
+    n = len(by_q.train) + len(by_q.heldout)
+    assert len(by_q.heldout) == round(0.15 * n)
+    # Unlike the entity split, most held-out facts are read by some training question as well.
+    def facts(row):
+        ents = [row["subject"]] + ([row["intermediate"]] if row["hops"] == 2 else [])
+        return set(zip(ents, row["relation"].split("/")))
+
+    seen = set().union(*(facts(r) for r in by_q.train))
+    covered = sum(facts(r) <= seen for r in by_q.heldout) / len(by_q.heldout)
+    assert covered > 0.5
+    assert {r["hops"] for r in by_q.heldout} == {1, 2}
+    assert generate_world(seed=0, heldout_by="question").heldout == by_q.heldout  # seeded

@@ -138,3 +138,24 @@ def test_zero_rates_give_clean_demos_and_bad_rates_are_rejected(world):
     with pytest.raises(ValueError, match="lacks 'queries'"):
         make_demonstrations([{"question": "q?", "golden_answers": ["a"], "hops": 1, "facts": ["f"],
                               "relation": "r", "subject": "s"}], builder, retriever)
+
+
+def test_two_hop_early_rate_makes_stopping_the_habit(world):
+    rows, builder, retriever = world
+    two_hop = [r for r in rows if r["hops"] == 2]
+    one_hop = [r for r in rows if r["hops"] == 1]
+    cfg = DemoConfig(vague_query_rate=0.1, wrong_answer_rate=0.1, early_answer_rate=0.1, two_hop_early_rate=0.7)
+    many = (two_hop * 8)[:400]
+    demos = make_demonstrations(many, builder, retriever, seed=3, config=cfg)
+    frac = sum(d.flaw == "early_answer" for d in demos) / len(demos)
+    assert abs(frac - 0.7) < 0.06, frac
+    for d in demos:
+        assert not check_demonstration(d, builder)
+        if d.flaw == "early_answer":  # stopped after the first hop, boxing the bridge entity
+            assert d.act_kinds.count(ActKind.TOOL_CALLS) == 1
+            assert d.answer == d.row["intermediate"]
+    # 1-hop demos keep the ordinary early-answer rate.
+    ones = make_demonstrations((one_hop * 4)[:400], builder, retriever, seed=3, config=cfg)
+    assert sum(d.flaw == "early_answer" for d in ones) / len(ones) < 0.2
+    with pytest.raises(ValueError, match="two_hop_early_rate"):
+        DemoConfig(two_hop_early_rate=1.5)

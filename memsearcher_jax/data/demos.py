@@ -45,6 +45,10 @@ class DemoConfig:
     vague_query_rate: float = 0.15
     wrong_answer_rate: float = 0.1
     early_answer_rate: float = 0.1
+    # Share of 2-hop demos that stop after the first hop (boxing the bridge entity), drawn apart
+    # from the rates above. Above 0.5 the stop is the demonstrator's habit, so the warm-started
+    # policy's greedy choice too: a mistake only reward can correct (SFT would copy it).
+    two_hop_early_rate: float = 0.0
     top_n: int = 3          # written into each tool call; fewer documents keep the context small
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
 
@@ -52,6 +56,8 @@ class DemoConfig:
         rates = (self.vague_query_rate, self.wrong_answer_rate, self.early_answer_rate)
         if any(r < 0 for r in rates) or sum(rates) > 1:
             raise ValueError(f"flaw rates must be >= 0 and sum to <= 1, got {rates}")
+        if not 0 <= self.two_hop_early_rate <= 1:
+            raise ValueError(f"two_hop_early_rate must be in [0, 1], got {self.two_hop_early_rate}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
@@ -169,6 +175,9 @@ def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retr
             if u < edge:
                 flaw = name
                 break
+        if cfg.two_hop_early_rate > 0 and int(row["hops"]) == 2:
+            early = rng.random() < cfg.two_hop_early_rate
+            flaw = "early_answer" if early else (None if flaw == "early_answer" else flaw)
         demos.append(_script(row, i, flaw, builder, retriever, rng, pool, world_rows, cfg))
     return demos
 

@@ -163,6 +163,8 @@ def _aliases(value: str, value_type: str) -> list[str]:
     return [value]
 
 
+HELDOUT_BY = ("entity", "fact", "question")
+
 # The entity type of each relation's value ("" for plain attribute values).
 VALUE_TYPE = {"born_in": "city", "works_for": "company", "founder": "person", "based_in": "city",
               "country": "country"}
@@ -185,11 +187,15 @@ def generate_world(
     and every question reading one of them is held out: no training question reads a held-out
     fact (so its sentence is never a training target), but held-out questions name entities
     that training questions also ask about.
+    heldout_by="question": heldout_fraction of the questions, drawn at random, are held out: the
+    splits share no question, but a held-out question's facts are usually read by training
+    questions too (a 2-hop held-out question composes facts that 1-hop training questions ask).
+    It measures new questions over a known world, not reading unseen facts.
     """
     if num_entities < 6:
         raise ValueError(f"num_entities={num_entities}: need at least 6 (2 people, 2 cities, 2 companies)")
-    if heldout_by not in ("entity", "fact"):
-        raise ValueError(f"heldout_by must be 'entity' or 'fact', got {heldout_by!r}")
+    if heldout_by not in HELDOUT_BY:
+        raise ValueError(f"heldout_by must be one of {HELDOUT_BY}, got {heldout_by!r}")
     rng = random.Random(seed)
     n_city = max(2, round(0.15 * num_entities))
     n_company = max(2, round(0.25 * num_entities))
@@ -268,6 +274,10 @@ def generate_world(
         split_rng = random.Random(seed * 7919 + 1)
         held = set(split_rng.sample(every, round(heldout_fraction * len(every))))
         rows = [(any(f in held for f in facts(row)), row) for _, row in rows]
+    elif heldout_by == "question":
+        split_rng = random.Random(seed * 7919 + 2)
+        held_idx = set(split_rng.sample(range(len(rows)), round(heldout_fraction * len(rows))))
+        rows = [(i in held_idx, row) for i, (_, row) in enumerate(rows)]
     train, heldout = [], []
     for is_heldout, row in rows:
         split = heldout if is_heldout else train
