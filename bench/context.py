@@ -1,9 +1,14 @@
 """Per-turn context: the memory workflow vs the ReAct workflow on the same questions and model.
 
     python bench/context.py [--model HF_DIR | --checkpoint RUN_DIR] [--questions 64] [--turns 10]
+                            [--react-share 0.5] [--config.sft.steps=N ...]
 
-Without --model/--checkpoint, the embedded default's warm-started model is built (cached in
-runs/bench_context). Both workflows run greedily on the same held-out questions; the table
+Without --model/--checkpoint, the embedded default's model is warm-started on scripted
+demonstrations of BOTH workflows (a share --react-share recorded in the ReAct format, the rest
+in the MemSearcher format; same script, searches and answers), so each workflow is one the
+model was taught; it is cached in runs/bench_context/warmstart_react<share>. (A model taught
+only the MemSearcher format answers in its first ReAct turn, which makes the ReAct column
+meaningless.) Both workflows run greedily on the same held-out questions; the table
 gives prompt tokens per act call by turn index (mean and max) and the total tokens processed
 per question (prompt + generated tokens of every generation call, memory updates included).
 The paper's claim: flat per-turn context for the memory agent, linear growth for ReAct.
@@ -51,6 +56,35 @@ def per_turn(trajs) -> dict[int, list[int]]:
     return out
 
 
+def warm_start_both(cfg, setup, out_dir: str, react_share: float) -> str:
+    """pipeline.warm_start, with a share `react_share` of the demonstrations in the ReAct
+    format (DemoConfig.react_share); cached as a HF model dir in out_dir."""
+    from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+    from memsearcher_jax.models import save_pretrained
+    from memsearcher_jax.rl.sft import SFTConfig, sft_train
+    from memsearcher_jax.rl.trainer import load_policy
+
+    if os.path.exists(os.path.join(out_dir, "config.json")):
+        print(f"warm start: reusing {out_dir}", flush=True)
+        return out_dir
+    rows = setup.train_questions[: cfg.sft.num_demos]
+    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate",
+                                     "two_hop_early_rate") if k in cfg.sft}
+    demos = make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed,
+                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
+                                                  react_share=react_share, **rates))
+    print(f"warm start: {len(demos)} scripted demonstrations ({demo_stats(demos)}), {cfg.sft.steps} SFT steps",
+          flush=True)
+    policy = load_policy(cfg, setup)
+    sft_cfg = SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
+                        warmup=min(cfg.sft.warmup, cfg.sft.steps), seed=cfg.train.seed,
+                        max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
+    policy, history = sft_train(policy, demo_conversations(demos), sft_cfg, pad_id=setup.builder.pad_id)
+    print(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}", flush=True)
+    save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
+    return out_dir
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest, overrides = split_overrides(argv)
@@ -60,11 +94,16 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default="", help="a training output directory")
     ap.add_argument("--questions", type=int, default=64)
     ap.add_argument("--turns", type=int, default=10, help="turn limit for both workflows")
+    ap.add_argument("--react-share", type=float, default=0.5,
+                    help="share of ReAct-format demos in the warm start built without --model/--checkpoint")
     ap.add_argument("--out", default="runs/bench_context")
     args = ap.parse_args(rest)
+    if not 0 <= args.react_share <= 1:
+        ap.error(f"--react-share must be in [0, 1], got {args.react_share}")
 
     from memsearcher_jax.models import from_pretrained
-    from memsearcher_jax.pipeline import restore_policy, warm_start
+    from memsearcher_jax.pipeline import restore_policy
+    from memsearcher_jax.rl.grpo import score_trajectories
     from memsearcher_jax.rl.trainer import Trainer, agent_config, build_setup
 
     cfg = load_config(args.config, overrides)
@@ -75,7 +114,9 @@ def main(argv=None) -> int:
     elif args.checkpoint:
         policy, _ = restore_policy(args.checkpoint)
     else:
-        policy = from_pretrained(warm_start(cfg, setup, os.path.join(args.out, "warmstart")))
+        # Not the old "warmstart" dir: a model cached there was taught the MemSearcher format only.
+        ws_dir = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
+        policy = from_pretrained(warm_start_both(cfg, setup, ws_dir, args.react_share))
     trainer = Trainer(cfg, setup, policy, progress=False)
     questions = setup.eval_questions[: args.questions]
     results = {}
@@ -99,8 +140,10 @@ def main(argv=None) -> int:
     for workflow, trajs in results.items():
         totals = [tokens_processed(t) for t in trajs]
         searches = np.mean([t.num_searches for t in trajs])
+        em = 100 * np.mean([r.em for r in score_trajectories(trajs)])
         print(f"{workflow:>12}: total tokens processed per question mean {np.mean(totals):.0f} max {np.max(totals)}; "
-              f"turns mean {np.mean([len(t.context_tokens) for t in trajs]):.2f}; searches mean {searches:.2f}")
+              f"turns mean {np.mean([len(t.context_tokens) for t in trajs]):.2f}; searches mean {searches:.2f}; "
+              f"EM {em:.1f}")
     return 0
 
 

@@ -65,18 +65,24 @@ class _Completion:
 
 
 class _ReplaySampler:
-    """Answers each prompt with the tokens a demo generated after exactly that prefix."""
+    """Answers each prompt with the tokens a demo generated after exactly that prefix: every
+    maximal run of loss-masked tokens (an act or a memory update) keyed by all that precedes it."""
 
     def __init__(self, demos, eos_id):
         self.table = {}
         for d in demos:
             for c in d.conversations:
-                eos = c.response_ids.index(eos_id) + 1
-                self.table[tuple(c.prompt_ids)] = c.response_ids[:eos]
-                rest = c.response_ids[eos:]
-                if rest:
-                    obs_len = c.loss_mask[eos:].index(1)
-                    self.table[tuple(c.prompt_ids + c.response_ids[:eos + obs_len])] = rest[obs_len:]
+                pos = 0
+                while pos < len(c.loss_mask):
+                    if c.loss_mask[pos] == 0:
+                        pos += 1
+                        continue
+                    end = pos
+                    while end < len(c.loss_mask) and c.loss_mask[end] == 1:
+                        end += 1
+                    assert c.response_ids[end - 1] == eos_id
+                    self.table[tuple(c.prompt_ids + c.response_ids[:pos])] = c.response_ids[pos:end]
+                    pos = end
 
     def generate(self, prompts, **kw):
         return [_Completion(list(self.table[tuple(p)]), [0.0] * len(self.table[tuple(p)])) for p in prompts]
@@ -159,3 +165,77 @@ def test_two_hop_early_rate_makes_stopping_the_habit(world):
     assert sum(d.flaw == "early_answer" for d in ones) / len(ones) < 0.2
     with pytest.raises(ValueError, match="two_hop_early_rate"):
         DemoConfig(two_hop_early_rate=1.5)
+
+
+_FLAWED = dict(vague_query_rate=0.3, wrong_answer_rate=0.2, early_answer_rate=0.2)
+
+
+def test_react_demos_equal_what_the_rollout_records(world):
+    """ReAct-format demos: one growing conversation; replaying their acts through AgentRunner's
+    react workflow (real BM25) gives exactly the recorded row, context lengths and searches."""
+    rows, builder, retriever = world
+    demos = make_demonstrations(rows[:40], builder, retriever, seed=1, config=DemoConfig(**_FLAWED, react_share=1.0))
+    assert {d.flaw for d in demos} == set(FLAWS) | {None}
+    assert all(d.workflow == "react" for d in demos)
+    for d in demos:
+        assert check_demonstration(d, builder) == [], (d.row["question"], d.flaw)
+        (conv,) = d.conversations
+        assert conv.prompt_ids == builder.react_context(d.row["question"]) and conv.is_final
+        assert d.memories == [] and d.trajectory.memories == []
+        # One masked observation per search, acts (each ending <|im_end|>) all in the loss mask.
+        runs = [m for k, m in enumerate(conv.loss_mask) if k == 0 or m != conv.loss_mask[k - 1]]
+        assert runs == [1, 0] * d.act_kinds.count(ActKind.TOOL_CALLS) + [1]
+        assert conv.response_ids.count(builder.think_id) == len(d.act_kinds) - 1  # re-opened after each observation
+    for d in demos:  # one demo per runner call: questions repeat in the world
+        runner = AgentRunner(builder, _ReplaySampler([d], builder.eos_id), retriever, AgentConfig(workflow="react"))
+        (traj,) = runner.run([d.row], group_size=1, seed=0)
+        assert traj.end_reason == "answer"
+        (got,), (want,) = traj.conversations, d.conversations
+        assert got.prompt_ids == want.prompt_ids
+        assert got.response_ids == want.response_ids
+        assert got.loss_mask == want.loss_mask
+        assert got.blocks == want.blocks and got.is_final and got.ended_with_eos
+        assert traj.context_tokens == d.trajectory.context_tokens
+        assert traj.num_searches == d.trajectory.num_searches == d.act_kinds.count(ActKind.TOOL_CALLS)
+        assert traj.memories == []
+
+
+def test_react_share_mixes_formats_without_changing_the_script(world):
+    rows, builder, retriever = world
+    mem = make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED))
+    react = make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, react_share=1.0))
+    mixed = make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, react_share=0.5))
+    assert all(d.workflow == "memsearcher" for d in mem)
+    # Same searches, flaws and answers whichever format records them.
+    for m, r, x in zip(mem, react, mixed):
+        assert m.flaw == r.flaw == x.flaw and m.answer == r.answer == x.answer
+        assert m.act_kinds == r.act_kinds == x.act_kinds
+        same = m if x.workflow == "memsearcher" else r
+        assert [(c.prompt_ids, c.response_ids, c.loss_mask) for c in x.conversations] == \
+               [(c.prompt_ids, c.response_ids, c.loss_mask) for c in same.conversations]
+        assert check_demonstration(x, builder) == []
+    share = demo_stats(mixed)["frac_react"]
+    assert abs(share - 0.5) < 0.1, share
+    # Both formats of every flaw occur in the mix.
+    for flaw in set(FLAWS) | {None}:
+        assert {d.workflow for d in mixed if d.flaw == flaw} == {"memsearcher", "react"}, flaw
+    with pytest.raises(ValueError, match="react_share"):
+        DemoConfig(react_share=1.5)
+
+
+def test_check_catches_a_broken_react_demo(world):
+    rows, builder, retriever = world
+    two_hop = [r for r in rows if r["hops"] == 2][:3]
+    demo = make_demonstrations(two_hop, builder, retriever, seed=0, config=DemoConfig(0, 0, 0, react_share=1.0))[0]
+    conv = demo.conversations[0]
+    # Drop the <think> pre-fill that ends the first observation: the next act starts bare.
+    k = conv.response_ids.index(builder.think_id)
+    del conv.response_ids[k], conv.loss_mask[k], conv.sampler_logprobs[k]
+    problems = check_demonstration(demo, builder)
+    assert any("no masked tool-response observation" in p for p in problems), problems
+    assert any("recorded context" in p for p in problems), problems
+    # A react recording checked as the memsearcher format fails loudly.
+    fresh = make_demonstrations(two_hop, builder, retriever, seed=0, config=DemoConfig(0, 0, 0, react_share=1.0))[0]
+    assert check_demonstration(fresh, builder) == []
+    fresh.workflow = "memsearcher"
+    assert any("prompt is not memsearcher_context" in p for p in check_demonstration(fresh, builder))

@@ -1,11 +1,16 @@
-"""Scripted MemSearcher demonstrations on the synthetic world, as rollout-identical token rows.
+"""Scripted demonstrations on the synthetic world, as rollout-identical token rows.
 
 A demonstration is what the agent loop (`agent.rollout.AgentRunner`) would record if the model
-had generated the scripted text: one `Conversation` per turn with
+had generated the scripted text. In the MemSearcher workflow: one `Conversation` per turn with
     prompt   = builder.memsearcher_context(question, memory)
     response = act tokens (mask 1) + builder.observation(BM25 hits) (mask 0) + update tokens (mask 1)
-and a final act `...</think>\\n\\boxed{answer}<|im_end|>`. Supervised warm-up on these rows
-teaches exactly the format the loop parses (tests replay them through `AgentRunner`).
+and a final act `...</think>\\n\\boxed{answer}<|im_end|>`. In the ReAct workflow (the baseline,
+`DemoConfig.react_share`): ONE growing conversation with
+    prompt   = builder.react_context(question)
+    response = act (mask 1) + builder.react_observation(hits) (mask 0) + act (mask 1) + ... + final act
+Both formats come from the same script (same searches, flaws and answers for a given seed and
+row); only the recording differs, and the ReAct recording keeps no memory. Supervised warm-up on
+these rows teaches exactly the format the loop parses (tests replay them through `AgentRunner`).
 
 Script per question (state machine over the hops whose fact is not yet in memory):
     turn k: think briefly, search the query of the first unfound hop; the memory update keeps
@@ -51,6 +56,10 @@ class DemoConfig:
     two_hop_early_rate: float = 0.0
     top_n: int = 3          # written into each tool call; fewer documents keep the context small
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
+    # Share of demos recorded in the ReAct workflow's format instead of MemSearcher's, drawn per
+    # row apart from the flaws (0: all MemSearcher, 1: all ReAct). A model meant to run both
+    # workflows (bench/context.py) needs demos of both.
+    react_share: float = 0.0
 
     def __post_init__(self):
         rates = (self.vague_query_rate, self.wrong_answer_rate, self.early_answer_rate)
@@ -58,6 +67,8 @@ class DemoConfig:
             raise ValueError(f"flaw rates must be >= 0 and sum to <= 1, got {rates}")
         if not 0 <= self.two_hop_early_rate <= 1:
             raise ValueError(f"two_hop_early_rate must be in [0, 1], got {self.two_hop_early_rate}")
+        if not 0 <= self.react_share <= 1:
+            raise ValueError(f"react_share must be in [0, 1], got {self.react_share}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
@@ -72,8 +83,9 @@ class Demonstration:
     row: dict
     flaw: str | None                 # one of FLAWS or None for a clean demo
     act_kinds: list[ActKind]         # intended kind of each turn's act
-    memories: list[str]              # intended memory after each searching turn
+    memories: list[str]              # intended memory after each searching turn (ReAct: none kept, [])
     answer: str                      # the boxed answer
+    workflow: str = "memsearcher"    # the recording format: "memsearcher" or "react"
 
     @property
     def correct(self) -> bool:
@@ -119,7 +131,7 @@ def _vague_query(rng: random.Random, row: dict, all_rows: Sequence[dict]) -> str
 
 
 class _Builder:
-    """Appends scripted turns to a trajectory exactly as AgentRunner records them."""
+    """Appends scripted turns to a trajectory exactly as AgentRunner's memsearcher workflow records them."""
 
     def __init__(self, builder: PromptBuilder, traj: Trajectory):
         self.b, self.t = builder, traj
@@ -151,12 +163,31 @@ class _Builder:
         self.t.num_searches += 1
 
 
+class _ReactBuilder(_Builder):
+    """The same scripted turns as AgentRunner's react workflow records them: one conversation,
+    each act appended (mask 1), each observation appended (mask 0), no memory update."""
+
+    def new_turn(self) -> Conversation:
+        if not self.t.conversations:
+            self.t.conversations.append(Conversation(prompt_ids=self.b.react_context(self.t.question),
+                                                     traj_id=self.t.traj_id, group_id=self.t.group_id, turn=0))
+        conv = self.t.final
+        self.t.context_tokens.append(len(conv.prompt_ids) + len(conv.response_ids))
+        return conv
+
+    def observe_and_update(self, conv: Conversation, hits, memory: str):
+        conv.add_injected(self.b.react_observation([hits]))
+        self.t.num_searches += 1
+
+
 def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retriever, seed: int = 0,
                         config: DemoConfig | None = None) -> list[Demonstration]:
     """One scripted demonstration per question row (synthetic-world rows with `queries`, `facts`).
 
     The retriever is searched for real (one batched call per script step), so observations are
     what the agent would see; memories only keep supporting sentences that the hits contain.
+    A share `config.react_share` of the demos (drawn per row, apart from the flaws) is recorded
+    in the ReAct workflow's format; which format a row gets changes nothing else about its demo.
     """
     cfg = config or DemoConfig()
     pool = _wrong_answer_pool(world_rows)
@@ -178,13 +209,17 @@ def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retr
         if cfg.two_hop_early_rate > 0 and int(row["hops"]) == 2:
             early = rng.random() < cfg.two_hop_early_rate
             flaw = "early_answer" if early else (None if flaw == "early_answer" else flaw)
-        demos.append(_script(row, i, flaw, builder, retriever, rng, pool, world_rows, cfg))
+        # The format draw has its own generator, so the script (and its rng) is the same either way.
+        react = cfg.react_share > 0 and random.Random(f"{seed}:{i}:workflow").random() < cfg.react_share
+        demos.append(_script(row, i, flaw, builder, retriever, rng, pool, world_rows, cfg,
+                             workflow="react" if react else "memsearcher"))
     return demos
 
 
-def _script(row, idx, flaw, builder, retriever, rng, pool, all_rows, cfg: DemoConfig) -> Demonstration:
+def _script(row, idx, flaw, builder, retriever, rng, pool, all_rows, cfg: DemoConfig,
+            workflow: str = "memsearcher") -> Demonstration:
     traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]))
-    tb = _Builder(builder, traj)
+    tb = (_ReactBuilder if workflow == "react" else _Builder)(builder, traj)
     hops, facts = int(row["hops"]), list(row["facts"])
     found: list[str] = []       # supporting sentences in memory, hop order
     kinds: list[ActKind] = []
@@ -231,16 +266,53 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_rows, cfg: DemoCo
         memories.append(memory)
     else:
         raise RuntimeError(f"row {row.get('id', idx)}: script did not answer within {cfg.max_turns} turns")
-    return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, memories=memories, answer=answer)
+    if workflow == "react":
+        memories = []  # the ReAct workflow keeps no memory; the script's notes are not recorded
+    return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, memories=memories, answer=answer,
+                         workflow=workflow)
 
 
 def check_demonstration(demo: Demonstration, builder: PromptBuilder) -> list[str]:
     """Problems with a demonstration (empty list = parses as intended).
 
-    Checks every act classifies as intended, every update's memory is extracted as scripted,
-    prompts are rebuilt from the previous memory, masks align, and the final reward is 1.0 for
-    a correct demo and 0.1 (format credit, F1 = 0) for a wrong-answer demo.
+    Checks every act classifies as intended, masks align (1 on acts and updates, 0 on one
+    observation span after each searching act), and the final reward is 1.0 for a correct demo
+    and 0.1 (format credit, F1 = 0) for a wrong-answer demo. MemSearcher demos: prompts are
+    rebuilt from the previous memory and every update's memory is extracted as scripted. ReAct
+    demos: one conversation on react_context(question), each observation a tool-response
+    message that re-opens `<think>`, and the recorded context length of every act call.
     """
+    t = demo.trajectory
+    if demo.workflow == "react":
+        problems = _check_react(demo, builder)
+    elif demo.workflow == "memsearcher":
+        problems = _check_memsearcher(demo, builder)
+    else:
+        return [f"unknown workflow {demo.workflow!r}"]
+    if not t.conversations:
+        return problems + ["no conversations"]
+    final = t.final
+    if not final.is_final or any(c.is_final for c in t.conversations[:-1]):
+        problems.append("is_final must be set on the last conversation only")
+    if t.num_searches != demo.act_kinds.count(ActKind.TOOL_CALLS):
+        problems.append(f"num_searches {t.num_searches} but {demo.act_kinds.count(ActKind.TOOL_CALLS)} searching acts")
+    res = compute_reward(final.blocks, final.ended_with_eos, t.golds)
+    if demo.correct and res.reward != 1.0:
+        problems.append(f"correct demo has reward {res.reward} ({res.failure or res.answer!r})")
+    if not demo.correct and not (res.format_ok and res.reward == 0.1):
+        problems.append(f"wrong-answer demo should get the 0.1 format credit, got {res.reward} ({res.failure})")
+    return problems
+
+
+def _act_end(conv: Conversation, builder: PromptBuilder, start: int) -> int | None:
+    """Where the act starting at `start` ends: just past its first <|im_end|>."""
+    try:
+        return conv.response_ids.index(builder.eos_id, start) + 1
+    except ValueError:
+        return None
+
+
+def _check_memsearcher(demo: Demonstration, builder: PromptBuilder) -> list[str]:
     problems = []
     t = demo.trajectory
     if len(t.conversations) != len(demo.act_kinds):
@@ -253,9 +325,8 @@ def check_demonstration(demo: Demonstration, builder: PromptBuilder) -> list[str
         if not (len(conv.response_ids) == len(conv.loss_mask) == len(conv.sampler_logprobs)):
             problems.append(f"{where}: response_ids, loss_mask and sampler_logprobs differ in length")
         # Split the response where the rollout would: the act ends at its first <|im_end|>.
-        try:
-            act_end = conv.response_ids.index(builder.eos_id) + 1
-        except ValueError:
+        act_end = _act_end(conv, builder, 0)
+        if act_end is None:
             problems.append(f"{where}: act has no end-of-turn token")
             continue
         got = classify_act(builder.decode_act(conv.response_ids[:act_end]))
@@ -278,14 +349,56 @@ def check_demonstration(demo: Demonstration, builder: PromptBuilder) -> list[str
             memory = mem or ""
         elif len(conv.response_ids) != act_end:
             problems.append(f"{where}: answer turn has tokens after its act")
-    final = t.final
-    if not final.is_final or any(c.is_final for c in t.conversations[:-1]):
-        problems.append("is_final must be set on the last conversation only")
-    res = compute_reward(final.blocks, final.ended_with_eos, t.golds)
-    if demo.correct and res.reward != 1.0:
-        problems.append(f"correct demo has reward {res.reward} ({res.failure or res.answer!r})")
-    if not demo.correct and not (res.format_ok and res.reward == 0.1):
-        problems.append(f"wrong-answer demo should get the 0.1 format credit, got {res.reward} ({res.failure})")
+    return problems
+
+
+def _check_react(demo: Demonstration, builder: PromptBuilder) -> list[str]:
+    problems = []
+    t = demo.trajectory
+    if len(t.conversations) != 1:
+        return [f"a ReAct demo is one conversation, got {len(t.conversations)}"]
+    conv = t.final
+    if conv.prompt_ids != builder.react_context(t.question):
+        problems.append("prompt is not react_context(question)")
+    if not (len(conv.response_ids) == len(conv.loss_mask) == len(conv.sampler_logprobs)):
+        return problems + ["response_ids, loss_mask and sampler_logprobs differ in length"]
+    if demo.memories or t.memories:
+        problems.append("a ReAct demo keeps no memory")
+    if len(t.context_tokens) != len(demo.act_kinds):
+        problems.append(f"{len(t.context_tokens)} recorded context lengths but {len(demo.act_kinds)} intended acts")
+    # An observation is a user message of tool responses that hands the turn back with <think>.
+    obs_head = [*builder._obs_user_header, builder.tool_response_open_id]
+    obs_tail = [*builder._turn_end_newline, *builder._assistant_header, builder.think_id]
+    pos = 0
+    for k, kind in enumerate(demo.act_kinds):
+        where = f"act {k}"
+        if k < len(t.context_tokens) and t.context_tokens[k] != len(conv.prompt_ids) + pos:
+            problems.append(f"{where}: recorded context {t.context_tokens[k]} tokens, the act's prefix has "
+                            f"{len(conv.prompt_ids) + pos}")
+        end = _act_end(conv, builder, pos)
+        if end is None:
+            problems.append(f"{where}: act has no end-of-turn token")
+            return problems
+        got = classify_act(builder.decode_act(conv.response_ids[pos:end]))
+        if got != kind:
+            problems.append(f"{where}: act classifies as {got.value}, intended {kind.value}")
+        if any(m != 1 for m in conv.loss_mask[pos:end]):
+            problems.append(f"{where}: act tokens not all in the loss mask")
+        pos = end
+        if kind == ActKind.TOOL_CALLS:
+            obs_end = pos
+            while obs_end < len(conv.loss_mask) and conv.loss_mask[obs_end] == 0:
+                obs_end += 1
+            obs = conv.response_ids[pos:obs_end]
+            if (len(obs) < len(obs_head) + len(obs_tail) or obs[:len(obs_head)] != obs_head
+                    or obs[-len(obs_tail):] != obs_tail):
+                problems.append(f"{where}: no masked tool-response observation (ending in the <think> "
+                                f"pre-fill) right after the act")
+            pos = obs_end
+    if pos != len(conv.response_ids):
+        problems.append(f"{len(conv.response_ids) - pos} response tokens after the final act")
+    if len(conv.blocks) != len(demo.act_kinds):
+        problems.append(f"{len(conv.blocks)} decoded blocks but {len(demo.act_kinds)} acts")
     return problems
 
 
@@ -302,4 +415,5 @@ def demo_stats(demos: Sequence[Demonstration]) -> dict:
         "mean_tokens": sum(lens) / max(1, len(lens)), "max_tokens": max(lens, default=0),
         "trained_tokens": sum(sum(c.loss_mask) for c in demo_conversations(demos)),
         **{f"frac_{f}": sum(d.flaw == f for d in demos) / n for f in FLAWS},
+        "frac_react": sum(d.workflow == "react" for d in demos) / n,
     }
