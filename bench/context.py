@@ -56,35 +56,6 @@ def per_turn(trajs) -> dict[int, list[int]]:
     return out
 
 
-def warm_start_both(cfg, setup, out_dir: str, react_share: float) -> str:
-    """pipeline.warm_start, with a share `react_share` of the demonstrations in the ReAct
-    format (DemoConfig.react_share); cached as a HF model dir in out_dir."""
-    from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
-    from memsearcher_jax.models import save_pretrained
-    from memsearcher_jax.rl.sft import SFTConfig, sft_train
-    from memsearcher_jax.rl.trainer import load_policy
-
-    if os.path.exists(os.path.join(out_dir, "config.json")):
-        print(f"warm start: reusing {out_dir}", flush=True)
-        return out_dir
-    rows = setup.train_questions[: cfg.sft.num_demos]
-    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate",
-                                     "two_hop_early_rate") if k in cfg.sft}
-    demos = make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed,
-                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
-                                                  react_share=react_share, **rates))
-    print(f"warm start: {len(demos)} scripted demonstrations ({demo_stats(demos)}), {cfg.sft.steps} SFT steps",
-          flush=True)
-    policy = load_policy(cfg, setup)
-    sft_cfg = SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
-                        warmup=min(cfg.sft.warmup, cfg.sft.steps), seed=cfg.train.seed,
-                        max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
-    policy, history = sft_train(policy, demo_conversations(demos), sft_cfg, pad_id=setup.builder.pad_id)
-    print(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}", flush=True)
-    save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
-    return out_dir
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest, overrides = split_overrides(argv)
@@ -102,7 +73,7 @@ def main(argv=None) -> int:
         ap.error(f"--react-share must be in [0, 1], got {args.react_share}")
 
     from memsearcher_jax.models import from_pretrained
-    from memsearcher_jax.pipeline import restore_policy
+    from memsearcher_jax.pipeline import restore_policy, warm_start
     from memsearcher_jax.rl.grpo import score_trajectories
     from memsearcher_jax.rl.trainer import Trainer, agent_config, build_setup
 
@@ -116,7 +87,8 @@ def main(argv=None) -> int:
     else:
         # Not the old "warmstart" dir: a model cached there was taught the MemSearcher format only.
         ws_dir = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
-        policy = from_pretrained(warm_start_both(cfg, setup, ws_dir, args.react_share))
+        cfg.sft.react_share = args.react_share
+        policy = from_pretrained(warm_start(cfg, setup, ws_dir))
     trainer = Trainer(cfg, setup, policy, progress=False)
     questions = setup.eval_questions[: args.questions]
     results = {}

@@ -79,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.wrong_answer_rate = 0.1    # every hop searched, the boxed answer wrong
     c.sft.early_answer_rate = 0.1    # answers before every hop is found (1-hop: without searching)
     c.sft.two_hop_early_rate = 0.0   # share of 2-hop demos that stop after hop 1 (drawn apart from the above)
+    c.sft.react_share = 0.0          # share of demos recorded in the ReAct format (bench/context.py uses 0.5)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_questions = 16        # B

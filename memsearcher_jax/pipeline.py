@@ -33,7 +33,8 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> st
         _log(f"warm start: reusing {out_dir}")
         return out_dir
     rows = setup.train_questions[: cfg.sft.num_demos]
-    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate") if k in cfg.sft}
+    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
+                                     "react_share") if k in cfg.sft}
     demos = make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed,
                                 config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
                                                   **rates))

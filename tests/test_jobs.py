@@ -75,3 +75,29 @@ def test_eval_needs_exactly_one_model_source(tmp_path, capsys):
 def test_export_from_a_missing_checkpoint_names_it(tmp_path, capsys):
     assert main(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     assert "no checkpoint directory" in capsys.readouterr().err and not os.path.exists(tmp_path / "out")
+
+
+def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
+    """sft.* flaw rates and react_share reach the demonstrations the warm start trains on."""
+    from memsearcher_jax import pipeline
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.rl import sft
+    from memsearcher_jax.rl.trainer import build_setup
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w"))])
+    cfg.sft.update(steps=1, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
+                   wrong_answer_rate=0.0, early_answer_rate=0.0)
+    setup = build_setup(cfg)
+    seen = []
+    monkeypatch.setattr(sft, "sft_train", lambda model, convs, config, pad_id: (seen.extend(convs) or model, [{"loss": 0.0}]))
+    out = pipeline.warm_start(cfg, setup, str(tmp_path / "ws"))
+    assert os.path.isfile(os.path.join(out, "config.json"))
+    rows = setup.train_questions[:30]
+    assert len(seen) == len(rows)  # ReAct: one growing conversation per demo
+    b = setup.builder
+    for conv, row in zip(seen, rows):
+        assert conv.prompt_ids == b.react_context(row["question"])
+        text = b.decode(conv.response_ids)
+        assert text.count("<tool_call>") == 1  # 2-hop demos stop after hop 1; 1-hop demos search once
+        if row["hops"] == 2:
+            assert "\\boxed{" + row["intermediate"] + "}" in text
