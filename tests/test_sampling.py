@@ -179,15 +179,35 @@ def test_sharded_equals_single_device(hf_and_model, sampler):
         # and the big matrices really are split over tp.
         specs = [leaf.sharding.spec for leaf in jax.tree.leaves(s._params)]
         assert all("fsdp" not in str(spec) and "data" not in str(spec) for spec in specs), specs
-        q = s._params["layers"][0]["q_kernel"]
-        assert len(q.sharding.device_set) == 8 and "tp" in str(q.sharding.spec)
-        assert q.addressable_shards[0].data.size * tp == q.size
+        layer = s._params["layers"][0]
+        assert set(layer) >= {"qkv", "o", "gate_up", "down"}  # 2 KV heads split over tp=2: q/k/v fused
+        for w in (layer["qkv"], layer["o"], layer["gate_up"], layer["down"], s._params["head"]):
+            assert len(w.sharding.device_set) == 8 and "tp" in str(w.sharding.spec)
+            assert w.addressable_shards[0].data.size * tp == w.size
 
     # A model placed in the training (FSDP) layout is re-laid out for sampling, not used as is.
     trained = from_pretrained(model_dir_of(hf_and_model), mesh=make_mesh(1, 4, 2))
     s = Sampler(trained, cache_dtype=jnp.float32, mesh=trained.mesh)
     assert all("fsdp" not in str(leaf.sharding.spec) for leaf in jax.tree.leaves(s._params))
     assert [o.tokens for o in s.generate(prompts, **kw)] == [r.tokens for r in ref]
+
+
+def test_query_heads_split_but_kv_heads_not_keeps_q_apart(tmp_path):
+    # One KV head cannot be split over tp=2 while 4 query heads can: fusing q/k/v would
+    # replicate the query weights, so the layout keeps q (split) and k/v (replicated) apart.
+    make_hf_qwen2(str(tmp_path), vocab_size=VOCAB, num_key_value_heads=1)
+    model = from_pretrained(str(tmp_path))
+    prompts = _prompts(11, (7, 2, 12))
+    kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=5)
+    ref = Sampler(model, cache_dtype=jnp.float32).generate(prompts, **kw)
+    s = Sampler(model, cache_dtype=jnp.float32, mesh=make_mesh(2, 2, 2))
+    layer = s._params["layers"][0]
+    assert "qkv" not in layer and "tp" in str(layer["q"].sharding.spec) and "tp" not in str(layer["kv"].sharding.spec)
+    for r, o in zip(ref, s.generate(prompts, **kw)):
+        assert o.tokens == r.tokens
+        assert np.abs(np.asarray(o.logprobs) - np.asarray(r.logprobs)).max() < 1e-4
+    greedy = s.generate(prompts, max_new_tokens=6)
+    assert [o.tokens for o in greedy] == [_naive_greedy(model, p, 6) for p in prompts]
 
 
 def test_duplicate_prompts_prefilled_once_equal_the_plain_path(hf_and_model):

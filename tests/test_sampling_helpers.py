@@ -115,3 +115,18 @@ def test_bisection_filter_equals_sort_reference():
         ours = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k)))
         ref = np.stack([_reference_mask(row, top_p, top_k) for row in x])
         assert (ours == ref).all(), (top_p, top_k, np.nonzero((ours != ref).any(-1)))
+
+
+def test_project_both_forms_equal_the_plain_contraction():
+    from memsearcher_jax.sampling.layers import project
+
+    rng = np.random.RandomState(0)
+    x = jnp.asarray(rng.randn(3, 1, 4, 5), jnp.float32)  # [B, T, H, Dh]
+    w = jnp.asarray(rng.randn(2, 6, 4, 5), jnp.float32)  # [out..., H, Dh]
+    want = np.einsum("bthd,oihd->btoi", np.asarray(x), np.asarray(w))
+    for weights_left in (False, True):
+        got = jax.jit(lambda x, w: project(x, w, 2, weights_left))(x, w)
+        assert got.shape == (3, 1, 2, 6)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="does not take inputs"):
+        project(x, w[..., :4], 2, False)

@@ -13,12 +13,13 @@ budget is spent; its state is donated so the cache is updated in place, and no t
 leaves the device until the loop ends. Parameters are jit arguments, so
 `update_params` after an optimizer step reuses the compiled programs.
 
-The sampler keeps its own copy of the weights in a decode-friendly layout, made once per
-`update_params`: one array per layer instead of the model's stacked [L, ...] arrays (slicing
-a stacked weight inside the loop costs a copy per step on XLA CPU) and, for tied embeddings,
-the embedding stored transposed [D, V] so the logits are a plain matmul. The cache is also
-one (k, v) pair per layer, head-major [B, K, S, Dh], so each decode step writes one slot
-in place and decode attention reads each head's keys contiguously.
+The sampler keeps its own copy of the weights in a decode-friendly layout (layers.py), made
+once per `update_params`: one array per layer instead of the model's stacked [L, ...] arrays
+(slicing a stacked weight inside the loop costs a copy per step on XLA CPU), every matrix
+output-major with q/k/v and gate/up fused, and the logits matrix [V, D] (for tied embeddings
+the embedding table itself). The cache is one (k, v) pair per layer, head-major
+[B, K, S, Dh], so each decode step writes one slot in place and decode attention reads each
+head's keys contiguously.
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from memsearcher_jax.models.hf_io import shard_model
-from memsearcher_jax.models.qwen2 import _NEG, DecoderLayers, Qwen2, apply_rope, rms_norm, rope_cos_sin
-from memsearcher_jax.models.sharding import ShardingConfig, constrain, named_sharding, param_spec
+from memsearcher_jax.models.qwen2 import Qwen2
+from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
 from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
+from memsearcher_jax.sampling.layers import LayerMath, fuse_qkv, layout_params
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
 
 FINISH_REASONS = ("stop", "length")
@@ -111,84 +113,6 @@ def validate_request(prompts, max_new_tokens, temperature, top_p, top_k, vocab_s
     return budgets
 
 
-def _cached_attention(q, k, v, mask):
-    """q [B, T, H, Dh], cache k/v [B, K, S, Dh], mask [B, T, S] -> [B, T, H, Dh]; f32 softmax.
-
-    One new token (T == 1) is a matrix-vector product per head, which XLA CPU runs far
-    faster as broadcast-multiply-reduce than as a batched dot of tiny matrices.
-    """
-    b, t, h, d = q.shape
-    kh = k.shape[1]
-    g = h // kh
-    scale = d ** -0.5
-    if t == 1:
-        qg = q.reshape(b, kh, g, d).astype(jnp.float32)
-        scores = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
-        scores = jnp.where(mask[:, None, :, :], scores, _NEG)  # [B, K, G, S]
-        probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)  # [B, K, G, Dh]
-        return out.reshape(b, 1, h, d).astype(q.dtype)
-    qg = q.reshape(b, t, kh, g, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, d)
-
-
-class _LayerMath:
-    """One decoder layer over a head-major per-layer cache: the same math as Qwen2._layer
-    (tests compare with the model's full forward), with the cache laid out [B, K, S, Dh] so
-    decode attention reads contiguous keys per head."""
-
-    def __init__(self, model: Qwen2):
-        self.config, self.sharding, self.mesh = model.config, model.sharding, model.mesh
-
-    def _layer(self, p: dict, x, cos, sin, mask, kv, write_index):
-        cfg, sh, mesh = self.config, self.sharding, self.mesh
-        dt = jnp.dtype(cfg.dtype)
-        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt)) + p["q_bias"].astype(dt)
-        k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt)) + p["k_bias"].astype(dt)
-        v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt)) + p["v_bias"].astype(dt)
-        q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
-        k = apply_rope(k, cos, sin)
-        ck, cv = kv
-        ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (0, 0, write_index, 0))
-        cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, write_index, 0))
-        attn = constrain(_cached_attention(q, ck.astype(dt), cv.astype(dt), mask), sh.act_bthd, mesh)
-        x = x + constrain(jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), sh.act_btd, mesh)
-        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-        gate = jnp.einsum("btd,df->btf", h, p["gate_kernel"].astype(dt))
-        up = jnp.einsum("btd,df->btf", h, p["up_kernel"].astype(dt))
-        act = constrain(jax.nn.silu(gate) * up, sh.act_btf, mesh)
-        x = x + constrain(jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), sh.act_btd, mesh)
-        return x, (ck, cv)
-
-
-def _run_cached(math: _LayerMath, params: dict, ids, positions, cache: tuple, kv_valid, write_index):
-    """ids, positions [B, T] through all layers, writing K/V at slots [write_index, +T).
-
-    params: the sampler layout (see Sampler._layout); cache: L pairs of [B, S, K, Dh];
-    kv_valid [B, S]: valid slots after the write. Returns final-normed hidden [B, T, D] and
-    the new cache. Same masking as Qwen2.forward_cached.
-    """
-    cfg = math.config
-    t, s = ids.shape[1], cache[0][0].shape[2]
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-    q_slot = write_index + jnp.arange(t)
-    mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
-    if params["embed"] is None:  # tied: look up columns of the transposed table
-        x = jnp.moveaxis(jnp.take(params["head"], ids, axis=1), 0, -1)
-    else:
-        x = jnp.take(params["embed"], ids, axis=0)
-    x = x.astype(jnp.dtype(cfg.dtype))
-    new_cache = []
-    for p, kv in zip(params["layers"], cache):
-        x, kv = math._layer(p, x, cos, sin, mask, kv, write_index)
-        new_cache.append(kv)
-    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), tuple(new_cache)
-
-
 class Sampler:
     """Keeps compiled prefill/decode programs between calls; see module docstring.
 
@@ -209,7 +133,9 @@ class Sampler:
         self.compiled_keys: set[tuple] = set()
         model = self._place(model)
         self._sharding: ShardingConfig = model.sharding
-        self._math = _LayerMath(model)
+        platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+        self._fused_qkv = fuse_qkv(self.config, self._sharding, mesh)
+        self._math = LayerMath(self.config, self._sharding, mesh, weights_left=platform == "cpu")
         self._graphdef, state = nnx.split(model)
         self._layout_fn = jax.jit(self._layout)
         self._params = self._layout_fn(state)
@@ -226,27 +152,12 @@ class Sampler:
         return model
 
     def _layout(self, state) -> dict:
-        """Model state -> the sampler's weights: {"layers": [per-layer dict], "final_norm",
-        "head": [D, V] logits matrix, "embed": [V, D] or None when tied (head.T is the table)}."""
+        """Model state -> the sampler's weights (see layers.py): per-layer dicts, "final_norm",
+        "head" [V, D] and "embed" [V, D] (None when tied: the head is the table)."""
         model = nnx.merge(self._graphdef, state)
-        sh = self._sharding
-
-        def put(x, spec):
-            return self._constrain(x, spec)
-
-        stacked = model.layers.stacked()
-        layers = []
-        for i in range(self.config.num_layers):
-            layer = {}
-            for n in DecoderLayers.PARAM_NAMES:
-                spec = param_spec(f"layers.{n}", stacked[n].ndim, sh)
-                layer[n] = put(stacked[n][i], P(*tuple(spec)[1:]))
-            layers.append(layer)
-        if self.config.tie_word_embeddings:
-            head, embed = put(model.embed[...].T, sh.lm_head), None
-        else:
-            head, embed = put(model.lm_head[...], sh.lm_head), put(model.embed[...], sh.embed)
-        return {"layers": layers, "final_norm": model.final_norm[...], "head": head, "embed": embed}
+        return layout_params(model.layers.stacked(), model.embed[...],
+                             None if self.config.tie_word_embeddings else model.lm_head[...],
+                             model.final_norm[...], self.config, self._sharding, self._fused_qkv, self._constrain)
 
     def update_params(self, model_or_state) -> None:
         """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation
@@ -333,14 +244,14 @@ class Sampler:
             pshape = (1, cfg.num_kv_heads, p, cfg.head_dim)
             pcache = tuple((jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
                            for _ in range(cfg.num_layers))
-            _, pcache = _run_cached(self._math, params, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
+            _, pcache = self._math.run(params, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
             # The prefix's K/V computed once at batch 1, broadcast into every row.
             bshape = (u, cfg.num_kv_heads, p, cfg.head_dim)
             cache = tuple(tuple(jax.lax.dynamic_update_slice(c, jnp.broadcast_to(pc, bshape), (0, 0, 0, 0))
                                 for c, pc in zip(layer, player)) for layer, player in zip(cache, pcache))
             kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (u, p)))
         kv_valid = self._constrain(kv_valid, self._rows_spec(2))
-        hidden, cache = _run_cached(self._math, params, ids, pos, cache, kv_valid, p)
+        hidden, cache = self._math.run(params, ids, pos, cache, kv_valid, p)
         # Left padding puts every row's last prompt token in the last suffix slot.
         last_hidden = hidden[:, -1]
         if src is not None:  # distinct rows -> all B rows
@@ -362,9 +273,7 @@ class Sampler:
 
     def _logits(self, params, h):
         """h [B, D] final-normed -> float32 logits [B, V]."""
-        dt = jnp.dtype(self.config.dtype)
-        logits = jnp.einsum("bd,dv->bv", h.astype(dt), params["head"].astype(dt), preferred_element_type=jnp.float32)
-        return self._constrain(logits, P(self._sharding.batch[0], "tp"))
+        return self._math.logits(params, h)
 
     def _decode_impl(self, params, st: DecodeState) -> DecodeState:
         """Feed the last token, sample the next, until all rows are done or budgets are spent."""
@@ -378,7 +287,7 @@ class Sampler:
             slot = st.first_slot + st.step - 1  # where the last sampled token goes
             b = st.last.shape[0]
             kv_valid = jax.lax.dynamic_update_slice(st.kv_valid, jnp.ones((b, 1), bool), (0, slot))
-            hidden, cache = _run_cached(self._math, params, st.last[:, None], st.pos[:, None], st.cache, kv_valid,
+            hidden, cache = self._math.run(params, st.last[:, None], st.pos[:, None], st.cache, kv_valid,
                                         slot)
             st = st._replace(cache=cache, kv_valid=kv_valid, pos=st.pos + 1)
             return self._emit(st, self._logits(params, hidden[:, 0]))

@@ -1,0 +1,196 @@
+"""The sampler's own weight layout and the decoder-layer math over its per-layer KV cache.
+
+Layout (one dict per layer; made once per `Sampler.update_params`, so its cost is not paid
+while decoding). Every matrix is stored output-major, [out..., in...]:
+
+    qkv       [K, G + 2, Dh, D]  per KV head k: its G query heads, then its key and its value head
+    qkv_bias  [K, G + 2, Dh]        (or q [H, Dh, D] + kv [K, 2, Dh, D] when a tensor-parallel
+                                     mesh splits the query heads but not the KV heads; see fuse_qkv)
+    o         [D, H, Dh]
+    gate_up   [2, F, D]
+    down      [D, F]
+    head      [V, D]             the logits matrix; for tied embeddings also the embedding table
+
+Why output-major: a decode step multiplies a few rows by every weight, and XLA CPU (YNNPACK)
+runs [rows, in] x [in, out] 1.5-2x slower at 8-32 rows than the same product with the weight
+as the LEFT operand, W [out, in] x h^T [in, rows], which streams the weight once without
+repacking it (measured on 0.5B shapes with weights bigger than the cache). XLA would
+canonicalise that product back into the slow form, so `project` keeps it with an optimization
+barrier and transposes the small [out, rows] result instead. Prefill (many rows) uses the
+ordinary form on the same stored weights. Fusing q/k/v and gate/up saves two weight
+streams per layer; the groups are laid out so a tensor-parallel shard holds whole groups.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from memsearcher_jax.models.config import ModelConfig
+from memsearcher_jax.models.qwen2 import _NEG, apply_rope, rms_norm, rope_cos_sin
+from memsearcher_jax.models.sharding import ShardingConfig, constrain, fit_spec, param_spec
+
+
+def project(x: jax.Array, w: jax.Array, n_in: int, weights_left: bool) -> jax.Array:
+    """x [*rows, *in] times w [*out, *in] (the last n_in dims contracted) -> [*rows, *out].
+
+    weights_left: compute W x^T and transpose the result (the fast form for a few rows on
+    XLA CPU; see the module docstring)."""
+    rows, ins = x.shape[:x.ndim - n_in], x.shape[x.ndim - n_in:]
+    outs = w.shape[:w.ndim - n_in]
+    if w.shape[w.ndim - n_in:] != ins:
+        raise ValueError(f"project: weight {w.shape} does not take inputs of shape {ins}")
+    # Flattened to 2-D (a free reshape): on 3-D weights XLA CPU would copy-transpose W first.
+    x2, w2 = x.reshape(math.prod(rows), math.prod(ins)), w.reshape(math.prod(outs), math.prod(ins))
+    if weights_left:
+        y = jax.lax.optimization_barrier(w2 @ x2.T)  # [out, rows]: keep W as the dot's left operand
+        return y.T.reshape(*rows, *outs)
+    return jnp.einsum("ri,oi->ro", x2, w2).reshape(*rows, *outs)
+
+
+def fuse_qkv(config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None) -> bool:
+    """Whether q, k and v can be one [K, G + 2, Dh, D] matrix split over KV heads: yes unless
+    the mesh splits the query heads but cannot split the KV heads (then fusing would replicate
+    the query weights on every tensor-parallel device)."""
+    if mesh is None or mesh.size == 1:
+        return True
+    c = config
+    q = fit_spec((c.num_layers, c.hidden_size, c.num_heads, c.head_dim),
+                 param_spec("layers.q_kernel", 4, sharding), mesh)
+    kv = fit_spec((c.num_layers, c.hidden_size, c.num_kv_heads, c.head_dim),
+                  param_spec("layers.k_kernel", 4, sharding), mesh)
+    return q[2] == kv[2]
+
+
+def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig, sharding: ShardingConfig,
+                  fused_qkv: bool, put) -> dict:
+    """The model's stacked [L, ...] weights -> the sampler layout (module docstring).
+
+    stacked: DecoderLayers.stacked(); lm_head None when tied; put(x, spec) places x (a
+    sharding constraint on a mesh, the identity without one). Mesh axes come from
+    `sharding` (the model's layout), moved with the dimension they split."""
+    c = config
+    H, K, Dh, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
+    G = H // K
+    ax = lambda name, dim: tuple(param_spec(name, stacked[name.split(".")[1]].ndim, sharding))[dim]
+    heads, kv_heads, ff = ax("layers.q_kernel", 2), ax("layers.k_kernel", 2), ax("layers.up_kernel", 2)
+    layers = []
+    for i in range(c.num_layers):
+        s = {n: a[i] for n, a in stacked.items()}
+        q = s["q_kernel"].transpose(1, 2, 0)  # [H, Dh, D]
+        k, v = s["k_kernel"].transpose(1, 2, 0), s["v_kernel"].transpose(1, 2, 0)  # [K, Dh, D]
+        layer = {"attn_norm": s["attn_norm"], "mlp_norm": s["mlp_norm"]}
+        if fused_qkv:
+            qkv = jnp.concatenate([q.reshape(K, G, Dh, D), k[:, None], v[:, None]], axis=1)
+            bias = jnp.concatenate([s["q_bias"].reshape(K, G, Dh), s["k_bias"][:, None], s["v_bias"][:, None]], 1)
+            layer["qkv"], layer["qkv_bias"] = put(qkv, P(kv_heads)), put(bias, P(kv_heads))
+        else:
+            layer["q"], layer["q_bias"] = put(q, P(heads)), put(s["q_bias"], P(heads))
+            layer["kv"] = put(jnp.stack([k, v], axis=1), P(kv_heads))
+            layer["kv_bias"] = put(jnp.stack([s["k_bias"], s["v_bias"]], axis=1), P(kv_heads))
+        layer["o"] = put(s["o_kernel"].transpose(2, 0, 1), P(None, ax("layers.o_kernel", 1)))  # [D, H, Dh]
+        layer["gate_up"] = put(jnp.stack([s["gate_kernel"].T, s["up_kernel"].T]), P(None, ff))  # [2, F, D]
+        layer["down"] = put(s["down_kernel"].T, P(None, ax("layers.down_kernel", 1)))  # [D, F]
+        layers.append(layer)
+    vocab = tuple(sharding.lm_head)[1]
+    if lm_head is None:
+        head, embed = put(embed, P(vocab)), None
+    else:
+        head, embed = put(lm_head.T, P(vocab)), put(embed, sharding.embed)
+    return {"layers": layers, "final_norm": final_norm, "head": head, "embed": embed}
+
+
+def cached_attention(q, k, v, mask):
+    """q [B, T, H, Dh], cache k/v [B, K, S, Dh], mask [B, T, S] -> [B, T, H, Dh]; f32 softmax.
+
+    One new token (T == 1) is a matrix-vector product per head, which XLA CPU runs far
+    faster as broadcast-multiply-reduce than as a batched dot of tiny matrices.
+    """
+    b, t, h, d = q.shape
+    kh = k.shape[1]
+    g = h // kh
+    scale = d ** -0.5
+    if t == 1:
+        qg = q.reshape(b, kh, g, d).astype(jnp.float32)
+        scores = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
+        scores = jnp.where(mask[:, None, :, :], scores, _NEG)  # [B, K, G, S]
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)  # [B, K, G, Dh]
+        return out.reshape(b, 1, h, d).astype(q.dtype)
+    qg = q.reshape(b, t, kh, g, d)
+    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, d)
+
+
+class LayerMath:
+    """Decoder layers over the sampler layout and a head-major per-layer cache [B, K, S, Dh]:
+    the same math as Qwen2._layer (tests compare with the model's full forward)."""
+
+    def __init__(self, config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None, weights_left: bool):
+        self.config, self.sharding, self.mesh = config, sharding, mesh
+        self.weights_left = weights_left  # for decode steps (one token per row)
+
+    def _proj(self, x, w, n_in: int = 1):
+        return project(x, w.astype(x.dtype), n_in, self.weights_left and x.shape[1] == 1)
+
+    def layer(self, p: dict, x, cos, sin, mask, kv, write_index):
+        """x [B, T, D] -> x after the layer, and the cache pair with K/V written at write_index."""
+        cfg, sh, mesh = self.config, self.sharding, self.mesh
+        dt = jnp.dtype(cfg.dtype)
+        b, t = x.shape[:2]
+        H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        if "qkv" in p:
+            y = self._proj(h, p["qkv"]) + p["qkv_bias"].astype(dt)  # [B, T, K, G + 2, Dh]
+            q, k, v = y[:, :, :, :-2].reshape(b, t, H, Dh), y[:, :, :, -2], y[:, :, :, -1]
+        else:
+            q = self._proj(h, p["q"]) + p["q_bias"].astype(dt)
+            kv_ = self._proj(h, p["kv"]) + p["kv_bias"].astype(dt)  # [B, T, K, 2, Dh]
+            k, v = kv_[:, :, :, 0], kv_[:, :, :, 1]
+        q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
+        k = apply_rope(k, cos, sin)
+        ck, cv = kv
+        ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (0, 0, write_index, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, write_index, 0))
+        attn = constrain(cached_attention(q, ck.astype(dt), cv.astype(dt), mask), sh.act_bthd, mesh)
+        x = x + constrain(self._proj(attn, p["o"], 2), sh.act_btd, mesh)
+        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+        gate_up = self._proj(h, p["gate_up"])  # [B, T, 2, F]
+        act = constrain(jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1], sh.act_btf, mesh)
+        x = x + constrain(self._proj(act, p["down"]), sh.act_btd, mesh)
+        return x, (ck, cv)
+
+    def run(self, params: dict, ids, positions, cache: tuple, kv_valid, write_index):
+        """ids, positions [B, T] through all layers, writing K/V at slots [write_index, +T).
+
+        cache: L pairs of [B, K, S, Dh]; kv_valid [B, S]: valid slots after the write.
+        Returns final-normed hidden [B, T, D] and the new cache. Same masking as
+        Qwen2.forward_cached.
+        """
+        cfg = self.config
+        t, s = ids.shape[1], cache[0][0].shape[2]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        q_slot = write_index + jnp.arange(t)
+        mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
+        table = params["head"] if params["embed"] is None else params["embed"]  # tied: head is the table
+        x = jnp.take(table, ids, axis=0).astype(jnp.dtype(cfg.dtype))
+        new_cache = []
+        for p, kv in zip(params["layers"], cache):
+            x, kv = self.layer(p, x, cos, sin, mask, kv, write_index)
+            new_cache.append(kv)
+        return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), tuple(new_cache)
+
+    def logits(self, params: dict, h):
+        """h [B, D] final-normed -> float32 logits [B, V]."""
+        dt = jnp.dtype(self.config.dtype)
+        head = params["head"].astype(dt)
+        if self.weights_left:
+            y = jax.lax.dot_general(head, h.astype(dt), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            logits = jax.lax.optimization_barrier(y).T
+        else:
+            logits = jnp.einsum("bd,vd->bv", h.astype(dt), head, preferred_element_type=jnp.float32)
+        return constrain(logits, P(self.sharding.batch[0], tuple(self.sharding.lm_head)[1]), self.mesh)
