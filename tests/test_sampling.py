@@ -251,6 +251,27 @@ def test_shared_prefix_equals_plain_path(hf_and_model):
     assert _naive_greedy(model, prompts[2], 6) == alone[0].tokens
 
 
+def test_packed_prefill_equals_one_row_per_prompt(hf_and_model):
+    # Short suffixes share rows of the prefill grid; each must see only the prefix and itself.
+    model = hf_and_model[1]
+    s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_shared_prefix=8))
+    rng = np.random.RandomState(12)
+    system = rng.randint(2, VOCAB, 20).tolist()
+    tails = [rng.randint(2, VOCAB, n).tolist() for n in (3, 30, 1, 12, 7, 2, 16, 5)]
+    for prompts in ([system + t for t in tails], tails, [system + t for t in tails] + [system + tails[0]]):
+        kw = dict(max_new_tokens=9, temperature=1.0, top_p=0.9, seed=4)
+        before = set(s.compiled_keys)
+        packed = s.generate(prompts, **kw)
+        grid_rows = [k[-1] for k in s.compiled_keys - before]
+        plain = s.generate(prompts, pack=False, **kw)
+        for a, b in zip(packed, plain):
+            assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
+            assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-5
+        assert all(r < len(prompts) for r in grid_rows), grid_rows  # packing really happened
+    greedy = s.generate(tails, max_new_tokens=5)
+    assert [o.tokens for o in greedy] == [_naive_greedy(model, t, 5) for t in tails]
+
+
 def test_seed_reproducible_and_compilations_bounded(hf_and_model):
     model = hf_and_model[1]
     s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_batch=4, min_prompt=16, min_new_tokens=8))

@@ -9,6 +9,7 @@ import pytest
 from memsearcher_jax.sampling import (BucketConfig, bucket, common_prefix_length, filter_mask, find_stop,
                                       normalize_stops, pack_stops, push_window, sample_from_logits, stop_hits,
                                       token_logprobs)
+from memsearcher_jax.sampling.packing import pack_suffixes
 from memsearcher_jax.sampling.stopping import NO_TOKEN
 
 
@@ -130,3 +131,20 @@ def test_project_both_forms_equal_the_plain_contraction():
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="does not take inputs"):
         project(x, w[..., :4], 2, False)
+
+
+def test_pack_suffixes_first_fit_decreasing():
+    lengths = [5, 9, 3, 8, 2, 7, 1]
+    places, rows = pack_suffixes(lengths, 10)
+    assert rows == 4  # 35 tokens in rows of 10: [9, 1], [8, 2], [7, 3], [5]
+    taken = set()
+    for n, (r, c) in zip(lengths, places):
+        assert 0 <= r < rows and 0 <= c and c + n <= 10
+        cells = {(r, c + i) for i in range(n)}
+        assert not cells & taken
+        taken |= cells
+    assert places[1] == (0, 0) and places[6] == (0, 9)  # the longest first, the shortest fills its gap
+    assert pack_suffixes(lengths, 10, pack=False) == ([(i, 10 - n) for i, n in enumerate(lengths)], 7)
+    assert pack_suffixes([4, 4, 4], 4) == ([(0, 0), (1, 0), (2, 0)], 3)
+    with pytest.raises(ValueError, match="suffix 1 has 11 tokens"):
+        pack_suffixes([3, 11], 10)

@@ -164,18 +164,20 @@ class LayerMath:
         x = x + constrain(self._proj(act, p["down"]), sh.act_btd, mesh)
         return x, (ck, cv)
 
-    def run(self, params: dict, ids, positions, cache: tuple, kv_valid, write_index):
+    def run(self, params: dict, ids, positions, cache: tuple, kv_valid, write_index, mask=None):
         """ids, positions [B, T] through all layers, writing K/V at slots [write_index, +T).
 
-        cache: L pairs of [B, K, S, Dh]; kv_valid [B, S]: valid slots after the write.
-        Returns final-normed hidden [B, T, D] and the new cache. Same masking as
-        Qwen2.forward_cached.
+        cache: L pairs of [B, K, S, Dh]; kv_valid [B, S]: valid slots after the write; each
+        token attends to the valid slots up to its own (same masking as Qwen2.forward_cached),
+        or to those of `mask` [B, T, S] when given. Returns final-normed hidden [B, T, D] and
+        the new cache.
         """
         cfg = self.config
         t, s = ids.shape[1], cache[0][0].shape[2]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-        q_slot = write_index + jnp.arange(t)
-        mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
+        if mask is None:
+            q_slot = write_index + jnp.arange(t)
+            mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
         table = params["head"] if params["embed"] is None else params["embed"]  # tied: head is the table
         x = jnp.take(table, ids, axis=0).astype(jnp.dtype(cfg.dtype))
         new_cache = []

@@ -8,6 +8,10 @@ Cache layout, per call (per layer k, v [B, K, S, Dh], S = P + T + N):
     slots [P + T, S)    generated tokens, one slot per decode step (same slot for every row)
 
 Positions are per row (RoPE) and independent of slots, so padding gaps are harmless.
+The suffixes are prefilled on a packed grid, not one row each: distinct suffixes only,
+several short ones to a grid row (packing.py), each attending to the prefix and to itself;
+then each row's K/V is gathered into its left-padded slots. A ragged batch (the agent's
+50-300-token turns) so costs about its real tokens, not rows x the longest.
 The decode loop is a `lax.while_loop` that stops when every row is done or the largest
 budget is spent; its state is donated so the cache is updated in place, and no token
 leaves the device until the loop ends. Parameters are jit arguments, so
@@ -39,6 +43,7 @@ from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
 from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
 from memsearcher_jax.sampling.layers import LayerMath, fuse_qkv, layout_params
+from memsearcher_jax.sampling.packing import pack_suffixes
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
 
 FINISH_REASONS = ("stop", "length")
@@ -218,53 +223,62 @@ class Sampler:
                            stopped=st.stopped | hit, done=st.done | hit | (length >= st.budget),
                            step=st.step + 1)
 
-    def _prefill_impl(self, params, prefix_ids, prefix_pos, prefix_valid, ids, pos, valid, src, budget, row_keys,
-                      temperature, top_p, top_k, stop_table, stop_lengths, *, num_new: int) -> DecodeState:
-        """prefix_* [1, P] (P may be 0); ids, pos, valid [U, T]: the distinct suffixes;
-        src [B] (or None when every row is distinct, U == B): the suffix row of each of the B
-        rows; budget, row_keys [B] (budget 0 = padding row).
+    def _prefill_impl(self, params, prefix_ids, prefix_pos, prefix_valid, ids, pos, seg, rows, cols, next_pos,
+                      budget, row_keys, temperature, top_p, top_k, stop_table, stop_lengths, *,
+                      num_new: int) -> DecodeState:
+        """prefix_* [1, P] (P may be 0): the shared prefix; ids, pos, seg [R, T]: the packed
+        suffixes (seg: which suffix each token belongs to, unique within its row, -1 = padding);
+        rows [B], cols [B, T]: where row b's left-padded suffix slot t comes from in the packed
+        grid (cols -1 = empty slot); next_pos [B]: each row's prompt length; budget, row_keys
+        [B] (budget 0 = padding row).
 
-        Duplicate prompts (a group's G samples at turn 0) are prefilled once, then their K/V
-        are gathered into every row that shares them. Returns the decode state with token 0
-        already sampled.
+        The prefix is prefilled once at batch 1; the suffixes packed several to a grid row
+        (a token attends to the prefix and to the earlier tokens of its own suffix), so short
+        prompts cost no padding compute and duplicates are computed once; then every row's
+        K/V is gathered into the decode cache. Returns the decode state with token 0 already
+        sampled.
         """
         self.num_compilations += 1  # runs only while tracing, i.e. once per compiled program
         cfg = self.config
-        u, t = ids.shape
+        r, t = ids.shape
         b = budget.shape[0]
         p = prefix_ids.shape[1]
-        s = p + t + num_new
-        shape = (u, cfg.num_kv_heads, s, cfg.head_dim)
+        kh, dh = cfg.num_kv_heads, cfg.head_dim
         c = tuple(self._sharding.cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
         cache_spec = P(c[1], c[3], c[2], c[4])
-        zeros = lambda: self._constrain(jnp.zeros(shape, self.cache_dtype), cache_spec)
-        cache = tuple((zeros(), zeros()) for _ in range(cfg.num_layers))
-        kv_valid = jnp.zeros((u, s), bool).at[:, p:p + t].set(valid)
+        zeros = lambda n, s: jnp.zeros((n, kh, s, dh), self.cache_dtype)
         if p > 0:
-            pshape = (1, cfg.num_kv_heads, p, cfg.head_dim)
-            pcache = tuple((jnp.zeros(pshape, self.cache_dtype), jnp.zeros(pshape, self.cache_dtype))
-                           for _ in range(cfg.num_layers))
+            pcache = tuple((zeros(1, p), zeros(1, p)) for _ in range(cfg.num_layers))
             _, pcache = self._math.run(params, prefix_ids, prefix_pos, pcache, prefix_valid, 0)
-            # The prefix's K/V computed once at batch 1, broadcast into every row.
-            bshape = (u, cfg.num_kv_heads, p, cfg.head_dim)
-            cache = tuple(tuple(jax.lax.dynamic_update_slice(c, jnp.broadcast_to(pc, bshape), (0, 0, 0, 0))
-                                for c, pc in zip(layer, player)) for layer, player in zip(cache, pcache))
-            kv_valid = kv_valid.at[:, :p].set(jnp.broadcast_to(prefix_valid, (u, p)))
+        else:
+            pcache = tuple((zeros(1, 0), zeros(1, 0)) for _ in range(cfg.num_layers))
+        # The grid's cache: the prefix in slots [0, P) of every grid row, the row's own tokens after.
+        grid = tuple(tuple(self._constrain(jnp.concatenate([jnp.broadcast_to(x, (r, kh, p, dh)), zeros(r, t)], 2),
+                                           cache_spec) for x in layer) for layer in pcache)
+        causal = jnp.arange(t)[None, None, :] <= jnp.arange(t)[None, :, None]
+        own = (seg[:, None, :] == seg[:, :, None]) & (seg[:, None, :] >= 0) & causal
+        mask = jnp.concatenate([jnp.broadcast_to(prefix_valid[:, None, :], (r, t, p)), own], axis=2)
+        hidden, grid = self._math.run(params, ids, pos, grid, None, p, mask=self._constrain(mask, self._rows_spec(3)))
+
+        valid = cols >= 0  # [B, T]
+        col = jnp.maximum(cols, 0)
+
+        def assemble(prefix, g):  # [1, K, P, Dh], grid [R, K, P + T, Dh] -> decode rows [B, K, S, Dh]
+            mine = g[:, :, p:][rows[:, None], :, col]  # [B, T, K, Dh]
+            mine = jnp.where(valid[:, :, None, None], mine, 0).transpose(0, 2, 1, 3)
+            out = jnp.concatenate([jnp.broadcast_to(prefix, (b, kh, p, dh)), mine, zeros(b, num_new)], axis=2)
+            return self._constrain(out, cache_spec)
+
+        cache = tuple((assemble(pk, gk), assemble(pv, gv)) for (pk, pv), (gk, gv) in zip(pcache, grid))
+        kv_valid = jnp.concatenate([jnp.broadcast_to(prefix_valid, (b, p)), valid, jnp.zeros((b, num_new), bool)], 1)
         kv_valid = self._constrain(kv_valid, self._rows_spec(2))
-        hidden, cache = self._math.run(params, ids, pos, cache, kv_valid, p)
-        # Left padding puts every row's last prompt token in the last suffix slot.
-        last_hidden = hidden[:, -1]
-        if src is not None:  # distinct rows -> all B rows
-            rows = lambda x: self._constrain(jnp.take(x, src, axis=0), self._rows_spec(x.ndim))
-            cache = tuple((rows(k), rows(v)) for k, v in cache)
-            kv_valid, last_hidden, valid, pos = rows(kv_valid), rows(last_hidden), rows(valid), rows(pos)
+        # Left padding puts every row's last prompt token in its last suffix slot.
+        last_hidden = self._constrain(hidden[rows, col[:, -1]], self._rows_spec(2))
         logits = self._logits(params, last_hidden)
-        cache = tuple((self._constrain(k, cache_spec), self._constrain(v, cache_spec)) for k, v in cache)
         w = stop_table.shape[1]
         st = DecodeState(
-            cache=cache, kv_valid=kv_valid, last=jnp.zeros((b,), jnp.int32),
-            pos=jnp.max(jnp.where(valid, pos, 0), axis=1) + 1, step=jnp.zeros((), jnp.int32),
-            first_slot=jnp.asarray(p + t, jnp.int32),
+            cache=cache, kv_valid=kv_valid, last=jnp.zeros((b,), jnp.int32), pos=next_pos,
+            step=jnp.zeros((), jnp.int32), first_slot=jnp.asarray(p + t, jnp.int32),
             tokens=jnp.zeros((b, num_new), jnp.int32), logprobs=jnp.zeros((b, num_new), jnp.float32),
             window=jnp.full((b, w), NO_TOKEN, jnp.int32), done=budget <= 0, stopped=jnp.zeros((b,), bool),
             length=jnp.zeros((b,), jnp.int32), budget=budget, row_keys=row_keys, temperature=temperature,
@@ -298,13 +312,14 @@ class Sampler:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | Sequence[int], temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
                  stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0,
-                 share_prefix: bool | None = None, share_duplicates: bool = True,
+                 share_prefix: bool | None = None, share_duplicates: bool = True, pack: bool = True,
                  row_seeds: Sequence[int] | None = None) -> list[Completion]:
         """Complete every prompt (a list of token ids). See module docstring for the layout.
 
         max_new_tokens: one budget, or one per prompt. temperature 0 = greedy. top_k 0 and
         top_p 1 are off. share_prefix: None decides by BucketConfig.min_shared_prefix.
         share_duplicates: prefill identical prompts once (each row still samples on its own).
+        pack: prefill several short suffixes in one row of the prefill grid (False: one each).
         row_seeds: one non-negative integer per prompt; row i's random stream is then derived
         from (seed, row_seeds[i]) instead of from its position i in the batch, so its tokens do
         not depend on which other prompts share the call (the agent passes trajectory ids, so a
@@ -332,23 +347,18 @@ class Sampler:
         pb = bk.prompt(plen) if plen else 0
         tb = bk.prompt(max(lens) - plen)
         nb = bk.new_tokens(max(budgets))
-        # Identical prompts (a group's G samples at turn 0) share one prefill row.
-        first_row: dict[tuple, int] = {}
-        distinct, src_rows = [], []
+        # The suffixes to prefill: identical ones (a group's G samples at turn 0) once.
+        seg_index: dict[tuple, int] = {}
+        segments: list[tuple] = []
+        seg_of_row = []
         for p in prompts:
             suffix = tuple(p[plen:])
-            if suffix not in first_row:
-                first_row[suffix] = len(distinct)
-                distinct.append(p)
-            src_rows.append(first_row[suffix])
-        u = len(distinct)
-        src = None
-        if share_duplicates and u < n:
-            src = np.zeros((b,), np.int32)  # padding rows read suffix row 0: budget 0, never emitted
-            src[:n] = src_rows
-        else:  # every row prefills its own suffix
-            distinct = prompts
-        ub = bk.batch(len(distinct), self._batch_shards()) if src is not None else b
+            if not share_duplicates or suffix not in seg_index:
+                seg_index[suffix] = len(segments)
+                segments.append(suffix)
+            seg_of_row.append(len(segments) - 1 if not share_duplicates else seg_index[suffix])
+        places, used_rows = pack_suffixes([len(x) for x in segments], tb, pack)
+        rb = bk.batch(used_rows, self._batch_shards())
 
         prefix_ids = np.zeros((1, pb), np.int32)
         prefix_pos = np.zeros((1, pb), np.int32)
@@ -357,18 +367,25 @@ class Sampler:
             prefix_ids[0, pb - plen:] = prompts[0][:plen]
             prefix_pos[0, pb - plen:] = np.arange(plen)
             prefix_valid[0, pb - plen:] = True
-        ids = np.zeros((ub, tb), np.int32)
-        pos = np.zeros((ub, tb), np.int32)
-        valid = np.zeros((ub, tb), bool)
+        ids = np.zeros((rb, tb), np.int32)
+        pos = np.zeros((rb, tb), np.int32)
+        seg = np.full((rb, tb), -1, np.int32)
+        for i, (suffix, (r, c0)) in enumerate(zip(segments, places)):
+            ids[r, c0:c0 + len(suffix)] = suffix
+            pos[r, c0:c0 + len(suffix)] = np.arange(plen, plen + len(suffix))
+            seg[r, c0:c0 + len(suffix)] = i
+        # Row j's suffix, left-padded to tb slots, read from its place in the grid. Padding rows
+        # (budget 0, done from the start, never emitted) read row 0's.
+        rows = np.zeros((b,), np.int32)
+        cols = np.full((b, tb), -1, np.int32)
+        next_pos = np.zeros((b,), np.int32)
+        for j in range(b):
+            i = seg_of_row[j if j < n else 0]
+            (r, c0), m = places[i], len(segments[i])
+            rows[j], next_pos[j] = r, plen + m
+            cols[j, tb - m:] = np.arange(c0, c0 + m)
         budget = np.zeros((b,), np.int32)
         budget[:n] = budgets
-        for i, p in enumerate(distinct):
-            suf = p[plen:]
-            ids[i, tb - len(suf):] = suf
-            pos[i, tb - len(suf):] = np.arange(plen, len(p))
-            valid[i, tb - len(suf):] = True
-        for i in range(len(distinct), ub):  # padding rows: one dummy token, budget 0 (done from the start)
-            valid[i, -1] = True
         base = jax.random.key(int(seed))
         if row_seeds is None:
             fold = jnp.arange(b)
@@ -377,12 +394,11 @@ class Sampler:
         row_keys = np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(fold)))
         table, lengths = pack_stops(stops)
 
-        key = (b, pb, tb, nb, table.shape, ub if src is not None else 0)  # last: distinct prefill rows (0: all)
-        self.compiled_keys.add(key)
+        self.compiled_keys.add((b, pb, tb, nb, table.shape, rb))  # rb: rows of the prefill grid
         st = self._prefill(self._params, self._put(prefix_ids, False), self._put(prefix_pos, False),
                            self._put(prefix_valid, False), self._put(ids, True), self._put(pos, True),
-                           self._put(valid, True), None if src is None else self._put(src, True),
-                           self._put(budget, True), self._put(row_keys, True),
+                           self._put(seg, True), self._put(rows, True), self._put(cols, True),
+                           self._put(next_pos, True), self._put(budget, True), self._put(row_keys, True),
                            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), self._put(table, False),
                            self._put(lengths, False), num_new=nb)
         st = self._decode(self._params, st)
