@@ -148,3 +148,39 @@ def test_pack_suffixes_first_fit_decreasing():
     assert pack_suffixes([4, 4, 4], 4) == ([(0, 0), (1, 0), (2, 0)], 3)
     with pytest.raises(ValueError, match="suffix 1 has 11 tokens"):
         pack_suffixes([3, 11], 10)
+
+
+def test_first_max_index_is_argmax_with_first_index_on_ties():
+    from memsearcher_jax.sampling.distributions import first_max_index
+
+    rng = np.random.RandomState(1)
+    x = rng.randn(6, 1001).astype(np.float32)
+    x[1, [7, 500, 900]] = 9.0  # ties: the first wins
+    x[2, -1] = 9.0
+    x[3, :] = -2.0  # all equal
+    got = np.asarray(jax.jit(first_max_index)(jnp.asarray(x)))
+    assert got.tolist() == np.argmax(x, axis=-1).tolist() and got[1] == 7 and got[3] == 0
+
+
+@pytest.mark.parametrize("v, block", [(1000, 64), (1024, 64), (37, 1024), (151936, 1024)])
+def test_inverse_cdf_is_the_first_index_past_the_target(v, block):
+    from memsearcher_jax.sampling.distributions import _block_size, inverse_cdf
+
+    rng = np.random.RandomState(v)
+    b = 64
+    w = rng.exponential(size=(b, v)).astype(np.float32)
+    w[rng.rand(b, v) < 0.3] = 0.0  # filtered-out tokens weigh 0
+    w[0] = 0.0
+    w[0, v // 2] = 1.0  # one token only
+    u = rng.rand(b).astype(np.float32)
+    u[1], u[2] = 0.0, np.nextafter(np.float32(1), np.float32(0))
+    got = np.asarray(jax.jit(lambda w, u: inverse_cdf(w, u, block))(jnp.asarray(w), jnp.asarray(u)))
+    cdf = np.cumsum(w.astype(np.float64), axis=-1)
+    want = np.array([np.searchsorted(cdf[i], u[i] * cdf[i, -1], side="right") for i in range(b)])
+    # float32 running sums may round a target that sits within ~1e-6 of a boundary either way
+    close = np.abs(cdf[np.arange(b), np.minimum(want, v - 1)] - u * cdf[:, -1]) < 1e-5 * cdf[:, -1]
+    assert np.all((got == want) | close), (got[got != want], want[got != want])
+    assert got[0] == v // 2 and got[1] == np.flatnonzero(w[1])[0]
+    chosen = got[got >= 0]
+    assert np.all(w[np.arange(b)[got >= 0], chosen] > 0)  # never a zero-weight token
+    assert _block_size(151936, 1024) == 128 and _block_size(1000, 64) == 64 and _block_size(37, 1024) == 37

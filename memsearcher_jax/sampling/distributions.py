@@ -1,9 +1,9 @@
 """Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus).
 
 All knobs are traced scalars, so one compiled program serves every setting; `lax.cond`
-skips the sort when no filter is asked for and the sampling when decoding greedily.
-Sampling draws ONE uniform per row (inverse CDF over the vocabulary), not a Gumbel
-vector of size V, which is the expensive part of sampling on CPU.
+skips the filter when none is asked for and the sampling when decoding greedily.
+Sampling draws ONE uniform per row (inverse CDF over the vocabulary, in two levels), not a
+Gumbel vector of size V, which is the expensive part of sampling on CPU.
 """
 from __future__ import annotations
 
@@ -51,6 +51,49 @@ def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: in
     return scaled >= p_cut
 
 
+def first_max_index(x: jax.Array) -> jax.Array:
+    """argmax over the last axis (first index on ties) as two plain reductions: a max, then
+    the smallest float index holding it. XLA CPU runs jnp.argmax's (value, index) reduction
+    3-4x slower. Float indices are exact below 2**24. NaN rows give the last index."""
+    v = x.shape[-1]
+    if v > 2 ** 24:
+        raise ValueError(f"first_max_index: {v} entries; float indices are exact only up to 2**24")
+    top = jnp.max(x, axis=-1)
+    idx = jax.lax.broadcasted_iota(jnp.float32, x.shape, x.ndim - 1)
+    return jnp.minimum(jnp.min(jnp.where(x == top[..., None], idx, float(v)), axis=-1).astype(jnp.int32), v - 1)
+
+
+def _block_size(v: int, most: int) -> int:
+    """A block length for inverse_cdf: a divisor of v in [64, most] if there is one (no padding
+    copy; 151936 = 1187 x 128), else `most`."""
+    if v <= most:
+        return v
+    return next((c for c in range(most, 63, -1) if v % c == 0), most)
+
+
+def inverse_cdf(weights: jax.Array, uniforms: jax.Array, block: int = 1024) -> jax.Array:
+    """The first index whose running sum of weights [B, V] (>= 0) passes uniforms [B] x total.
+
+    In two levels (block sums, then one block's running sum) instead of one cumsum over V,
+    which XLA CPU computes as a slow log-depth scan. A zero-weight index never passes first;
+    returns -1 for a row where rounding lets none pass.
+    """
+    b, v = weights.shape
+    c = _block_size(v, block)
+    nb = -(-v // c)
+    blocks = (weights if nb * c == v else jnp.pad(weights, ((0, 0), (0, nb * c - v)))).reshape(b, nb, c)
+    cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [B, nb]
+    target = uniforms * cdf[:, -1]
+    # cdf is nondecreasing, so the first block past the target is the count of those not past it.
+    blk = jnp.minimum(jnp.sum(cdf <= target[:, None], axis=-1), nb - 1)
+    before = jnp.where(blk > 0, jnp.take_along_axis(cdf, jnp.maximum(blk - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+    row = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, C]
+    inner = before[:, None] + jnp.cumsum(row, axis=-1)
+    i = jnp.sum(inner <= target[:, None], axis=-1)
+    ok = (i < c) & (jnp.take_along_axis(row, jnp.minimum(i, c - 1)[:, None], axis=1)[:, 0] > 0)
+    return jnp.where(ok, blk * c + i, -1).astype(jnp.int32)
+
+
 def sample_from_logits(logits: jax.Array, uniforms: jax.Array, temperature: jax.Array, top_p: jax.Array,
                        top_k: jax.Array) -> jax.Array:
     """logits [B, V] float32, uniforms [B] in [0, 1) -> token ids int32 [B].
@@ -59,21 +102,17 @@ def sample_from_logits(logits: jax.Array, uniforms: jax.Array, temperature: jax.
     """
 
     def greedy(_):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return first_max_index(logits)
 
     def sample(_):
         scaled = logits / jnp.maximum(temperature, 1e-6)
         need_filter = (top_p < 1.0) | (top_k > 0)
-        keep = jax.lax.cond(need_filter, lambda s: filter_mask(s, top_p, top_k),
-                            lambda s: jnp.ones(s.shape, bool), scaled)
-        masked = jnp.where(keep, scaled, -jnp.inf)
+        masked = jax.lax.cond(need_filter, lambda s: jnp.where(filter_mask(s, top_p, top_k), s, -jnp.inf),
+                              lambda s: s, scaled)
         weights = jnp.exp(masked - jnp.max(masked, axis=-1, keepdims=True))  # 0 outside the filter
-        cdf = jnp.cumsum(weights, axis=-1)
-        target = uniforms[:, None] * cdf[:, -1:]
-        # First index whose cdf passes the target; zero-weight tokens never pass first.
-        tok = jnp.argmax(cdf > target, axis=-1)
-        best = jnp.argmax(masked, axis=-1)  # guards the (rounding) case where none passes
-        return jnp.where(jnp.any(cdf > target, axis=-1), tok, best).astype(jnp.int32)
+        tok = inverse_cdf(weights, uniforms)
+        # The most likely token guards the (rounding) case where none passes.
+        return jax.lax.cond(jnp.any(tok < 0), lambda: jnp.where(tok >= 0, tok, first_max_index(masked)), lambda: tok)
 
     return jax.lax.cond(temperature <= 0.0, greedy, sample, None)
 
