@@ -184,3 +184,24 @@ def test_inverse_cdf_is_the_first_index_past_the_target(v, block):
     chosen = got[got >= 0]
     assert np.all(w[np.arange(b)[got >= 0], chosen] > 0)  # never a zero-weight token
     assert _block_size(151936, 1024) == 128 and _block_size(1000, 64) == 64 and _block_size(37, 1024) == 37
+
+
+def test_prefill_attention_row_loop_equals_all_rows_at_once():
+    from memsearcher_jax.sampling.layers import cached_attention
+
+    rng = np.random.RandomState(2)
+    b, t, s, kh, g, d = 3, 5, 9, 2, 3, 8
+    q = jnp.asarray(rng.randn(b, t, kh * g, d), jnp.float32)
+    k, v = (jnp.asarray(rng.randn(b, kh, s, d), jnp.float32) for _ in range(2))
+    mask = jnp.asarray(rng.rand(b, t, s) < 0.7).at[:, :, 0].set(True)
+    want = jax.jit(lambda *a: cached_attention(*a, by_row=False))(q, k, v, mask)
+    got = jax.jit(lambda *a: cached_attention(*a, by_row=True))(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    # and both are softmax(q k^T / sqrt(d)) v per head over the unmasked slots
+    qn, kn, vn, mn = map(np.asarray, (q, k, v, mask))
+    heads = np.arange(kh * g) // g
+    sc = np.einsum("bthd,bhsd->bths", qn, kn[:, heads]) / np.sqrt(d)
+    sc = np.where(mn[:, :, None], sc, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(got), np.einsum("bths,bhsd->bthd", p, vn[:, heads]), rtol=1e-4, atol=1e-5)

@@ -102,11 +102,13 @@ def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig
     return {"layers": layers, "final_norm": final_norm, "head": head, "embed": embed}
 
 
-def cached_attention(q, k, v, mask):
+def cached_attention(q, k, v, mask, by_row: bool = False):
     """q [B, T, H, Dh], cache k/v [B, K, S, Dh], mask [B, T, S] -> [B, T, H, Dh]; f32 softmax.
 
     One new token (T == 1) is a matrix-vector product per head, which XLA CPU runs far
     faster as broadcast-multiply-reduce than as a batched dot of tiny matrices.
+    by_row (prefill on XLA CPU, batch not sharded): one row at a time in a loop, so its
+    [K, G, T, S] scores stay in cache; 3-4x faster than all rows at once at 0.5B shapes.
     """
     b, t, h, d = q.shape
     kh = k.shape[1]
@@ -119,6 +121,8 @@ def cached_attention(q, k, v, mask):
         probs = jax.nn.softmax(scores, axis=-1)
         out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)  # [B, K, G, Dh]
         return out.reshape(b, 1, h, d).astype(q.dtype)
+    if by_row:
+        return jax.lax.map(lambda a: _grouped_attention(*(x[None] for x in a))[0], (q, k, v, mask))
     qg = q.reshape(b, t, kh, g, d)
     scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
@@ -126,13 +130,29 @@ def cached_attention(q, k, v, mask):
     return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, d)
 
 
+def _grouped_attention(q, k, v, mask):
+    """cached_attention's many-token case with the queries laid out [B, K, G * T, Dh], so both
+    products are plain batched matrix products without transposed copies of the scores."""
+    b, t, h, d = q.shape
+    kh = k.shape[1]
+    g = h // kh
+    qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
+    scores = jax.lax.dot_general(qg, k, (((3,), (3,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores.reshape(b, kh, g, t, -1) * d ** -0.5, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * t, -1)
+    out = jax.lax.dot_general(probs, v, (((3,), (2,)), ((0, 1), (0, 1))))  # [B, K, G * T, Dh]
+    return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
 class LayerMath:
     """Decoder layers over the sampler layout and a head-major per-layer cache [B, K, S, Dh]:
     the same math as Qwen2._layer (tests compare with the model's full forward)."""
 
-    def __init__(self, config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None, weights_left: bool):
+    def __init__(self, config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None, weights_left: bool,
+                 attention_by_row: bool):
         self.config, self.sharding, self.mesh = config, sharding, mesh
         self.weights_left = weights_left  # for decode steps (one token per row)
+        self.attention_by_row = attention_by_row  # for prefill (many tokens per row)
 
     def _proj(self, x, w, n_in: int = 1):
         return project(x, w.astype(x.dtype), n_in, self.weights_left and x.shape[1] == 1)
@@ -156,7 +176,8 @@ class LayerMath:
         ck, cv = kv
         ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (0, 0, write_index, 0))
         cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, write_index, 0))
-        attn = constrain(cached_attention(q, ck.astype(dt), cv.astype(dt), mask), sh.act_bthd, mesh)
+        attn = cached_attention(q, ck.astype(dt), cv.astype(dt), mask, self.attention_by_row)
+        attn = constrain(attn, sh.act_bthd, mesh)
         x = x + constrain(self._proj(attn, p["o"], 2), sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
         gate_up = self._proj(h, p["gate_up"])  # [B, T, 2, F]

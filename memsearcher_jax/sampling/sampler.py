@@ -140,7 +140,9 @@ class Sampler:
         self._sharding: ShardingConfig = model.sharding
         platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
         self._fused_qkv = fuse_qkv(self.config, self._sharding, mesh)
-        self._math = LayerMath(self.config, self._sharding, mesh, weights_left=platform == "cpu")
+        # XLA CPU layouts (layers.py); a row loop in prefill attention only while rows are not split.
+        self._math = LayerMath(self.config, self._sharding, mesh, weights_left=platform == "cpu",
+                               attention_by_row=platform == "cpu" and self._batch_shards() == 1)
         self._graphdef, state = nnx.split(model)
         self._layout_fn = jax.jit(self._layout)
         self._params = self._layout_fn(state)
