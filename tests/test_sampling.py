@@ -210,6 +210,20 @@ def test_query_heads_split_but_kv_heads_not_keeps_q_apart(tmp_path):
     assert [o.tokens for o in greedy] == [_naive_greedy(model, p, 6) for p in prompts]
 
 
+def test_accelerator_forms_equal_the_cpu_forms(hf_and_model, sampler):
+    # Off CPU the sampler takes the ordinary product forms (no weights-left decode products,
+    # no row loop in prefill attention); force them here and compare with the CPU forms.
+    model = hf_and_model[1]
+    s = Sampler(model, cache_dtype=jnp.float32)
+    s._math.weights_left = s._math.attention_by_row = False
+    prompts = _prompts(13, (9, 3, 14))
+    kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=6)
+    for a, b in zip(sampler.generate(prompts, **kw), s.generate(prompts, **kw)):
+        assert a.tokens == b.tokens
+        assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-5
+    assert sampler._math.weights_left and sampler._math.attention_by_row  # the fixture ran the CPU forms
+
+
 def test_duplicate_prompts_prefilled_once_equal_the_plain_path(hf_and_model):
     # A group's G samples start from one identical prompt: prefilled once, sampled per row.
     model = hf_and_model[1]
