@@ -66,6 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampler = ml_collections.ConfigDict()
     c.sampler.cache_dtype = "float32"
     c.sampler.batch_size = 0         # rows per sampler call (0: every live row in one call)
+    c.sampler.prefill_query_block = 512  # prefill attention: queries per block (0: all at once)
 
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 800                # supervised warm start before GRPO (0: none)

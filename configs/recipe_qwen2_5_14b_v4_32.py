@@ -6,14 +6,13 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 16 chips x 32 GiB on 4 hosts of 4 chips: does NOT fit, even at one row per sampler call (~1.9x): tp is
+    # 16 chips x 32 GiB on 4 hosts of 4 chips: does NOT fit, even at one row per sampler call (~1.7x): tp is
     # capped at the 4 chips of a host (global_mesh keeps tensor parallelism inside a host), and 14.8B f32
-    # params, reference and moments are ~14 GiB per chip next to the sampler's own f32 copy (~14 GiB at
-    # tp=4), held twice while update_params rebuilds it; 128 rows per call add the prefill's attention
-    # scores. Needs a v4-64 or larger.
+    # params, reference and moments are ~14 GiB per chip next to the sampler's own bf16 copy (~7 GiB at
+    # tp=4), before the update's ~27 GiB. Needs a v4-64 or larger.
     c = recipe("qwen2_5_14b", "v4_32", data=1, fsdp=4, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=4, logprob_batch_size=4)
-    c.sampler.batch_size = 128  # rollout rows per sampler call (a power of two, the sampler's own bucket)
+    c.sampler.batch_size = 16  # rows per sampler call; more would make the rollout the peak
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

@@ -6,13 +6,14 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 64 chips x 16 GiB on 16 hosts of 4 chips: does NOT fit, even at one row per sampler call (~3.1x): tp is
+    # 64 chips x 16 GiB on 16 hosts of 4 chips: does NOT fit, even at one row per sampler call (~2.2x): tp is
     # capped at the 4 chips of a host (global_mesh keeps tensor parallelism inside a host), so the
-    # sampler's own f32 copy alone is ~14 GiB per chip, and it is held twice while update_params rebuilds
-    # it; 128 rows per call add the prefill's attention scores. Use v5p-128.
+    # sampler's own bf16 copy alone is ~7 GiB per chip, and update_params rebuilds it from an f32
+    # re-layout (~21 GiB at the refresh); the update phase alone adds ~20 GiB at 8K tokens.
+    # Use v5p-128.
     c = recipe("qwen2_5_14b", "v5e_64", data=1, fsdp=16, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=16, logprob_batch_size=16)
-    c.sampler.batch_size = 128  # rollout rows per sampler call (a power of two, the sampler's own bucket)
+    c.sampler.batch_size = 8  # rows per sampler call; more would make the rollout the peak
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

@@ -7,13 +7,14 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 def get_config():
     # 64 chips x 16 GiB on 16 hosts of 4 chips, the tightest pod: tp=4, the most a host holds (global_mesh
-    # keeps tensor parallelism inside a host), cuts the sampler's TP-only f32 copy and the logits 4 ways;
-    # fsdp=16 splits the weights and the batch. Fits at ~95% of usable, peak in the update.
+    # keeps tensor parallelism inside a host), cuts the sampler's TP-only copy and the logits 4 ways;
+    # fsdp=16 splits the weights and the batch. Fits at ~85% of usable, peak in the update.
     c = recipe("qwen2_5_3b", "v5e_64", data=1, fsdp=16, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=16, logprob_batch_size=16)
     # Rollout: each host samples its 80 rows on its own 4 chips (mesh 1x1x4; the 2 KV heads do not split 4
-    # ways, so every chip holds the call's whole cache) and the prefill's unchunked attention scores cost
-    # ~3.2 GiB per row per chip at 8K tokens: 2 rows per call (40 calls per generation phase).
-    c.sampler.batch_size = 2  # rows per sampler call (a power of two: the sampler's own bucket)
+    # ways, so every chip holds the call's whole cache): ~0.35 GiB of cache and ~0.68 GiB of prefill
+    # (grid K/V, mask, 512-query attention blocks) per row per chip at 8K tokens: 8 rows per call
+    # (10 calls per generation phase); 16 would need ~130%.
+    c.sampler.batch_size = 8  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

@@ -6,13 +6,12 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 64 chips x 16 GiB on 16 hosts of 4 chips: does NOT fit, even at one row per sampler call (~1.6x): the
-    # sampler's own f32 copy (~7 GiB at tp=4, the most a host allows) is held twice while update_params
-    # rebuilds it, on top of ~9 GiB persistent; 256 rows per call add the prefill's attention scores.
-    # Use v5p, or a bf16 sampler copy.
+    # 64 chips x 16 GiB on 16 hosts of 4 chips: does NOT fit, even at one row per sampler call (~1.3x): the
+    # sampler's own bf16 copy (~3.5 GiB at tp=4, the most a host allows) on top of ~1.8 GiB of sharded
+    # f32 state, then the update's ~14 GiB of activations and logits at 8K tokens. Use v5p.
     c = recipe("qwen2_5_7b", "v5e_64", data=1, fsdp=16, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=16, logprob_batch_size=16)
-    c.sampler.batch_size = 256  # rollout rows per sampler call (a power of two, the sampler's own bucket)
+    c.sampler.batch_size = 16  # rows per sampler call; more would make the rollout the peak
     c.hardware.fits_expected = False  # the planner says so; kept to show why
     return c

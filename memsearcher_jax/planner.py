@@ -9,7 +9,7 @@ The phases never overlap in time, so the total is NOT the sum of all rows:
 
     persistent  params, reference params, AdamW moments, the Sampler's own per-layer copy of
                 the weights (TP-only layout; always a copy, even where the layouts agree)
-    rollout     + KV cache and prefill attention of the largest sampler call, shaped as the
+    rollout     + KV cache and prefill activations of the largest sampler call, shaped as the
                   Sampler pads it (`sampler_call`): rows up to the batch bucket, slots up to
                   the prompt and budget buckets, on the sampler's mesh (host-local on a pod)
     scoring     + forward activations of one log-prob chunk (logprob_batch_size rows)
@@ -333,7 +333,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         PlanRow("reference params", "persistent", p_el * pbytes, "frozen copy for the KL term"),
         # optax.adamw keeps mu and nu in the parameter dtype and layout.
         PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
-        PlanRow("sampler weights", "persistent", sampler_el * pbytes,
+        PlanRow("sampler weights", "persistent", sampler_el * abytes,
                 f"the Sampler's per-layer copy of all {len(shapes)} tensors, TP-only"),
     ]
 
@@ -341,32 +341,45 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     tp = mesh[2]
     L, D, F, H, K, Dh, V = (mc.num_layers, mc.hidden_size, mc.intermediate_size, mc.num_heads, mc.num_kv_heads,
                             mc.head_dim, mc.vocab_size)
-    # Rollout: the Sampler's cache, per layer k, v [B, K, S, Dh] with the cache spec, and the
-    # prefill's attention: _cached_attention materialises f32 scores [B, K, G, T, S] for a whole
-    # layer, not chunked; XLA (CPU, measured in tests/test_planner.py) holds them with one more
-    # f32 temporary of the softmax and the probabilities in the compute dtype, next to the
-    # [B, T, S] mask.
+    # Rollout: the Sampler's cache, per layer k, v [B, K, S, Dh] with the cache spec, and what
+    # its prefill program holds besides (sampler.py `_prefill_impl`): the packed grid's own
+    # cache (every layer's K/V over the prefix + suffix slots, gathered into the decode cache at
+    # the end; at worst one grid row per call row), the [rows, T, P + T] mask, one query
+    # block's attention (f32 scores + the softmax's temporary or the probabilities,
+    # [rows, heads, block, P + T]), and one layer's MLP (gate, up, their product) and residual.
+    # Calibrated against XLA's buffer assignment for the compiled prefill on CPU
+    # (tests/test_planner.py), where it is 5-15% above what XLA holds.
+    from memsearcher_jax.sampling.layers import query_block_size
+    from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK
+
     cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
     layer_spec = P(cs[1], cs[3], cs[2], cs[4])
 
-    def rollout_rows(call: SamplerCall) -> tuple[int, int]:
+    def rollout_rows(call: SamplerCall) -> tuple[int, int, int]:
         kv = 2 * L * per_device_elems((call.batch, K, call.slots, Dh), layer_spec, call.mesh) * cbytes
+        keys = call.prefix + call.suffix  # the grid's slots
+        grid = 2 * L * per_device_elems((call.batch, K, keys, Dh), layer_spec, call.mesh) * cbytes
         rows_loc = call.batch // (call.mesh[0] * call.mesh[1])
-        h_loc = H // call.mesh[2] if H % call.mesh[2] == 0 else H
-        attn = rows_loc * call.suffix * call.slots * (h_loc * (4 + 4 + abytes) + 1)
-        return kv, attn
+        tp_ = call.mesh[2]
+        h_loc = H // tp_ if H % tp_ == 0 else H
+        f_loc = F // tp_ if F % tp_ == 0 else F
+        blk = query_block_size(call.suffix, int(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK)))
+        mask = rows_loc * call.suffix * keys
+        scores = rows_loc * h_loc * blk * keys * (4 + abytes)
+        layer = rows_loc * call.suffix * (3 * f_loc + D) * abytes
+        return kv, grid + mask + scores + layer, blk
 
-    call = max(sampler_calls(cfg), key=lambda c: sum(rollout_rows(c)))
-    kv_b, attn_b = rollout_rows(call)
+    call = max(sampler_calls(cfg), key=lambda c: sum(rollout_rows(c)[:2]))
+    kv_b, prefill_b, blk = rollout_rows(call)
     on = (f"host-local mesh {'x'.join(map(str, call.mesh))}" if call.mesh != mesh
           else f"{call.mesh[0] * call.mesh[1]} batch shards")
     rows.append(PlanRow("KV cache", "rollout", kv_b,
                         f"{call.batch} rows ({call.rows} live) x {call.slots} slots (P {call.prefix} + T "
                         f"{call.suffix} + N {call.new}), {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"))
     h_note = f"{H}/{call.mesh[2]}" if H % call.mesh[2] == 0 else str(H)
-    rows.append(PlanRow("prefill attention", "rollout", attn_b,
-                        f"[{call.batch // (call.mesh[0] * call.mesh[1])}, {h_note} heads, {call.suffix}, "
-                        f"{call.slots}] f32 scores, softmax temporary, probs, mask; one layer"))
+    rows.append(PlanRow("prefill activations", "rollout", prefill_b,
+                        f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "
+                        f"{h_note} heads, {blk} queries, {call.prefix + call.suffix}] scores, one MLP"))
 
     # A training row is one conversation, padded to a power-of-two bucket.
     s_conv = conversation_tokens(cfg)
@@ -410,7 +423,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
     # Logits and softmax saved for the backward, their cotangent and one temporary: f32, vocab over tp.
     rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4), f"[{mb_t}, {seq}, V/{tp}] f32 x 4"))
-    rows.append(PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * pbytes,
+    rows.append(PlanRow("sampler refresh", "refresh", relaid_el * pbytes + sampler_el * abytes,
                         f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"))
 
     name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"

@@ -17,6 +17,7 @@ from memsearcher_jax import planner
 from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, make_mesh, shard_model
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
+from memsearcher_jax.rl.trainer import prefill_query_block
 from memsearcher_jax.sampling import Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,9 +50,11 @@ def per_device_bytes(tree) -> int:
     return max(held.values())
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (2, 2, 2), (1, 1, 8), (1, 8, 1)])
-def test_plan_matches_bytes_held_by_live_arrays(mesh_shape):
-    cfg = tiny_cfg(*mesh_shape)
+@pytest.mark.parametrize("mesh_shape, dtype", [((1, 4, 2), "float32"), ((2, 2, 2), "float32"), ((1, 1, 8), "float32"),
+                                               ((1, 8, 1), "float32"), ((1, 4, 2), "bfloat16")])
+def test_plan_matches_bytes_held_by_live_arrays(mesh_shape, dtype):
+    # dtype: the compute dtype over f32 master weights (the sampler's copy is kept in it).
+    cfg = tiny_cfg(*mesh_shape, dtype=dtype)
     plan = planner.plan_memory(cfg)
     mc = planner.model_config_for_plan(cfg)
     mesh = make_mesh(*mesh_shape, devices=jax.devices()[:8])
@@ -108,7 +111,8 @@ def run_real_sampler(cfg, call, attention_by_row=None):
     mc = planner.model_config_for_plan(cfg)
     n = math.prod(call.mesh)
     mesh = make_mesh(*call.mesh, devices=jax.devices()[:n]) if n > 1 else None
-    sampler = Sampler(Qwen2(mc, rngs=nnx.Rngs(0)), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh)
+    sampler = Sampler(Qwen2(mc, rngs=nnx.Rngs(0)), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
+                      prefill_query_block=prefill_query_block(cfg))
     if attention_by_row is not None:
         sampler._math.attention_by_row = attention_by_row
     # Every prompt has the longest length; they share exactly call.shared_prefix tokens.
@@ -166,20 +170,32 @@ def test_shared_prefix_split_shapes_match_the_sampler():
     assert shape[2] == widest.slots
 
 
-def test_prefill_attention_row_tracks_the_compiled_prefill():
-    # Long enough prompts (512-slot suffix) that the [B, K, G, T, S] scores dominate the
-    # prefill program's temporaries, as they do at 8K tokens.
-    cfg = tiny_cfg(1, 1, 1)
-    cfg.agent.max_context_tokens = 400
+@pytest.mark.parametrize("context, block, layers", [(400, 0, 2), (400, 64, 2), (400, 16, 6), (800, 128, 2)],
+                         ids=["unblocked", "blocks-of-64", "blocks-of-16-six-layers", "shared-prefix-blocks-of-128"])
+def test_prefill_row_tracks_the_compiled_prefill(context, block, layers):
+    # Long enough prompts (512- and 768-slot suffixes) that the prefill's own buffers (grid
+    # cache, mask, attention scores, MLP) dominate its program's temporaries, as at 8K tokens.
+    cfg = tiny_cfg(1, 1, 1, num_layers=layers)
+    cfg.agent.max_context_tokens = context
+    cfg.sampler.prefill_query_block = block
     plan = planner.plan_memory(cfg)
-    assert plan.sampler_call.suffix == 512
-    # The planner plans the accelerators' path (GPU/TPU: the whole batch's scores at once).
-    _, _, temp = run_real_sampler(cfg, plan.sampler_call, attention_by_row=False)
-    want = plan.row("prefill attention").bytes
+    call = plan.sampler_call
+    assert call.suffix >= 512 and (call.prefix > 0) == (context == 800)
+    # The planner plans the accelerators' path (GPU/TPU: the whole batch at once, in query blocks).
+    _, _, temp = run_real_sampler(cfg, call, attention_by_row=False)
+    want = plan.row("prefill activations").bytes
     assert abs(want - temp) / temp < 0.2, f"planned {want}, the compiled prefill holds {temp} temporary bytes"
-    # On CPU the sampler computes the scores one row at a time: the plan is an upper bound there.
-    _, _, temp_cpu = run_real_sampler(cfg, plan.sampler_call)
+    # On CPU the sampler goes one row at a time as well: the plan is an upper bound there.
+    _, _, temp_cpu = run_real_sampler(cfg, call)
     assert temp_cpu < want
+
+
+def test_query_blocks_shrink_the_prefill_row():
+    cfg = load_config(os.path.join(ROOT, "configs", "recipe_qwen2_5_3b_h100_8.py"), [])
+    blocked = planner.plan_memory(cfg).row("prefill activations").bytes
+    cfg.sampler.prefill_query_block = 0
+    whole = planner.plan_memory(cfg).row("prefill activations").bytes
+    assert blocked < whole / 4
 
 
 def test_tensor_parallelism_across_hosts_is_refused():
@@ -201,9 +217,9 @@ def test_unsharded_params_are_num_params_times_itemsize():
     assert plan.model_name == "qwen2_5_3b" or "3085" in plan.model_name
     assert plan.row("params").bytes == 4 * n
     assert plan.row("optimizer state").bytes == 8 * n
-    # One device: the layouts agree, yet the Sampler slices its own per-layer copy.
-    assert plan.row("sampler weights").bytes == 4 * n
-    assert plan.row("sampler refresh").bytes == 4 * n
+    # One device: the layouts agree, yet the Sampler slices its own per-layer copy, in bf16.
+    assert plan.row("sampler weights").bytes == 2 * n
+    assert plan.row("sampler refresh").bytes == 2 * n
 
 
 def test_more_sharding_never_costs_more_per_device():
@@ -272,12 +288,12 @@ def test_main_prints_the_table_and_exit_code(capsys):
 def test_cli_plan_subcommand(capsys):
     from memsearcher_jax.cli import main as cli_main
 
-    # The recipe with all 1280 rows in one sampler call: the prefill's attention scores alone
-    # are terabytes per device; 8 rows per call (a --config override) fit in 1000 GiB.
+    # The recipe with all 1280 rows in one sampler call: its cache and prefill are hundreds of
+    # GiB per device; 8 rows per call (a --config override) fit in 500 GiB.
     recipe = os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")
-    assert cli_main(["plan", "--config", recipe, "--device-memory-gib", "1000"]) == 1
+    assert cli_main(["plan", "--config", recipe, "--device-memory-gib", "500"]) == 1
     assert "fits: NO" in capsys.readouterr().out
-    assert cli_main(["plan", "--config", recipe, "--device-memory-gib", "1000", "--config.sampler.batch_size=8"]) == 0
+    assert cli_main(["plan", "--config", recipe, "--device-memory-gib", "500", "--config.sampler.batch_size=8"]) == 0
     assert "fits: yes" in capsys.readouterr().out
 
 

@@ -224,6 +224,56 @@ def test_accelerator_forms_equal_the_cpu_forms(hf_and_model, sampler):
     assert sampler._math.weights_left and sampler._math.attention_by_row  # the fixture ran the CPU forms
 
 
+def test_query_block_size_divides_the_queries():
+    from memsearcher_jax.sampling.layers import query_block_size
+
+    assert query_block_size(8192, 512) == 512
+    assert query_block_size(256, 512) == 256 and query_block_size(256, 0) == 256
+    assert query_block_size(96, 64) == 48  # the largest divisor that is not above the block
+    assert query_block_size(97, 8) == 1
+
+
+def test_blocked_prefill_attention_equals_unblocked(hf_and_model):
+    # Long prompts (64-slot suffix bucket) through prefill attention 8 queries at a time, on the
+    # CPU row loop, on the accelerators' whole-batch form, and on a sharded mesh.
+    model = hf_and_model[1]
+    prompts = _prompts(21, (60, 33, 47, 5))
+    kw = dict(max_new_tokens=6, temperature=1.0, top_p=0.95, seed=3)
+    whole = Sampler(model, cache_dtype=jnp.float32, prefill_query_block=0)
+    ref = whole.generate(prompts, **kw)
+    for by_row in (True, False):
+        s = Sampler(model, cache_dtype=jnp.float32, prefill_query_block=8)
+        s._math.attention_by_row = by_row
+        for a, b in zip(ref, s.generate(prompts, **kw)):
+            assert a.tokens == b.tokens
+            assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-5
+    sharded = Sampler(model, cache_dtype=jnp.float32, mesh=make_mesh(2, 2, 2), prefill_query_block=8)
+    for a, b in zip(ref, sharded.generate(prompts, **kw)):
+        assert a.tokens == b.tokens
+        assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-4
+    assert [o.tokens for o in sharded.generate(prompts[:2], max_new_tokens=4)] == \
+        [_naive_greedy(model, p, 4) for p in prompts[:2]]
+    with pytest.raises(ValueError, match="prefill_query_block must be an integer >= 0"):
+        Sampler(model, prefill_query_block=-1)
+
+
+def test_weight_copy_is_in_the_compute_dtype(hf_and_model):
+    # f32 master weights computing in bf16: the sampler's copy is bf16 (half the bytes), and
+    # rounding once at layout time is what the layer math would do at every use.
+    d = model_dir_of(hf_and_model)
+    mixed = from_pretrained(d, dtype="bfloat16", param_dtype="float32")
+    s = Sampler(mixed, cache_dtype=jnp.float32)
+    assert {leaf.dtype for leaf in jax.tree.leaves(s._params)} == {jnp.dtype(jnp.bfloat16)}
+    prompts = _prompts(22, (9, 4))
+    kw = dict(max_new_tokens=6, temperature=1.0, seed=1)
+    want = s.generate(prompts, **kw)
+    # The same model stored in bf16 throughout samples the same tokens and log-probs.
+    bf16 = from_pretrained(d, dtype="bfloat16", param_dtype="bfloat16")
+    got = Sampler(bf16, cache_dtype=jnp.float32).generate(prompts, **kw)
+    for a, b in zip(want, got):
+        assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
 def test_duplicate_prompts_prefilled_once_equal_the_plain_path(hf_and_model):
     # A group's G samples start from one identical prompt: prefilled once, sampled per row.
     model = hf_and_model[1]

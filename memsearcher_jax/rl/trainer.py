@@ -66,6 +66,13 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
                       min_seq_len=rl.min_seq_len, loss=loss, optim=optim)
 
 
+def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
+    """sampler.prefill_query_block, or the Sampler's default when the config names none."""
+    from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK
+
+    return int(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK))
+
+
 def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     """Cheap checks with messages naming the key; everything typed is validated by its dataclass.
 
@@ -74,6 +81,9 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
         if cfg.rl[key] < 1:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
+    block = cfg.sampler.get("prefill_query_block", 0)
+    if not isinstance(block, int) or block < 0:
+        problems.append(f"sampler.prefill_query_block must be an integer >= 0 (0 = unblocked), got {block!r}")
     if cfg.train.steps < 0:
         problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
     if cfg.train.save_every < 1 or cfg.train.keep < 1:
@@ -321,7 +331,7 @@ class Trainer:
         from memsearcher_jax.sampling import Sampler
 
         self.sampler = Sampler(self._sampling_model(), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype),
-                               mesh=self.sampler_mesh)
+                               mesh=self.sampler_mesh, prefill_query_block=prefill_query_block(cfg))
         self.runner = AgentRunner(self.setup.builder, self.sampler, self.setup.retriever, self.agent_cfg)
         self.step = 0
         self._ckpt = None

@@ -76,9 +76,12 @@ def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig
     G = H // K
     ax = lambda name, dim: tuple(param_spec(name, stacked[name.split(".")[1]].ndim, sharding))[dim]
     heads, kv_heads, ff = ax("layers.q_kernel", 2), ax("layers.k_kernel", 2), ax("layers.up_kernel", 2)
+    # Every weight is kept in the compute dtype: the layer math casts each one to it before use
+    # anyway (rms_norm too), so an f32-master model's copy costs half and computes the same.
+    dt = jnp.dtype(c.dtype)
     layers = []
     for i in range(c.num_layers):
-        s = {n: a[i] for n, a in stacked.items()}
+        s = {n: a[i].astype(dt) for n, a in stacked.items()}
         q = s["q_kernel"].transpose(1, 2, 0)  # [H, Dh, D]
         k, v = s["k_kernel"].transpose(1, 2, 0), s["v_kernel"].transpose(1, 2, 0)  # [K, Dh, D]
         layer = {"attn_norm": s["attn_norm"], "mlp_norm": s["mlp_norm"]}
@@ -96,19 +99,22 @@ def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig
         layers.append(layer)
     vocab = tuple(sharding.lm_head)[1]
     if lm_head is None:
-        head, embed = put(embed, P(vocab)), None
+        head, embed = put(embed.astype(dt), P(vocab)), None
     else:
-        head, embed = put(lm_head.T, P(vocab)), put(embed, sharding.embed)
-    return {"layers": layers, "final_norm": final_norm, "head": head, "embed": embed}
+        head, embed = put(lm_head.T.astype(dt), P(vocab)), put(embed.astype(dt), sharding.embed)
+    return {"layers": layers, "final_norm": final_norm.astype(dt), "head": head, "embed": embed}
 
 
-def cached_attention(q, k, v, mask, by_row: bool = False):
+def cached_attention(q, k, v, mask, by_row: bool = False, query_block: int = 0):
     """q [B, T, H, Dh], cache k/v [B, K, S, Dh], mask [B, T, S] -> [B, T, H, Dh]; f32 softmax.
 
     One new token (T == 1) is a matrix-vector product per head, which XLA CPU runs far
     faster as broadcast-multiply-reduce than as a batched dot of tiny matrices.
-    by_row (prefill on XLA CPU, batch not sharded): one row at a time in a loop, so its
-    [K, G, T, S] scores stay in cache; 3-4x faster than all rows at once at 0.5B shapes.
+    Many tokens (prefill) go through `_grouped_attention`, `query_block` queries at a time
+    (0: all at once), so the f32 scores held at once are [B, K, G, query_block, S] instead of
+    [B, K, G, T, S]: at 8K-token prompts the unchunked scores are GiBs per row.
+    by_row (prefill on XLA CPU, batch not sharded): one row at a time as well, so the scores
+    stay in cache; 3-4x faster than all rows at once at 0.5B shapes.
     """
     b, t, h, d = q.shape
     kh = k.shape[1]
@@ -122,12 +128,31 @@ def cached_attention(q, k, v, mask, by_row: bool = False):
         out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)  # [B, K, G, Dh]
         return out.reshape(b, 1, h, d).astype(q.dtype)
     if by_row:
-        return jax.lax.map(lambda a: _grouped_attention(*(x[None] for x in a))[0], (q, k, v, mask))
-    qg = q.reshape(b, t, kh, g, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, d)
+        return jax.lax.map(lambda a: _blocked_attention(*(x[None] for x in a), query_block)[0], (q, k, v, mask))
+    return _blocked_attention(q, k, v, mask, query_block)
+
+
+def query_block_size(t: int, query_block: int) -> int:
+    """The block `_blocked_attention` uses for T queries: the largest divisor of T that is at
+    most query_block (T itself when query_block is 0 or >= T). Buckets are powers of two, so
+    this is query_block itself whenever it is a power of two below T."""
+    if query_block <= 0 or query_block >= t:
+        return t
+    return next(n for n in range(query_block, 0, -1) if t % n == 0)
+
+
+def _blocked_attention(q, k, v, mask, query_block: int):
+    """_grouped_attention over consecutive blocks of queries, one block at a time (a loop, so
+    one block's scores are live at once); the keys are all S slots for every block."""
+    b, t, h, d = q.shape
+    blk = query_block_size(t, query_block)
+    if blk == t:
+        return _grouped_attention(q, k, v, mask)
+    n = t // blk
+    qb = q.reshape(b, n, blk, h, d).swapaxes(0, 1)       # [n, B, blk, H, Dh]
+    mb = mask.reshape(b, n, blk, -1).swapaxes(0, 1)      # [n, B, blk, S]
+    out = jax.lax.map(lambda a: _grouped_attention(a[0], k, v, a[1]), (qb, mb))
+    return out.swapaxes(0, 1).reshape(b, t, h, d)
 
 
 def _grouped_attention(q, k, v, mask):
@@ -149,10 +174,11 @@ class LayerMath:
     the same math as Qwen2._layer (tests compare with the model's full forward)."""
 
     def __init__(self, config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None, weights_left: bool,
-                 attention_by_row: bool):
+                 attention_by_row: bool, query_block: int = 0):
         self.config, self.sharding, self.mesh = config, sharding, mesh
         self.weights_left = weights_left  # for decode steps (one token per row)
         self.attention_by_row = attention_by_row  # for prefill (many tokens per row)
+        self.query_block = query_block  # prefill attention: queries per block (0: all at once)
 
     def _proj(self, x, w, n_in: int = 1):
         return project(x, w.astype(x.dtype), n_in, self.weights_left and x.shape[1] == 1)
@@ -176,7 +202,7 @@ class LayerMath:
         ck, cv = kv
         ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (0, 0, write_index, 0))
         cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, write_index, 0))
-        attn = cached_attention(q, ck.astype(dt), cv.astype(dt), mask, self.attention_by_row)
+        attn = cached_attention(q, ck.astype(dt), cv.astype(dt), mask, self.attention_by_row, self.query_block)
         attn = constrain(attn, sh.act_bthd, mesh)
         x = x + constrain(self._proj(attn, p["o"], 2), sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)

@@ -17,9 +17,10 @@ budget is spent; its state is donated so the cache is updated in place, and no t
 leaves the device until the loop ends. Parameters are jit arguments, so
 `update_params` after an optimizer step reuses the compiled programs.
 
-The sampler keeps its own copy of the weights in a decode-friendly layout (layers.py), made
-once per `update_params`: one array per layer instead of the model's stacked [L, ...] arrays
-(slicing a stacked weight inside the loop costs a copy per step on XLA CPU), every matrix
+The sampler keeps its own copy of the weights, in the compute dtype and a decode-friendly
+layout (layers.py), made once per `update_params`: one array per layer instead of the
+model's stacked [L, ...] arrays (slicing a stacked weight inside the loop costs a copy per
+step on XLA CPU), every matrix
 output-major with q/k/v and gate/up fused, and the logits matrix [V, D] (for tied embeddings
 the embedding table itself). The cache is one (k, v) pair per layer, head-major
 [B, K, S, Dh], so each decode step writes one slot in place and decode attention reads each
@@ -57,6 +58,11 @@ class Completion:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str
+
+
+# Queries per block in the prefill's attention. 512 keeps the f32 scores of an 8K-slot cache at
+# ~20 MiB per head per row, while each block's products stay large enough to run at full speed.
+DEFAULT_QUERY_BLOCK = 512
 
 
 class DecodeState(NamedTuple):
@@ -124,11 +130,16 @@ class Sampler:
     model: a Qwen2. With `mesh`, the model is laid out with ShardingConfig.sampling() (TP
     weights, batch over data and fsdp) unless it already lives on that mesh.
     cache_dtype: KV-cache storage dtype. max_len: longest prompt + budget accepted
-    (defaults to the model's max_position_embeddings).
+    (defaults to the model's max_position_embeddings). prefill_query_block: the prefill's
+    attention takes this many queries at a time (0: all at once), which bounds its f32 scores
+    to [rows, heads, block, slots] per layer.
     """
 
     def __init__(self, model: Qwen2, *, cache_dtype=jnp.bfloat16, mesh: Mesh | None = None,
-                 buckets: BucketConfig | None = None, max_len: int | None = None):
+                 buckets: BucketConfig | None = None, max_len: int | None = None,
+                 prefill_query_block: int = DEFAULT_QUERY_BLOCK):
+        if int(prefill_query_block) != prefill_query_block or prefill_query_block < 0:
+            raise ValueError(f"prefill_query_block must be an integer >= 0 (0 = unblocked), got {prefill_query_block}")
         self.mesh = mesh
         self.cache_dtype = jnp.dtype(cache_dtype)
         self.buckets = buckets or BucketConfig()
@@ -142,7 +153,8 @@ class Sampler:
         self._fused_qkv = fuse_qkv(self.config, self._sharding, mesh)
         # XLA CPU layouts (layers.py); a row loop in prefill attention only while rows are not split.
         self._math = LayerMath(self.config, self._sharding, mesh, weights_left=platform == "cpu",
-                               attention_by_row=platform == "cpu" and self._batch_shards() == 1)
+                               attention_by_row=platform == "cpu" and self._batch_shards() == 1,
+                               query_block=int(prefill_query_block))
         self._graphdef, state = nnx.split(model)
         self._layout_fn = jax.jit(self._layout)
         self._params = self._layout_fn(state)
