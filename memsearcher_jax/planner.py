@@ -334,7 +334,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         # optax.adamw keeps mu and nu in the parameter dtype and layout.
         PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
         PlanRow("sampler weights", "persistent", sampler_el * abytes,
-                f"the Sampler's per-layer copy of all {len(shapes)} tensors, TP-only"),
+                f"the Sampler's per-layer copy of all {len(shapes)} tensors, {mc.dtype}, TP-only"),
     ]
 
     batch_ways = mesh[0] * mesh[1]

@@ -313,3 +313,14 @@ def test_recipes_cover_every_model_and_pod():
     for model in ("3b", "7b", "14b"):
         for pod in ("v4_32", "v5e_64", "v5p_128", "h100_8"):
             assert f"recipe_qwen2_5_{model}_{pod}.py" in names, f"missing recipe for {model} on {pod}"
+
+
+def test_scale_out_page_shows_the_planners_current_tables():
+    # docs/scale_out.md quotes `plan --config X` output; it must be what the planner prints now.
+    import re
+
+    page = open(os.path.join(ROOT, "docs", "scale_out.md")).read()
+    quoted = re.findall(r"plan --config (configs/\S+\.py)\n\n```\n(memory plan:.*?)\n```", page, flags=re.S)
+    assert {p for p, _ in quoted} == {"configs/recipe_qwen2_5_3b_v5e_64.py", "configs/recipe_qwen2_5_3b_h100_8.py"}
+    for path, table in quoted:
+        assert table == planner.plan_memory(load_config(os.path.join(ROOT, path), [])).table(), path
