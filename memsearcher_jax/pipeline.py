@@ -15,8 +15,8 @@ from flax import nnx
 
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
-from memsearcher_jax.rl.trainer import (Setup, Trainer, TrainConfigError, agent_config, build_setup, evaluate,
-                                         validate)
+from memsearcher_jax.rl.trainer import (Setup, Trainer, TrainConfigError, agent_config, build_sampler, build_setup,
+                                         evaluate, sampling_mesh, validate)
 
 
 def _log(msg: str):
@@ -50,11 +50,11 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> st
     return out_dir
 
 
-def _eval_runner(cfg, trainer: Trainer, workflow: str | None = None) -> AgentRunner:
+def _eval_runner(cfg, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
     agent = agent_config(cfg).evaluation(cfg.agent.eval_max_turns)
     if workflow:
         agent = dataclasses.replace(agent, workflow=workflow)
-    return AgentRunner(trainer.setup.builder, trainer.sampler, trainer.setup.retriever, agent)
+    return AgentRunner(setup.builder, sampler, setup.retriever, agent)
 
 
 def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
@@ -82,13 +82,13 @@ def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) ->
     eval_qs = setup.eval_questions[:n_eval]
     if n_eval and "em_before" not in summary:
         _log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
-        before = evaluate(_eval_runner(cfg, trainer), eval_qs)
+        before = evaluate(_eval_runner(cfg, trainer.setup, trainer.sampler), eval_qs)
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
         json.dump(summary, open(summary_path, "w"), indent=2)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     trainer.train()
     if n_eval:
-        after = evaluate(_eval_runner(cfg, trainer), eval_qs)
+        after = evaluate(_eval_runner(cfg, trainer.setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
                        steps=trainer.step)
         json.dump(summary, open(summary_path, "w"), indent=2)
@@ -162,9 +162,8 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:
         policy, _ = restore_policy(checkpoint)
-    cfg.sft.steps = 0
-    trainer = Trainer(cfg, setup, policy, progress=False)
-    runner = _eval_runner(cfg, trainer, workflow)
+    # Only a sampler: no learner, reference copy or optimizer state, and no training-memory check.
+    runner = _eval_runner(cfg, setup, build_sampler(cfg, policy, sampling_mesh(cfg)), workflow)
     benchmarks: dict[str, list[dict]] = {}
     if cfg.world.enabled:
         from memsearcher_jax.rl.trainer import _read_jsonl
@@ -212,7 +211,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                     "benchmark": name, "question": t.question, "golds": t.golds, "answer": r.answer, "em": r.em,
                     "f1": r.f1, "end_reason": t.end_reason, "memories": t.memories,
                     "context_tokens": t.context_tokens,
-                    "conversations": [trainer.setup.builder.decode(c.prompt_ids + c.response_ids)
+                    "conversations": [setup.builder.decode(c.prompt_ids + c.response_ids)
                                       for c in t.conversations]}) + "\n")
         with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
             json.dump({"benchmarks": rows, "context_by_turn": table}, f, indent=2)

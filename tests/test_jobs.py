@@ -31,13 +31,21 @@ def _eval_args(worlds, *extra):
 
 
 @pytest.mark.slow
-def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsys):
+def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
+    from memsearcher_jax import planner
     from memsearcher_jax.models import from_pretrained, param_dict
     from memsearcher_jax.pipeline import restore_policy
+    from memsearcher_jax.rl import trainer
 
     d, out, worlds = trained
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("eval needs only a sampler: no learner, no training-memory check")
+
+    monkeypatch.setattr(trainer, "GRPOLearner", refuse)
+    monkeypatch.setattr(planner, "check_fits", refuse)
     hf_dir = str(d / "hf")
     assert main(["export-hf", "--checkpoint", out, "--out", hf_dir]) == 0
     assert os.path.isfile(os.path.join(hf_dir, "tokenizer.json"))  # the world's tokenizer went along

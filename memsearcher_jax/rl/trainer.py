@@ -73,6 +73,26 @@ def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
     return int(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK))
 
 
+def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh):
+    """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`."""
+    from memsearcher_jax.sampling import Sampler
+
+    return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
+                   prefill_query_block=prefill_query_block(cfg))
+
+
+def sampling_mesh(cfg: ml_collections.ConfigDict):
+    """The mesh a sampler of `cfg` runs on when there is no learner (evaluation): the config's
+    mesh on one process, this host's own devices on several (each host samples on its own).
+    None for one device."""
+    n_dev = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tp
+    if jax.process_count() > 1:
+        return distributed.local_mesh(cfg.mesh.tp)
+    if n_dev > 1:
+        return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, devices=jax.devices()[:n_dev])
+    return None
+
+
 def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     """Cheap checks with messages naming the key; everything typed is validated by its dataclass.
 
@@ -328,10 +348,7 @@ class Trainer:
         if self.mesh is not None:
             policy = shard_model(policy, self.mesh, ShardingConfig.training())
         self.learner = GRPOLearner(policy, self.grpo_cfg, mesh=self.mesh)
-        from memsearcher_jax.sampling import Sampler
-
-        self.sampler = Sampler(self._sampling_model(), cache_dtype=jnp.dtype(cfg.sampler.cache_dtype),
-                               mesh=self.sampler_mesh, prefill_query_block=prefill_query_block(cfg))
+        self.sampler = build_sampler(cfg, self._sampling_model(), self.sampler_mesh)
         self.runner = AgentRunner(self.setup.builder, self.sampler, self.setup.retriever, self.agent_cfg)
         self.step = 0
         self._ckpt = None
