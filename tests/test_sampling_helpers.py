@@ -205,3 +205,22 @@ def test_prefill_attention_row_loop_equals_all_rows_at_once():
     p = np.exp(sc - sc.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     np.testing.assert_allclose(np.asarray(got), np.einsum("bths,bhsd->bthd", p, vn[:, heads]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_p, top_k, peaked, path", [
+    (0.9, 0, True, "fast"), (0.5, 30, True, "fast"), (1.0, 10, False, "fast"), (0.99, 256, True, "fast"),
+    (0.9, 0, False, "bisection"),   # a flat row: the nucleus is wider than the 256 candidates
+    (1.0, 300, True, "bisection"),  # k beyond the candidates
+])
+def test_candidate_fast_path_equals_the_sort_reference(top_p, top_k, peaked, path, monkeypatch):
+    from memsearcher_jax.sampling import distributions
+
+    rng = np.random.RandomState(1)
+    scale = 6.0 if peaked else 0.05
+    x = (rng.randn(16, 1000) * scale).astype(np.float32)
+    ref = np.stack([_reference_mask(row, top_p, top_k) for row in x])
+    assert (np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k))) == ref).all()
+    # Which path ran: with the bisection replaced by "keep nothing", only the fast path is right.
+    monkeypatch.setattr(distributions, "_bisect_mask", lambda s, *a: jnp.zeros(s.shape, bool))
+    got = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k)))
+    assert (got == ref).all() == (path == "fast")

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 
 
-def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: int = 40) -> jax.Array:
+def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: int = 40,
+                candidates: int = 256) -> jax.Array:
     """Which tokens survive top-k then top-p.
 
     scaled [B, V] temperature-scaled logits; top_p in (0, 1] (1 = off); top_k >= 0 (0 = off).
@@ -19,11 +20,38 @@ def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: in
     over the k kept) reaches top_p; the most likely token always survives; ties with the
     last kept logit are kept too. Returns bool [B, V].
 
-    No sort: each cut is a threshold on the logits found by bisection (`iters` masked
-    reductions over V). A sort of [B, V] is ~30x slower on CPU at V = 32k. Bisection keeps
-    `lo` feasible (the set {x >= lo} satisfies the cut), so the result is the exact set up to
-    logits within (max - min) / 2**iters of the boundary.
+    Each cut is a threshold on the logits. Fast path: the `candidates` largest logits
+    (`lax.top_k`) hold the k-th largest when k <= candidates, and hold the nucleus whenever
+    their running mass reaches top_p (a confident model's usual case); the cuts are then read
+    off them exactly. Otherwise (some row's nucleus is wider than the candidates, or k is
+    larger) the whole batch takes `_bisect_mask`. At [32, 152k] on XLA CPU: ~20 ms on the
+    fast path, ~100 ms when it falls back, ~85 ms for the bisection alone.
     """
+    v = scaled.shape[-1]
+    c = min(candidates, v)
+    # The barrier keeps XLA CPU's fast TopK: when the values feed a fusion that also reads
+    # `scaled`, it otherwise falls back to sorting all of [B, V] (~0.85 s at [32, 152k]).
+    vals = jax.lax.optimization_barrier(jax.lax.top_k(scaled, c)[0])  # [B, c], descending
+    top, bottom = vals[:, :1], jnp.min(scaled, axis=-1, keepdims=True)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+    k_cut = jnp.where(k < v, jnp.take(vals, jnp.clip(k - 1, 0, c - 1), axis=-1)[:, None], bottom)
+    total = jnp.sum(jnp.where(scaled >= k_cut, jnp.exp(scaled - top), 0.0), axis=-1, keepdims=True)
+    # The first candidate whose running mass reaches top_p of the kept mass: {x >= its logit}
+    # reaches it (ties included), and no higher threshold does.
+    running = jnp.cumsum(jnp.where(vals >= k_cut, jnp.exp(vals - top), 0.0), axis=-1)
+    reach = running >= top_p * total
+    first = jnp.argmax(reach, axis=-1)
+    p_cut = jnp.where(top_p < 1.0, jnp.take_along_axis(vals, first[:, None], axis=-1), k_cut)
+    fast = scaled >= jnp.maximum(p_cut, k_cut)
+    slow = ((k < v) & (k > c)) | ((top_p < 1.0) & ~jnp.all(jnp.any(reach, axis=-1)))
+    return jax.lax.cond(slow, lambda: _bisect_mask(scaled, top_p, top_k, iters), lambda: fast)
+
+
+def _bisect_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: int = 40) -> jax.Array:
+    """filter_mask without candidates: each cut found by bisection (`iters` masked reductions
+    over V; a sort of [B, V] is ~30x slower on CPU at V = 32k). Bisection keeps `lo` feasible
+    (the set {x >= lo} satisfies the cut), so the result is the exact set up to logits within
+    (max - min) / 2**iters of the boundary."""
     v = scaled.shape[-1]
     top = jnp.max(scaled, axis=-1, keepdims=True)
     bottom = jnp.min(scaled, axis=-1, keepdims=True)
