@@ -6,12 +6,12 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 
 def get_config():
-    # 8 GPUs x 80 GiB: tp=4 within NVLink (4 KV heads), fsdp=2. Fits at ~61% of usable, peak in the rollout.
+    # 8 GPUs x 80 GiB: tp=4 within NVLink (4 KV heads), fsdp=2. Fits at ~57% of usable, peak in the update.
     c = recipe("qwen2_5_7b", "h100_8", data=1, fsdp=2, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=2, logprob_batch_size=2)
-    # Rollout: rows split over the 2 fsdp shards, ~0.14 GiB of cache and ~0.67 GiB of prefill (grid K/V,
+    # Rollout: rows split over the 2 fsdp shards, ~0.14 GiB of cache and ~0.55 GiB of prefill (grid K/V,
     # mask, 512-query attention blocks) per row per GPU at 8K tokens: 64 rows per call (20 calls per
-    # generation phase); 128 would need ~96%.
+    # generation phase); 128 would need ~85%.
     c.sampler.batch_size = 64  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

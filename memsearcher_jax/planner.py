@@ -344,11 +344,11 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     # Rollout: the Sampler's cache, per layer k, v [B, K, S, Dh] with the cache spec, and what
     # its prefill program holds besides (sampler.py `_prefill_impl`): the packed grid's own
     # cache (every layer's K/V over the prefix + suffix slots, gathered into the decode cache at
-    # the end; at worst one grid row per call row), the [rows, T, P + T] mask, one query
-    # block's attention (f32 scores + the softmax's temporary or the probabilities,
-    # [rows, heads, block, P + T]), and one layer's MLP (gate, up, their product) and residual.
-    # Calibrated against XLA's buffer assignment for the compiled prefill on CPU
-    # (tests/test_planner.py), where it is 5-15% above what XLA holds.
+    # the end; at worst one grid row per call row), the [rows, T, P + T] mask, and one layer's
+    # larger phase: attention (one query block's f32 scores + the softmax's temporary or the
+    # probabilities [rows, heads, block, P + T], and q/k/v) or the MLP (~4 [rows, T, F]
+    # buffers), plus the residual. Calibrated against XLA's buffer assignment for the compiled
+    # prefill on CPU (tests/test_planner.py): 0.86-1.31x of what XLA holds over 14 shapes.
     from memsearcher_jax.sampling.layers import query_block_size
     from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK
 
@@ -364,10 +364,12 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         h_loc = H // tp_ if H % tp_ == 0 else H
         f_loc = F // tp_ if F % tp_ == 0 else F
         blk = query_block_size(call.suffix, int(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK)))
-        mask = rows_loc * call.suffix * keys
-        scores = rows_loc * h_loc * blk * keys * (4 + abytes)
-        layer = rows_loc * call.suffix * (3 * f_loc + D) * abytes
-        return kv, grid + mask + scores + layer, blk
+        k_loc = K // tp_ if K % tp_ == 0 else K
+        tokens = rows_loc * call.suffix
+        mask = tokens * keys
+        attention = rows_loc * h_loc * blk * keys * (4 + abytes) + tokens * (h_loc + 2 * k_loc) * Dh * abytes
+        mlp = 4 * tokens * f_loc * abytes  # gate and up, their product, a layout copy
+        return kv, grid + mask + max(attention, mlp) + tokens * D * abytes, blk
 
     call = max(sampler_calls(cfg), key=lambda c: sum(rollout_rows(c)[:2]))
     kv_b, prefill_b, blk = rollout_rows(call)

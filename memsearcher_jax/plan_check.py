@@ -1,0 +1,120 @@
+"""Check the planner's rollout rows against a real Sampler call on the devices at hand.
+
+The planner's rollout rows are estimates calibrated on XLA CPU; this runs the Sampler the
+trainer would build (random weights of the planned shape, the config's cache dtype, query
+block and mesh) on one call shaped like the plan's largest (`plan.sampler_call`), then reads
+what XLA really holds: the live KV cache and the compiled prefill program's temporaries.
+
+    python bench/plan_check.py --config configs/recipe_qwen2_5_3b_h100_8.py --rows 8
+
+`tests/test_planner.py` runs `measure_sampler_call` on CPU; on a GPU or TPU it is the check
+the planner's docs ask for before trusting a recipe near its limit.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def per_device_bytes(tree) -> int:
+    """Largest per-device total of the live shards of the arrays in `tree`."""
+    held: dict = defaultdict(int)
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            for shard in leaf.addressable_shards:
+                held[shard.device] += shard.data.nbytes
+    return max(held.values(), default=0)
+
+
+def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dict:
+    """Run the Sampler a trainer would build for `cfg` on one call shaped like `call` (a
+    planner.SamplerCall): `call.rows` prompts of `call.longest_prompt` tokens sharing exactly
+    `call.shared_prefix`, each with budget `call.largest_budget`.
+
+    Returns {"kv": largest per-device bytes of the cache the prefill allocated, "kv_shape": its
+    per-layer shape, "prefill_temp": the compiled prefill program's temporary bytes per device,
+    "weights": the sampler's own weight copy per device}. attention_by_row: force the prefill
+    attention's row loop on (True) or off (False, the accelerators' form); None: the Sampler's
+    own choice for this platform.
+    """
+    from flax import nnx
+
+    from memsearcher_jax import planner
+    from memsearcher_jax.models import Qwen2, make_mesh
+    from memsearcher_jax.rl.trainer import build_sampler
+
+    mc = planner.model_config_for_plan(cfg)
+    n = math.prod(call.mesh)
+    if n > len(jax.devices()):
+        raise ValueError(f"the call's sampler mesh {call.mesh} needs {n} devices; this process sees "
+                         f"{len(jax.devices())}")
+    mesh = make_mesh(*call.mesh, devices=jax.devices()[:n]) if n > 1 else None
+    sampler = build_sampler(cfg, Qwen2(mc, rngs=nnx.Rngs(0)), mesh)
+    if attention_by_row is not None:
+        sampler._math.attention_by_row = attention_by_row
+    rng = np.random.default_rng(0)
+    shared = rng.integers(1, mc.vocab_size, call.shared_prefix).tolist()
+    tail = call.longest_prompt - call.shared_prefix - 1
+    prompts = [shared + [i + 1] + rng.integers(1, mc.vocab_size, tail).tolist() for i in range(call.rows)]
+    seen: dict = {}
+    prefill, decode = sampler._prefill, sampler._decode
+
+    def spy_prefill(*args, **kwargs):
+        seen["prefill"] = (args, kwargs)
+        return prefill(*args, **kwargs)
+
+    def spy_decode(params, st):  # the cache the prefill allocated, before decode donates it
+        seen["kv"], seen["kv_shape"] = per_device_bytes(st.cache), st.cache[0][0].shape
+        return decode(params, st)
+
+    sampler._prefill, sampler._decode = spy_prefill, spy_decode
+    sampler.generate(prompts, max_new_tokens=call.largest_budget, temperature=1.0, seed=1)
+    args, kwargs = seen["prefill"]
+    temp = prefill.lower(*args, **kwargs).compile().memory_analysis().temp_size_in_bytes
+    return {"kv": seen["kv"], "kv_shape": seen["kv_shape"], "prefill_temp": int(temp),
+            "weights": per_device_bytes(sampler._params)}
+
+
+def compare(cfg, rows: int | None = None, attention_by_row: bool | None = None) -> list[tuple[str, int, int]]:
+    """(row name, planned bytes, measured bytes) for the rollout rows and the sampler's
+    weights. rows: sample this many rows per call instead of sampler.batch_size (a smaller
+    call fits a smaller device; the plan is redone for it). attention_by_row: as in
+    measure_sampler_call."""
+    from memsearcher_jax import planner
+
+    if rows:
+        cfg.sampler.batch_size = int(rows)
+    plan = planner.plan_memory(cfg)
+    got = measure_sampler_call(cfg, plan.sampler_call, attention_by_row)
+    return [("sampler weights", plan.row("sampler weights").bytes, got["weights"]),
+            ("KV cache", plan.row("KV cache").bytes, got["kv"]),
+            ("prefill activations", plan.row("prefill activations").bytes, got["prefill_temp"])]
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from memsearcher_jax.config_utils import load_config, split_overrides
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="a training config (a recipe); --config.KEY=VALUE overrides")
+    ap.add_argument("--rows", type=int, default=0, help="rows per sampler call (default: sampler.batch_size)")
+    ap.add_argument("--whole-batch-attention", action="store_true",
+                    help="on CPU, prefill attention over the whole batch as on GPU/TPU (the planned form) "
+                         "instead of the CPU's row loop")
+    rest, overrides = split_overrides(list(argv) if argv is not None else __import__("sys").argv[1:])
+    args = ap.parse_args(rest)
+    cfg = load_config(args.config, overrides)
+    print(f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}")
+    print(f"{'row':<22}{'planned GiB':>13}{'measured GiB':>14}{'planned/measured':>18}")
+    worst = 0.0
+    for name, want, got in compare(cfg, args.rows or None, False if args.whole_batch_attention else None):
+        ratio = want / got if got else float("inf")
+        worst = max(worst, abs(ratio - 1))
+        print(f"{name:<22}{want / 2 ** 30:>13.3f}{got / 2 ** 30:>14.3f}{ratio:>18.2f}")
+    print(f"largest deviation: {100 * worst:.0f}% ({'within' if worst < 0.2 else 'OUTSIDE'} the planner's 20%)")
+    return 0 if worst < 0.2 else 1
