@@ -12,6 +12,6 @@ def get_config():
                 micro_batch_size=2, logprob_batch_size=2)
     # Rollout: rows split over the 2 fsdp shards, ~0.14 GiB of cache and ~0.55 GiB of prefill (grid K/V,
     # mask, 512-query attention blocks) per row per GPU at 8K tokens: 64 rows per call (20 calls per
-    # generation phase); 128 would need ~85%.
+    # generation phase); 128 would plan at ~85%, over the ~80% the prefill estimate's error allows.
     c.sampler.batch_size = 64  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

@@ -348,12 +348,16 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     # larger phase: attention (one query block's f32 scores + the softmax's temporary or the
     # probabilities [rows, heads, block, P + T], and q/k/v) or the MLP (~4 [rows, T, F]
     # buffers), plus the residual. Calibrated against XLA's buffer assignment for the compiled
-    # prefill on CPU (tests/test_planner.py): 0.86-1.31x of what XLA holds over 14 shapes.
+    # prefill on CPU: 0.86-1.31x of what XLA holds over the 8 shapes of tests/test_planner.py
+    # (a sweep of 14 gave the same range).
     from memsearcher_jax.sampling.layers import query_block_size
     from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK
 
     cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
     layer_spec = P(cs[1], cs[3], cs[2], cs[4])
+    block = cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise PlanError(f"sampler.prefill_query_block must be an integer >= 0 (0 = unblocked), got {block!r}")
 
     def rollout_rows(call: SamplerCall) -> tuple[int, int, int]:
         kv = 2 * L * per_device_elems((call.batch, K, call.slots, Dh), layer_spec, call.mesh) * cbytes
@@ -363,7 +367,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         tp_ = call.mesh[2]
         h_loc = H // tp_ if H % tp_ == 0 else H
         f_loc = F // tp_ if F % tp_ == 0 else F
-        blk = query_block_size(call.suffix, int(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK)))
+        blk = query_block_size(call.suffix, block)
         k_loc = K // tp_ if K % tp_ == 0 else K
         tokens = rows_loc * call.suffix
         mask = tokens * keys

@@ -1,8 +1,8 @@
 """Memory planner: exact parameter-shaped rows against live sharded arrays, the fit check, recipes."""
 from __future__ import annotations
 
+import dataclasses
 import glob
-import math
 import os
 from collections import defaultdict
 from types import SimpleNamespace
@@ -294,7 +294,7 @@ def test_scale_out_page_shows_the_planners_current_tables():
         assert table == planner.plan_memory(load_config(os.path.join(ROOT, path), [])).table(), path
 
 
-def test_plan_check_compares_the_rollout_rows(capsys):
+def test_plan_check_compares_the_rollout_rows(capsys, monkeypatch):
     from memsearcher_jax.plan_check import main as plan_check
 
     cfg = tiny_cfg(1, 1, 1)
@@ -304,10 +304,22 @@ def test_plan_check_compares_the_rollout_rows(capsys):
     assert rows["KV cache"][0] == rows["KV cache"][1] and rows["sampler weights"][0] == rows["sampler weights"][1]
     args = ["--config", os.path.join(ROOT, "configs", "default.py"), "--rows", "4", "--config.model.hidden_size=64",
             "--config.model.num_layers=2", "--config.agent.max_context_tokens=400"]
-    # CPU's own prefill goes row by row, far below the accelerators' plan: exit 1, and it says so.
-    assert plan_check(args) == 1
-    assert "OUTSIDE the planner's 20%" in capsys.readouterr().out
-    # The accelerators' form, which the plan describes, is within it.
+    # CPU's own prefill goes row by row, far below the accelerators' plan: reported, not failed.
+    assert plan_check(args) == 0
+    assert "over (safe" in capsys.readouterr().out
+    # The accelerators' form, which the plan describes, is inside the calibrated band.
     assert plan_check(args + ["--whole-batch-attention"]) == 0
     out = capsys.readouterr().out
-    assert "prefill activations" in out and "within the planner's 20%" in out
+    assert out.count("  ok") == 3 and "UNDER" not in out
+    # A plan short of what the devices hold fails: here a planner that halves its prefill row.
+    real = planner.plan_memory
+
+    def short(cfg, *a, **k):
+        plan = real(cfg, *a, **k)
+        rows = tuple(dataclasses.replace(r, bytes=r.bytes // 2) if r.name == "prefill activations" else r
+                     for r in plan.rows)
+        return dataclasses.replace(plan, rows=rows)
+
+    monkeypatch.setattr(planner, "plan_memory", short)
+    assert plan_check(args + ["--whole-batch-attention"]) == 1
+    assert "UNDER" in capsys.readouterr().out

@@ -259,7 +259,8 @@ def test_blocked_prefill_attention_equals_unblocked(hf_and_model):
 
 def test_weight_copy_is_in_the_compute_dtype(hf_and_model):
     # f32 master weights computing in bf16: the sampler's copy is bf16 (half the bytes), and
-    # rounding once at layout time is what the layer math would do at every use.
+    # rounding once at layout time is what the layer math would do at every use. (The dtype
+    # assert is what guards the cast; the equality would hold with an f32 copy as well.)
     d = model_dir_of(hf_and_model)
     mixed = from_pretrained(d, dtype="bfloat16", param_dtype="float32")
     s = Sampler(mixed, cache_dtype=jnp.float32)

@@ -224,3 +224,21 @@ def test_candidate_fast_path_equals_the_sort_reference(top_p, top_k, peaked, pat
     monkeypatch.setattr(distributions, "_bisect_mask", lambda s, *a: jnp.zeros(s.shape, bool))
     got = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k)))
     assert (got == ref).all() == (path == "fast")
+
+
+def test_fast_path_edge_cases_equal_the_sort_reference():
+    rng = np.random.RandomState(2)
+    v = 1000
+    # The k-th largest logit tied with many more beyond the 256 candidates (ties are kept).
+    tied = np.full((4, v), -5.0, np.float32)
+    tied[:, :10] = rng.randn(4, 10) + 10
+    tied[:, 10:400] = 1.0  # 390 tokens share one logit
+    # top_k beyond the vocabulary (means "all") with a top-p cut.
+    peaked = (rng.randn(4, v) * 6).astype(np.float32)
+    for x, top_p, top_k in ((tied, 1.0, 20), (tied, 0.999, 0), (peaked, 0.9, 5000), (peaked, 0.7, v)):
+        ours = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k)))
+        ref = np.stack([_reference_mask(row, top_p, top_k) for row in x])
+        assert (ours == ref).all(), (top_p, top_k)
+        bisect_only = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k), candidates=0))
+        assert (bisect_only == ref).all(), (top_p, top_k)
+    assert np.asarray(filter_mask(jnp.asarray(tied), jnp.float32(1.0), jnp.int32(20)))[:, :400].all()

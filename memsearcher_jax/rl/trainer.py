@@ -102,7 +102,7 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         if cfg.rl[key] < 1:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
     block = cfg.sampler.get("prefill_query_block", 0)
-    if not isinstance(block, int) or block < 0:
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
         problems.append(f"sampler.prefill_query_block must be an integer >= 0 (0 = unblocked), got {block!r}")
     if cfg.train.steps < 0:
         problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")

@@ -25,9 +25,13 @@ def filter_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, iters: in
     their running mass reaches top_p (a confident model's usual case); the cuts are then read
     off them exactly. Otherwise (some row's nucleus is wider than the candidates, or k is
     larger) the whole batch takes `_bisect_mask`. At [32, 152k] on XLA CPU: ~20 ms on the
-    fast path, ~100 ms when it falls back, ~85 ms for the bisection alone.
+    fast path, ~100 ms when it falls back, ~85 ms for the bisection alone. candidates=0: the
+    bisection only (what the Sampler uses off CPU, where a large-k TopK may be a sort and
+    vocabulary-sharded logits would be gathered for it; not measured there).
     """
     v = scaled.shape[-1]
+    if candidates <= 0:
+        return _bisect_mask(scaled, top_p, top_k, iters)
     c = min(candidates, v)
     # The barrier keeps XLA CPU's fast TopK: when the values feed a fusion that also reads
     # `scaled`, it otherwise falls back to sorting all of [B, V] (~0.85 s at [32, 152k]).
@@ -123,10 +127,10 @@ def inverse_cdf(weights: jax.Array, uniforms: jax.Array, block: int = 1024) -> j
 
 
 def sample_from_logits(logits: jax.Array, uniforms: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                       top_k: jax.Array) -> jax.Array:
+                       top_k: jax.Array, candidates: int = 256) -> jax.Array:
     """logits [B, V] float32, uniforms [B] in [0, 1) -> token ids int32 [B].
 
-    temperature == 0 is greedy (argmax, first index on ties).
+    temperature == 0 is greedy (argmax, first index on ties). candidates: filter_mask's.
     """
 
     def greedy(_):
@@ -135,7 +139,8 @@ def sample_from_logits(logits: jax.Array, uniforms: jax.Array, temperature: jax.
     def sample(_):
         scaled = logits / jnp.maximum(temperature, 1e-6)
         need_filter = (top_p < 1.0) | (top_k > 0)
-        masked = jax.lax.cond(need_filter, lambda s: jnp.where(filter_mask(s, top_p, top_k), s, -jnp.inf),
+        masked = jax.lax.cond(need_filter,
+                              lambda s: jnp.where(filter_mask(s, top_p, top_k, candidates=candidates), s, -jnp.inf),
                               lambda s: s, scaled)
         weights = jnp.exp(masked - jnp.max(masked, axis=-1, keepdims=True))  # 0 outside the filter
         tok = inverse_cdf(weights, uniforms)

@@ -134,8 +134,8 @@ def cached_attention(q, k, v, mask, by_row: bool = False, query_block: int = 0):
 
 def query_block_size(t: int, query_block: int) -> int:
     """The block `_blocked_attention` uses for T queries: the largest divisor of T that is at
-    most query_block (T itself when query_block is 0 or >= T). Buckets are powers of two, so
-    this is query_block itself whenever it is a power of two below T."""
+    most query_block (T itself when query_block is 0 or >= T). Prompt buckets are 2^k or
+    3 * 2^k, so a power-of-two block gives itself or 3/4 of itself (T = 768, block 512: 384)."""
     if query_block <= 0 or query_block >= t:
         return t
     return next(n for n in range(query_block, 0, -1) if t % n == 0)

@@ -20,11 +20,10 @@ leaves the device until the loop ends. Parameters are jit arguments, so
 The sampler keeps its own copy of the weights, in the compute dtype and a decode-friendly
 layout (layers.py), made once per `update_params`: one array per layer instead of the
 model's stacked [L, ...] arrays (slicing a stacked weight inside the loop costs a copy per
-step on XLA CPU), every matrix
-output-major with q/k/v and gate/up fused, and the logits matrix [V, D] (for tied embeddings
-the embedding table itself). The cache is one (k, v) pair per layer, head-major
-[B, K, S, Dh], so each decode step writes one slot in place and decode attention reads each
-head's keys contiguously.
+step on XLA CPU), every matrix output-major with q/k/v and gate/up fused, and the logits
+matrix [V, D] (for tied embeddings the embedding table itself). The cache is one (k, v)
+pair per layer, head-major [B, K, S, Dh], so each decode step writes one slot in place and
+decode attention reads each head's keys contiguously.
 """
 from __future__ import annotations
 
@@ -138,7 +137,8 @@ class Sampler:
     def __init__(self, model: Qwen2, *, cache_dtype=jnp.bfloat16, mesh: Mesh | None = None,
                  buckets: BucketConfig | None = None, max_len: int | None = None,
                  prefill_query_block: int = DEFAULT_QUERY_BLOCK):
-        if int(prefill_query_block) != prefill_query_block or prefill_query_block < 0:
+        if isinstance(prefill_query_block, bool) or int(prefill_query_block) != prefill_query_block \
+                or prefill_query_block < 0:
             raise ValueError(f"prefill_query_block must be an integer >= 0 (0 = unblocked), got {prefill_query_block}")
         self.mesh = mesh
         self.cache_dtype = jnp.dtype(cache_dtype)
@@ -151,6 +151,8 @@ class Sampler:
         self._sharding: ShardingConfig = model.sharding
         platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
         self._fused_qkv = fuse_qkv(self.config, self._sharding, mesh)
+        # Top-p/top-k's candidate fast path is measured on XLA CPU only (distributions.py).
+        self._top_p_candidates = 256 if platform == "cpu" else 0
         # XLA CPU layouts (layers.py); a row loop in prefill attention only while rows are not split.
         self._math = LayerMath(self.config, self._sharding, mesh, weights_left=platform == "cpu",
                                attention_by_row=platform == "cpu" and self._batch_shards() == 1,
@@ -224,7 +226,7 @@ class Sampler:
         """Sample token `st.step` for every row from logits [B, V]; record it; update stops."""
         keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.wrap_key_data(k), st.step))(st.row_keys)
         u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-        tok = sample_from_logits(logits, u, st.temperature, st.top_p, st.top_k)
+        tok = sample_from_logits(logits, u, st.temperature, st.top_p, st.top_k, self._top_p_candidates)
         lp = token_logprobs(logits, tok)
         active = ~st.done
         col = jnp.where(active, tok, 0)[:, None]
