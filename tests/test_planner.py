@@ -158,6 +158,19 @@ def test_prefill_row_tracks_the_compiled_prefill(context, block, layers, ffn, ro
     assert temp_cpu <= 1.01 * temp
 
 
+@pytest.mark.parametrize("ffn, context", [(256, 400), (256, 800)])
+def test_prefill_row_on_a_sharded_sampler_mesh(ffn, context):
+    # Rows over 4 fsdp shards, heads over tp=2: the per-device estimate against the compiled
+    # SPMD program's per-device temporaries (8 rows per device).
+    cfg = tiny_cfg(1, 4, 2, intermediate_size=ffn)
+    cfg.agent.max_context_tokens = context
+    cfg.sampler.batch_size = 32
+    plan = planner.plan_memory(cfg)
+    assert plan.sampler_call.mesh == (1, 4, 2)
+    _, _, temp = run_real_sampler(cfg, plan.sampler_call, attention_by_row=False)
+    assert 0.8 < plan.row("prefill activations").bytes / temp < 1.35
+
+
 def test_query_blocks_shrink_the_prefill_row():
     cfg = load_config(os.path.join(ROOT, "configs", "recipe_qwen2_5_3b_h100_8.py"), [])
     blocked = planner.plan_memory(cfg).row("prefill activations").bytes
