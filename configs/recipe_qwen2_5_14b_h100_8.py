@@ -11,8 +11,8 @@ def get_config():
     c = recipe("qwen2_5_14b", "h100_8", data=1, fsdp=1, tp=8,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=1, logprob_batch_size=1)
-    # Rollout: with fsdp=1 every GPU holds every row of a call: ~0.23 GiB of cache and ~0.5 GiB of
+    # Rollout: with fsdp=1 every GPU holds every row of a call: ~0.20 GiB of cache and ~0.5 GiB of
     # prefill (grid K/V, mask, 512-query attention blocks) per row at 8K tokens: 32 rows per call
-    # (40 calls per generation phase); 64 would make the rollout the peak at ~111%.
+    # (40 calls per generation phase); 64 would make the rollout the peak at ~108%.
     c.sampler.batch_size = 32  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

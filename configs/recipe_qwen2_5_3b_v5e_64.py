@@ -13,8 +13,8 @@ def get_config():
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=16, logprob_batch_size=16)
     # Rollout: each host samples its 80 rows on its own 4 chips (mesh 1x1x4; the 2 KV heads do not split 4
-    # ways, so every chip holds the call's whole cache): ~0.35 GiB of cache and ~0.6 GiB of prefill
+    # ways, so every chip holds the call's whole cache): ~0.31 GiB of cache and ~0.6 GiB of prefill
     # (grid K/V, mask, 512-query attention blocks) per row per chip at 8K tokens: 8 rows per call
-    # (10 calls per generation phase); 16 would need ~122%.
+    # (10 calls per generation phase); 16 would need ~117%.
     c.sampler.batch_size = 8  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

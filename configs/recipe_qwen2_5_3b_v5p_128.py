@@ -7,7 +7,7 @@ from _recipe_base import recipe  # configs/_recipe_base.py; the loader puts conf
 
 def get_config():
     # 64 chips x 95 GiB on 16 hosts of 4 chips: memory is plentiful, so tp=2 (the 2 KV heads) and fsdp=32
-    # for the most data parallelism. Fits at ~63% of usable, peak in the rollout.
+    # for the most data parallelism. Fits at ~61% of usable, peak in the rollout.
     c = recipe("qwen2_5_3b", "v5p_128", data=1, fsdp=32, tp=2,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=32, logprob_batch_size=32)

@@ -10,8 +10,8 @@ def get_config():
     c = recipe("qwen2_5_7b", "h100_8", data=1, fsdp=2, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=2, logprob_batch_size=2)
-    # Rollout: rows split over the 2 fsdp shards, ~0.14 GiB of cache and ~0.55 GiB of prefill (grid K/V,
+    # Rollout: rows split over the 2 fsdp shards, ~0.12 GiB of cache and ~0.55 GiB of prefill (grid K/V,
     # mask, 512-query attention blocks) per row per GPU at 8K tokens: 64 rows per call (20 calls per
-    # generation phase); 128 would plan at ~85%, over the ~80% the prefill estimate's error allows.
+    # generation phase); 128 would plan at ~84%, over the ~80% the prefill estimate's error allows.
     c.sampler.batch_size = 64  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

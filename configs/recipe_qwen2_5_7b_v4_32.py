@@ -13,8 +13,8 @@ def get_config():
     c = recipe("qwen2_5_7b", "v4_32", data=1, fsdp=4, tp=4,
                 # one row per (data x fsdp) shard: an 8K-token row is the activation unit
                 micro_batch_size=4, logprob_batch_size=4)
-    # Rollout: each host samples its 320 rows on its own 4 chips (mesh 1x1x4): ~0.14 GiB of cache and
+    # Rollout: each host samples its 320 rows on its own 4 chips (mesh 1x1x4): ~0.12 GiB of cache and
     # ~0.55 GiB of prefill per row per chip at 8K tokens: 16 rows per call (20 calls per generation
-    # phase); 32 would make the rollout the peak at ~113%.
+    # phase); 32 would make the rollout the peak at ~111%.
     c.sampler.batch_size = 16  # rows per sampler call (a power of two: the sampler's own bucket)
     return c

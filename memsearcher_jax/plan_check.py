@@ -68,8 +68,8 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
     planner.SamplerCall): `call.rows` prompts of `call.longest_prompt` tokens sharing exactly
     `call.shared_prefix`, each with budget `call.largest_budget`.
 
-    Returns {"kv": largest per-device bytes of the cache the prefill allocated, "kv_shape": its
-    per-layer shape, "prefill_temp": the compiled prefill program's temporary bytes per device,
+    Returns {"kv": largest per-device bytes of the cache the prefill allocated (the rows' own
+    slots and the shared prefix), "kv_shape" and "prefix_shape": their per-layer shapes, "prefill_temp": the compiled prefill program's temporary bytes per device,
     "weights": the sampler's own weight copy per device}. attention_by_row: force the prefill
     attention's row loop on (True) or off (False, the accelerators' form); None: the Sampler's
     own choice for this platform.
@@ -107,14 +107,16 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
         return prefill(*args, **kwargs)
 
     def spy_decode(params, st):  # the cache the prefill allocated, before decode donates it
-        seen["kv"], seen["kv_shape"] = per_device_bytes(st.cache), st.cache[0][0].shape
+        seen["kv"] = per_device_bytes((st.cache, st.prefix))
+        seen["kv_shape"], seen["prefix_shape"] = st.cache[0][0].shape, st.prefix[0][0].shape
         return decode(params, st)
 
     sampler._prefill, sampler._decode = spy_prefill, spy_decode
     sampler.generate(prompts, max_new_tokens=call.largest_budget, temperature=1.0, seed=1)
     args, kwargs = seen["prefill"]
     temp = prefill.lower(*args, **kwargs).compile().memory_analysis().temp_size_in_bytes
-    return {"kv": seen["kv"], "kv_shape": seen["kv_shape"], "prefill_temp": int(temp),
+    return {"kv": seen["kv"], "kv_shape": seen["kv_shape"], "prefix_shape": seen["prefix_shape"],
+            "prefill_temp": int(temp),
             "weights": per_device_bytes(sampler._params)}
 
 

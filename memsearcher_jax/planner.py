@@ -220,7 +220,8 @@ def hosts_and_local_devices(cfg) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerCall:
-    """One Sampler.generate call as the Sampler pads it: per layer k, v [batch, K, slots, Dh]."""
+    """One Sampler.generate call as the Sampler pads it: per layer k, v [batch, K, suffix + new,
+    Dh] for the rows' own slots and [1, K, prefix, Dh] for the shared prefix."""
 
     rows: int                     # live rows handed to the call
     batch: int                    # B: rows rounded up to the batch bucket (a multiple of the batch shards)
@@ -360,7 +361,9 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         raise PlanError(f"sampler.prefill_query_block must be an integer >= 0 (0 = unblocked), got {block!r}")
 
     def rollout_rows(call: SamplerCall) -> tuple[int, int, int]:
-        kv = 2 * L * per_device_elems((call.batch, K, call.slots, Dh), layer_spec, call.mesh) * cbytes
+        # Each row's own slots, and the shared prefix once (replicated over the row shards).
+        own = per_device_elems((call.batch, K, call.suffix + call.new, Dh), layer_spec, call.mesh)
+        kv = 2 * L * (own + per_device_elems((1, K, call.prefix, Dh), layer_spec, call.mesh)) * cbytes
         keys = call.prefix + call.suffix  # the grid's slots
         grid = 2 * L * per_device_elems((call.batch, K, keys, Dh), layer_spec, call.mesh) * cbytes
         rows_loc = call.batch // (call.mesh[0] * call.mesh[1])
@@ -380,8 +383,8 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     on = (f"host-local mesh {'x'.join(map(str, call.mesh))}" if call.mesh != mesh
           else f"{call.mesh[0] * call.mesh[1]} batch shards")
     rows.append(PlanRow("KV cache", "rollout", kv_b,
-                        f"{call.batch} rows ({call.rows} live) x {call.slots} slots (P {call.prefix} + T "
-                        f"{call.suffix} + N {call.new}), {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"))
+                        f"{call.batch} rows ({call.rows} live) x (T {call.suffix} + N {call.new}) slots + "
+                        f"one {call.prefix}-slot prefix, {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"))
     h_note = f"{H}/{call.mesh[2]}" if H % call.mesh[2] == 0 else str(H)
     rows.append(PlanRow("prefill activations", "rollout", prefill_b,
                         f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "

@@ -112,7 +112,7 @@ def test_kv_row_is_the_cache_the_real_sampler_allocates(mesh_shape, hosts, batch
     call = plan.sampler_call
     mc = planner.model_config_for_plan(cfg)
     kv, shape, _ = run_real_sampler(cfg, call)
-    assert shape == (call.batch, mc.num_kv_heads, call.slots, mc.head_dim)
+    assert shape == (call.batch, mc.num_kv_heads, call.suffix + call.new, mc.head_dim)
     want = plan.row("KV cache").bytes
     assert abs(want - kv) / kv < 0.2, f"planned {want}, the sampler holds {kv}"
     assert want == kv  # in fact exact
@@ -128,8 +128,14 @@ def test_shared_prefix_split_shapes_match_the_sampler():
     cfg = tiny_cfg(1, 4, 2)
     widest = max(planner.sampler_calls(cfg), key=lambda c: c.slots)
     assert widest.shared_prefix > 0 and widest.slots > planner.sampler_calls(cfg)[0].slots
-    _, shape, _ = run_real_sampler(cfg, widest)
-    assert shape[2] == widest.slots
+    got = measure_sampler_call(cfg, widest)
+    assert got["kv_shape"][2] + got["prefix_shape"][2] == widest.slots
+    assert got["prefix_shape"][:3] == (1, cfg.model.num_kv_heads, widest.prefix)
+    # The prefix is held once, not once per row. Per device on the 1x4x2 mesh: rows split 4
+    # ways, the 2 KV heads 2 ways, the prefix replicated over the row shards.
+    per_device = 2 * cfg.model.num_layers * (cfg.model.num_kv_heads // 2) * cfg.model.head_dim * 4 * (
+        widest.batch // 4 * (widest.suffix + widest.new) + widest.prefix)
+    assert got["kv"] == per_device
 
 
 @pytest.mark.parametrize("context, block, layers, ffn, rows", [

@@ -309,6 +309,15 @@ def test_shared_prefix_equals_plain_path(hf_and_model):
         for a, b in zip(plain, shared):
             assert a.tokens == b.tokens
             assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-4
+    # On a mesh (rows over data x fsdp, KV heads over tp) the one-copy prefix is replicated
+    # over the row shards and split over tp like the rows' own cache.
+    sharded = Sampler(model, cache_dtype=jnp.float32, mesh=make_mesh(2, 2, 2), buckets=BucketConfig(min_shared_prefix=8))
+    kw = dict(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=2)
+    before = set(sharded.compiled_keys)
+    for a, b in zip(s.generate(prompts, **kw), sharded.generate(prompts, **kw)):
+        assert a.tokens == b.tokens
+        assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-4
+    assert any(k[1] > 0 for k in sharded.compiled_keys - before)  # the prefix really was split off
     # A whole group of identical prompts: everything but the last token is shared.
     group = s.generate([prompts[2]] * 4, max_new_tokens=6)
     alone = s.generate([prompts[2]], max_new_tokens=6)

@@ -242,3 +242,21 @@ def test_fast_path_edge_cases_equal_the_sort_reference():
         bisect_only = np.asarray(filter_mask(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k), candidates=0))
         assert (bisect_only == ref).all(), (top_p, top_k)
     assert np.asarray(filter_mask(jnp.asarray(tied), jnp.float32(1.0), jnp.int32(20)))[:, :400].all()
+
+
+def test_prefixed_decode_attention_equals_attention_over_the_concatenated_cache():
+    from memsearcher_jax.sampling.layers import cached_attention, prefixed_decode_attention
+
+    rng = np.random.RandomState(3)
+    b, h, kh, d, p, s = 3, 4, 2, 8, 5, 7
+    q = jnp.asarray(rng.randn(b, 1, h, d), jnp.float32)
+    pk, pv = (jnp.asarray(rng.randn(1, kh, p, d), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.randn(b, kh, s, d), jnp.float32) for _ in range(2))
+    prefix_valid = jnp.asarray([[False, True, True, True, True]])  # left padding in the prefix bucket
+    mask = jnp.asarray(rng.rand(b, 1, s) < 0.7).at[:, :, 0].set(True)
+    got = prefixed_decode_attention(q, pk, pv, prefix_valid, k, v, mask)
+    full_k = jnp.concatenate([jnp.broadcast_to(pk, (b, kh, p, d)), k], axis=2)
+    full_v = jnp.concatenate([jnp.broadcast_to(pv, (b, kh, p, d)), v], axis=2)
+    full_mask = jnp.concatenate([jnp.broadcast_to(prefix_valid[:, None], (b, 1, p)), mask], axis=2)
+    want = cached_attention(q, full_k, full_v, full_mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)

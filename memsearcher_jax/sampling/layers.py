@@ -132,6 +132,40 @@ def cached_attention(q, k, v, mask, by_row: bool = False, query_block: int = 0):
     return _blocked_attention(q, k, v, mask, query_block)
 
 
+def prefixed_decode_attention(q, pk, pv, prefix_valid, k, v, mask):
+    """One new token per row attending to a prefix every row shares and to its own slots.
+
+    q [B, 1, H, Dh]; pk, pv [1, K, P, Dh] (P > 0): the shared prefix's keys and values, stored
+    once; prefix_valid [1, P]; k, v [B, K, S, Dh]: each row's own cache; mask [B, 1, S].
+    -> [B, 1, H, Dh], the softmax over prefix + own slots (f32) as if they were one cache.
+
+    The prefix part is one matrix product per KV head over all B x G queries, so its keys and
+    values are read once per step instead of once per row (the agent's G samples and the
+    batch's questions share the system prompt).
+    """
+    b, _, h, d = q.shape
+    kh = k.shape[1]
+    g = h // kh
+    scale = d ** -0.5
+    qg = q.reshape(b, kh, g, d).astype(jnp.float32)
+    # Prefix: [K, B*G, Dh] x [K, P, Dh]^T -> [K, B*G, P]
+    qk = qg.transpose(1, 0, 2, 3).reshape(kh, b * g, d)
+    s_pre = jax.lax.dot_general(qk, pk[0].astype(jnp.float32), (((2,), (2,)), ((0,), (0,)))) * scale
+    s_pre = jnp.where(prefix_valid[0][None, None, :], s_pre, _NEG)
+    # Own slots, as cached_attention's one-token case: [B, K, G, S]
+    s_own = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
+    s_own = jnp.where(mask[:, None, :, :], s_own, _NEG)
+    s_pre = s_pre.reshape(kh, b, g, -1).transpose(1, 0, 2, 3)  # [B, K, G, P]
+    top = jnp.maximum(jnp.max(s_pre, axis=-1, keepdims=True), jnp.max(s_own, axis=-1, keepdims=True))
+    e_pre, e_own = jnp.exp(s_pre - top), jnp.exp(s_own - top)
+    total = jnp.sum(e_pre, axis=-1, keepdims=True) + jnp.sum(e_own, axis=-1, keepdims=True)
+    w_pre = (e_pre / total).transpose(1, 0, 2, 3).reshape(kh, b * g, -1)
+    out_pre = jax.lax.dot_general(w_pre, pv[0].astype(jnp.float32), (((2,), (1,)), ((0,), (0,))))  # [K, B*G, Dh]
+    out_pre = out_pre.reshape(kh, b, g, d).transpose(1, 0, 2, 3)
+    out_own = jnp.sum((e_own / total)[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)
+    return (out_pre + out_own).reshape(b, 1, h, d).astype(q.dtype)
+
+
 def query_block_size(t: int, query_block: int) -> int:
     """The block `_blocked_attention` uses for T queries: the largest divisor of T that is at
     most query_block (T itself when query_block is 0 or >= T). Prompt buckets are 2^k or
@@ -183,8 +217,10 @@ class LayerMath:
     def _proj(self, x, w, n_in: int = 1):
         return project(x, w.astype(x.dtype), n_in, self.weights_left and x.shape[1] == 1)
 
-    def layer(self, p: dict, x, cos, sin, mask, kv, write_index):
-        """x [B, T, D] -> x after the layer, and the cache pair with K/V written at write_index."""
+    def layer(self, p: dict, x, cos, sin, mask, kv, write_index, prefix=None, prefix_valid=None):
+        """x [B, T, D] -> x after the layer, and the cache pair with K/V written at write_index.
+        prefix: this layer's shared (pk, pv) [1, K, P, Dh] that every row also attends to (one
+        new token per row only), with prefix_valid [1, P]."""
         cfg, sh, mesh = self.config, self.sharding, self.mesh
         dt = jnp.dtype(cfg.dtype)
         b, t = x.shape[:2]
@@ -202,7 +238,13 @@ class LayerMath:
         ck, cv = kv
         ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (0, 0, write_index, 0))
         cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), (0, 0, write_index, 0))
-        attn = cached_attention(q, ck.astype(dt), cv.astype(dt), mask, self.attention_by_row, self.query_block)
+        if prefix is not None:
+            if t != 1:
+                raise ValueError("a separately stored shared prefix is read by one-token decode steps only")
+            attn = prefixed_decode_attention(q, prefix[0].astype(dt), prefix[1].astype(dt), prefix_valid,
+                                             ck.astype(dt), cv.astype(dt), mask)
+        else:
+            attn = cached_attention(q, ck.astype(dt), cv.astype(dt), mask, self.attention_by_row, self.query_block)
         attn = constrain(attn, sh.act_bthd, mesh)
         x = x + constrain(self._proj(attn, p["o"], 2), sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -211,13 +253,15 @@ class LayerMath:
         x = x + constrain(self._proj(act, p["down"]), sh.act_btd, mesh)
         return x, (ck, cv)
 
-    def run(self, params: dict, ids, positions, cache: tuple, kv_valid, write_index, mask=None):
+    def run(self, params: dict, ids, positions, cache: tuple, kv_valid, write_index, mask=None, prefix=None,
+            prefix_valid=None):
         """ids, positions [B, T] through all layers, writing K/V at slots [write_index, +T).
 
         cache: L pairs of [B, K, S, Dh]; kv_valid [B, S]: valid slots after the write; each
         token attends to the valid slots up to its own (same masking as Qwen2.forward_cached),
-        or to those of `mask` [B, T, S] when given. Returns final-normed hidden [B, T, D] and
-        the new cache.
+        or to those of `mask` [B, T, S] when given. prefix (decode only, T == 1): L pairs of
+        [1, K, P, Dh] every row attends to before its own slots, prefix_valid [1, P]. Returns
+        final-normed hidden [B, T, D] and the new cache.
         """
         cfg = self.config
         t, s = ids.shape[1], cache[0][0].shape[2]
@@ -228,8 +272,9 @@ class LayerMath:
         table = params["head"] if params["embed"] is None else params["embed"]  # tied: head is the table
         x = jnp.take(table, ids, axis=0).astype(jnp.dtype(cfg.dtype))
         new_cache = []
-        for p, kv in zip(params["layers"], cache):
-            x, kv = self.layer(p, x, cos, sin, mask, kv, write_index)
+        for i, (p, kv) in enumerate(zip(params["layers"], cache)):
+            x, kv = self.layer(p, x, cos, sin, mask, kv, write_index, None if prefix is None else prefix[i],
+                               prefix_valid)
             new_cache.append(kv)
         return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), tuple(new_cache)
 

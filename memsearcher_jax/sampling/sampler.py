@@ -1,11 +1,13 @@
 """Batched KV-cache sampler: one jitted prefill and one jitted decode loop.
 
-Cache layout, per call (per layer k, v [B, K, S, Dh], S = P + T + N):
+Cache layout, per call and layer:
 
-    slots [0, P)        shared prefix, left-padded inside its bucket; prefilled ONCE at
-                        batch 1 and broadcast to every row (P = 0 when not worth it)
-    slots [P, P + T)    each row's prompt suffix, left-padded
-    slots [P + T, S)    generated tokens, one slot per decode step (same slot for every row)
+    prefix k, v [1, K, P, Dh]   the shared prefix, left-padded inside its bucket; prefilled
+                                ONCE at batch 1 and kept as one copy that decode attention
+                                reads once per step for all rows (P = 0 when not worth it)
+    rows k, v [B, K, T + N, Dh]
+      slots [0, T)              each row's prompt suffix, left-padded
+      slots [T, T + N)          generated tokens, one slot per decode step (same for every row)
 
 Positions are per row (RoPE) and independent of slots, so padding gaps are harmless.
 The suffixes are prefilled on a packed grid, not one row each: distinct suffixes only,
@@ -67,12 +69,14 @@ DEFAULT_QUERY_BLOCK = 512
 class DecodeState(NamedTuple):
     """Everything the decode loop carries. B rows, S cache slots, N token budget, W stop width."""
 
-    cache: tuple              # L pairs (k, v), each [B, K, S, Dh]
+    cache: tuple              # L pairs (k, v), each [B, K, S, Dh]: each row's own slots (S = T + N)
     kv_valid: jax.Array       # [B, S] bool
+    prefix: tuple             # L pairs (k, v), each [1, K, P, Dh]: the shared prefix, stored once
+    prefix_valid: jax.Array   # [1, P] bool
     last: jax.Array           # [B] int32, the token to feed next
     pos: jax.Array            # [B] int32, its position
     step: jax.Array           # () int32, tokens sampled so far
-    first_slot: jax.Array     # () int32, cache slot of generated token 0 (= P + T)
+    first_slot: jax.Array     # () int32, own-cache slot of generated token 0 (= T)
     tokens: jax.Array         # [B, N] int32
     logprobs: jax.Array       # [B, N] float32
     window: jax.Array         # [B, W] int32, last W generated tokens
@@ -279,22 +283,25 @@ class Sampler:
         valid = cols >= 0  # [B, T]
         col = jnp.maximum(cols, 0)
 
-        def assemble(prefix, g):  # [1, K, P, Dh], grid [R, K, P + T, Dh] -> decode rows [B, K, S, Dh]
+        def assemble(g):  # grid [R, K, P + T, Dh] -> each row's own slots [B, K, T + N, Dh]
             mine = g[:, :, p:][rows[:, None], :, col]  # [B, T, K, Dh]
             mine = jnp.where(valid[:, :, None, None], mine, 0).transpose(0, 2, 1, 3)
-            out = jnp.concatenate([jnp.broadcast_to(prefix, (b, kh, p, dh)), mine, zeros(b, num_new)], axis=2)
-            return self._constrain(out, cache_spec)
+            return self._constrain(jnp.concatenate([mine, zeros(b, num_new)], axis=2), cache_spec)
 
-        cache = tuple((assemble(pk, gk), assemble(pv, gv)) for (pk, pv), (gk, gv) in zip(pcache, grid))
-        kv_valid = jnp.concatenate([jnp.broadcast_to(prefix_valid, (b, p)), valid, jnp.zeros((b, num_new), bool)], 1)
-        kv_valid = self._constrain(kv_valid, self._rows_spec(2))
+        # The prefix stays one copy [1, K, P, Dh] that decode attention reads once per step for
+        # all rows (layers.prefixed_decode_attention); the rows keep only their own slots.
+        cache = tuple((assemble(gk), assemble(gv)) for gk, gv in grid)
+        kv_valid = self._constrain(jnp.concatenate([valid, jnp.zeros((b, num_new), bool)], 1), self._rows_spec(2))
         # Left padding puts every row's last prompt token in its last suffix slot.
         last_hidden = self._constrain(hidden[rows, col[:, -1]], self._rows_spec(2))
         logits = self._logits(params, last_hidden)
         w = stop_table.shape[1]
         st = DecodeState(
-            cache=cache, kv_valid=kv_valid, last=jnp.zeros((b,), jnp.int32), pos=next_pos,
-            step=jnp.zeros((), jnp.int32), first_slot=jnp.asarray(p + t, jnp.int32),
+            cache=cache, kv_valid=kv_valid, prefix=tuple(tuple(self._constrain(x, cache_spec) for x in layer)
+                                                         for layer in pcache),
+            prefix_valid=prefix_valid,
+            last=jnp.zeros((b,), jnp.int32), pos=next_pos,
+            step=jnp.zeros((), jnp.int32), first_slot=jnp.asarray(t, jnp.int32),
             tokens=jnp.zeros((b, num_new), jnp.int32), logprobs=jnp.zeros((b, num_new), jnp.float32),
             window=jnp.full((b, w), NO_TOKEN, jnp.int32), done=budget <= 0, stopped=jnp.zeros((b,), bool),
             length=jnp.zeros((b,), jnp.int32), budget=budget, row_keys=row_keys, temperature=temperature,
@@ -317,8 +324,9 @@ class Sampler:
             slot = st.first_slot + st.step - 1  # where the last sampled token goes
             b = st.last.shape[0]
             kv_valid = jax.lax.dynamic_update_slice(st.kv_valid, jnp.ones((b, 1), bool), (0, slot))
+            shared = st.prefix if st.prefix[0][0].shape[2] > 0 else None  # P = 0: no prefix
             hidden, cache = self._math.run(params, st.last[:, None], st.pos[:, None], st.cache, kv_valid,
-                                        slot)
+                                           slot, prefix=shared, prefix_valid=st.prefix_valid)
             st = st._replace(cache=cache, kv_valid=kv_valid, pos=st.pos + 1)
             return self._emit(st, self._logits(params, hidden[:, 0]))
 
