@@ -310,8 +310,9 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     samp_el = _layout_elems(shapes, mesh, ShardingConfig.sampling())
     p_el = sum(train_el.values())
     # The trainer re-lays the trained params out in the TP-only layout (a real copy only for the
-    # tensors whose placement differs), then the Sampler slices that into its own per-layer
-    # arrays: a full copy of every tensor, which it keeps.
+    # tensors whose placement differs, made in the compute dtype: shard_model(move_dtype=...)),
+    # then the Sampler slices that into its own per-layer arrays in the compute dtype: a full
+    # copy of every tensor, which it keeps.
     from memsearcher_jax.models.sharding import fit_spec, param_spec
 
     fake = _fake_mesh(mesh)
@@ -432,7 +433,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
     # Logits and softmax saved for the backward, their cotangent and one temporary: f32, vocab over tp.
     rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4), f"[{mb_t}, {seq}, V/{tp}] f32 x 4"))
-    rows.append(PlanRow("sampler refresh", "refresh", relaid_el * pbytes + sampler_el * abytes,
+    rows.append(PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * abytes,
                         f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"))
 
     name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"

@@ -317,3 +317,24 @@ def test_from_pretrained_places_shards_on_mesh(tmp_path):
     ids = jnp.asarray(np.random.RandomState(5).randint(0, 128, (4, 6)), jnp.int32)
     out = jax.jit(lambda s, x: nnx.merge(*s)(x))(nnx.split(model), ids)
     assert np.abs(np.asarray(out) - np.asarray(ref(ids))).max() < 1e-5
+
+
+def test_shard_model_moves_only_what_changes_place_and_casts_what_it_moves():
+    cfg = ModelConfig.tiny()
+    mesh = make_mesh(1, 4, 2)
+    trained = shard_model(Qwen2(cfg, rngs=nnx.Rngs(0)), mesh, ShardingConfig.training())
+    before = param_dict(trained)
+    fresh = nnx.merge(*nnx.split(trained))  # new Variables over the same arrays
+    moved = param_dict(shard_model(fresh, mesh, ShardingConfig.sampling(), move_dtype=jnp.bfloat16))
+    kinds = set()
+    for name, old in before.items():
+        new = moved[name]
+        same_place = old.sharding.is_equivalent_to(new.sharding, old.ndim)
+        kinds.add(same_place)
+        if same_place:  # left where it was: the very same buffers, still f32
+            assert new.dtype == jnp.float32 and new.addressable_shards[0].data.unsafe_buffer_pointer() == \
+                old.addressable_shards[0].data.unsafe_buffer_pointer(), name
+        else:  # moved, and moved in bf16
+            assert new.dtype == jnp.bfloat16, name
+            np.testing.assert_array_equal(np.asarray(new), np.asarray(old.astype(jnp.bfloat16)), err_msg=name)
+    assert kinds == {True, False}  # the tiny model has tensors of both kinds on this mesh

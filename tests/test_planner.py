@@ -54,7 +54,7 @@ def test_plan_matches_bytes_held_by_live_arrays(mesh_shape, dtype):
     # A fresh module over new Variables: shard_model on learner.model() would re-place the
     # learner's own params (nnx.merge shares Variables with the State it is given).
     fresh = nnx.merge(learner.graphdef, jax.tree.map(lambda x: x, learner.params))
-    sampling = shard_model(fresh, mesh, ShardingConfig.sampling())
+    sampling = shard_model(fresh, mesh, ShardingConfig.sampling(), move_dtype=mc.dtype)
     assert jax.tree.leaves(learner.params)[0].sharding.spec == jax.tree.leaves(model_params)[0].sharding.spec
     samp_params = nnx.state(sampling, nnx.Param)
     # As the trainer does: the Sampler is built from (and refreshed with) the re-laid-out model.

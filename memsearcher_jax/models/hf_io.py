@@ -224,14 +224,23 @@ def param_dict(model: Qwen2) -> dict[str, jax.Array]:
     return {".".join(str(p) for p in k): v.get_value() for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def shard_model(model: Qwen2, mesh: Mesh, sharding: ShardingConfig) -> Qwen2:
-    """Place every parameter on its NamedSharding and return a model that constrains activations."""
+def shard_model(model: Qwen2, mesh: Mesh, sharding: ShardingConfig, move_dtype=None) -> Qwen2:
+    """Place every parameter on its NamedSharding and return a model that constrains activations.
+
+    move_dtype: cast each parameter that has to move (its placement changes) to this dtype
+    first, so the moved copy is made in it; parameters already in place stay as they are.
+    The trainer re-lays its f32 masters out for the sampler this way, in the compute dtype
+    the sampler keeps anyway."""
     graphdef, state = nnx.split(model)
     flat = nnx.to_flat_state(state)
     for k, var in flat:
         name = ".".join(str(p) for p in k)
         value = var.get_value()
-        var.set_value(jax.device_put(value, _param_sharding(name, value.shape, mesh, sharding)))
+        target = _param_sharding(name, value.shape, mesh, sharding)
+        if move_dtype is not None and not (isinstance(value, jax.Array)
+                                           and value.sharding.is_equivalent_to(target, value.ndim)):
+            value = value.astype(move_dtype)
+        var.set_value(jax.device_put(value, target))
     new = nnx.merge(graphdef, nnx.from_flat_state(flat))
     new.mesh = mesh
     new.sharding = sharding

@@ -358,7 +358,8 @@ class Trainer:
         # learner's own params out of the training layout.
         model = nnx.merge(self.learner.graphdef, jax.tree.map(lambda x: x, self.learner.params))
         if self.mesh is not None:
-            model = shard_model(model, self.mesh, ShardingConfig.sampling())
+            # The tensors that move are moved in the compute dtype (the Sampler casts to it anyway).
+            model = shard_model(model, self.mesh, ShardingConfig.sampling(), move_dtype=self.cfg.model.dtype)
         if self.num_hosts > 1:
             # The sampling layout is replicated over data/fsdp and split over tp, which stays
             # inside a host: every host holds a whole copy among its shards. Rebuild it as
