@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.pipeline import restore_policy, warm_start
     from memsearcher_jax.rl.grpo import score_trajectories
-    from memsearcher_jax.rl.trainer import Trainer, agent_config, build_setup
+    from memsearcher_jax.rl.trainer import agent_config, build_sampler, build_setup, sampling_mesh
 
     cfg = load_config(args.config, overrides)
     cfg.train.output_dir = args.out
@@ -89,13 +89,13 @@ def main(argv=None) -> int:
         ws_dir = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
         cfg.sft.react_share = args.react_share
         policy = from_pretrained(warm_start(cfg, setup, ws_dir))
-    trainer = Trainer(cfg, setup, policy, progress=False)
+    sampler = build_sampler(cfg, policy, sampling_mesh(cfg))  # only a sampler: no learner is needed
     questions = setup.eval_questions[: args.questions]
     results = {}
     for workflow in ("memsearcher", "react"):
         agent = dataclasses.replace(agent_config(cfg).evaluation(args.turns), workflow=workflow,
                                     max_context_tokens=1 << 20, max_response_tokens=1 << 20)
-        runner = AgentRunner(setup.builder, trainer.sampler, setup.retriever, agent)
+        runner = AgentRunner(setup.builder, sampler, setup.retriever, agent)
         trajs = runner.run(questions, group_size=1, seed=0)
         results[workflow] = trajs
 

@@ -12,11 +12,14 @@ the planner's docs ask for before trusting a recipe near its limit.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
+import sys
 from collections import defaultdict
 
 import jax
-import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 
@@ -38,8 +41,6 @@ def random_model(mc, mesh):
     """A Qwen2 of config `mc` with small random weights, created shard by shard straight into
     the sampling layout on `mesh` and stored in the compute dtype (what the Sampler keeps), so
     no device ever holds the whole f32 model (14B: 59 GB)."""
-    import dataclasses
-
     from flax import nnx
 
     from memsearcher_jax.models import Qwen2, ShardingConfig
@@ -74,8 +75,6 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
     attention's row loop on (True) or off (False, the accelerators' form); None: the Sampler's
     own choice for this platform.
     """
-    import dataclasses
-
     from flax import nnx
 
     from memsearcher_jax import planner
@@ -127,7 +126,8 @@ def compare(cfg, rows: int | None = None, attention_by_row: bool | None = None) 
     measure_sampler_call."""
     from memsearcher_jax import planner
 
-    if rows:
+    if rows:  # on a copy: the caller's config stays as it was
+        cfg = ml_collections.ConfigDict(cfg.to_dict())
         cfg.sampler.batch_size = int(rows)
     plan = planner.plan_memory(cfg)
     got = measure_sampler_call(cfg, plan.sampler_call, attention_by_row)
@@ -137,8 +137,6 @@ def compare(cfg, rows: int | None = None, attention_by_row: bool | None = None) 
 
 
 def main(argv=None) -> int:
-    import argparse
-
     from memsearcher_jax.config_utils import load_config, split_overrides
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--whole-batch-attention", action="store_true",
                     help="on CPU, prefill attention over the whole batch as on GPU/TPU (the form the plan "
                          "describes) instead of the CPU's row loop, which holds less")
-    rest, overrides = split_overrides(list(argv) if argv is not None else __import__("sys").argv[1:])
+    rest, overrides = split_overrides(list(argv) if argv is not None else sys.argv[1:])
     args = ap.parse_args(rest)
     cfg = load_config(args.config, overrides)
     print(f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}")

@@ -159,6 +159,12 @@ def _fake_mesh(mesh: tuple[int, int, int]):
     return types.SimpleNamespace(shape={"data": mesh[0], "fsdp": mesh[1], "tp": mesh[2]})
 
 
+def _split(n: int, ways: int) -> int:
+    """A dimension of n split `ways` ways, or whole when the mesh cannot divide it (replicated,
+    as fit_spec places it)."""
+    return n // ways if n % ways == 0 else n
+
+
 def per_device_elems(shape: Sequence[int], spec, mesh: tuple[int, int, int]) -> int:
     """Elements of one device's shard of an array of `shape` placed with `spec` (fit to mesh)."""
     from memsearcher_jax.models.sharding import fit_spec
@@ -352,14 +358,15 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     # buffers), plus the residual. Calibrated against XLA's buffer assignment for the compiled
     # prefill on CPU: 0.86-1.31x of what XLA holds over the 8 shapes of tests/test_planner.py
     # (a sweep of 14 gave the same range).
+    from memsearcher_jax.rl.trainer import prefill_query_block
     from memsearcher_jax.sampling.layers import query_block_size
-    from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK
 
     cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
     layer_spec = P(cs[1], cs[3], cs[2], cs[4])
-    block = cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-        raise PlanError(f"sampler.prefill_query_block must be an integer >= 0 (0 = unblocked), got {block!r}")
+    try:
+        block = prefill_query_block(cfg)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
 
     def rollout_rows(call: SamplerCall) -> tuple[int, int, int]:
         # Each row's own slots, and the shared prefix once (replicated over the row shards).
@@ -368,11 +375,8 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         keys = call.prefix + call.suffix  # the grid's slots
         grid = 2 * L * per_device_elems((call.batch, K, keys, Dh), layer_spec, call.mesh) * cbytes
         rows_loc = call.batch // (call.mesh[0] * call.mesh[1])
-        tp_ = call.mesh[2]
-        h_loc = H // tp_ if H % tp_ == 0 else H
-        f_loc = F // tp_ if F % tp_ == 0 else F
+        h_loc, k_loc, f_loc = (_split(n, call.mesh[2]) for n in (H, K, F))
         blk = query_block_size(call.suffix, block)
-        k_loc = K // tp_ if K % tp_ == 0 else K
         tokens = rows_loc * call.suffix
         mask = tokens * keys
         attention = rows_loc * h_loc * blk * keys * (4 + abytes) + tokens * (h_loc + 2 * k_loc) * Dh * abytes
@@ -396,12 +400,11 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     seq = max(int(cfg.rl.get("min_seq_len", 1)), 1 << max(0, math.ceil(math.log2(max(s_conv, 1)))))
 
     def local_rows(n: int) -> int:
-        return n // batch_ways if n % batch_ways == 0 else n  # not divisible: replicated (as _put does)
+        return _split(n, batch_ways)  # not divisible: replicated (as _put does)
 
     def fwd_layer_bytes(mb: int) -> int:
         """One layer's live activations while it runs (forward or its recomputation)."""
-        h_loc, k_loc = (H // tp if H % tp == 0 else H), (K // tp if K % tp == 0 else K)
-        f_loc = F // tp if F % tp == 0 else F
+        h_loc, k_loc, f_loc = _split(H, tp), _split(K, tp), _split(F, tp)
         qkv = mb * seq * (h_loc + 2 * k_loc) * Dh * abytes * 2          # pre/post rope
         scores = mb * h_loc * seq * seq * (4 + abytes)                   # f32 scores + probs
         mask = mb * seq * seq                                            # bool [B, T, S]
@@ -410,7 +413,7 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         return qkv + scores + mask + mlp + resid
 
     def logits_bytes(mb: int, copies: int) -> int:
-        v_loc = V // tp if V % tp == 0 else V
+        v_loc = _split(V, tp)
         return copies * mb * seq * v_loc * 4
 
     mb_t = local_rows(int(cfg.rl.micro_batch_size))

@@ -67,10 +67,14 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
 
 
 def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
-    """sampler.prefill_query_block, or the Sampler's default when the config names none."""
-    from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK
+    """sampler.prefill_query_block, or the Sampler's default when the config names none;
+    ValueError naming the key when it is not an integer >= 0."""
+    from memsearcher_jax.sampling.sampler import DEFAULT_QUERY_BLOCK, check_query_block
 
-    return int(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK))
+    try:
+        return check_query_block(cfg.sampler.get("prefill_query_block", DEFAULT_QUERY_BLOCK))
+    except ValueError as e:
+        raise ValueError(f"sampler.{e}") from None
 
 
 def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh):
@@ -101,9 +105,10 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
         if cfg.rl[key] < 1:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
-    block = cfg.sampler.get("prefill_query_block", 0)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-        problems.append(f"sampler.prefill_query_block must be an integer >= 0 (0 = unblocked), got {block!r}")
+    try:
+        prefill_query_block(cfg)
+    except ValueError as e:
+        problems.append(str(e))
     if cfg.train.steps < 0:
         problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
     if cfg.train.save_every < 1 or cfg.train.keep < 1:

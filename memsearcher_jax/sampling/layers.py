@@ -122,11 +122,8 @@ def cached_attention(q, k, v, mask, by_row: bool = False, query_block: int = 0):
     scale = d ** -0.5
     if t == 1:
         qg = q.reshape(b, kh, g, d).astype(jnp.float32)
-        scores = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
-        scores = jnp.where(mask[:, None, :, :], scores, _NEG)  # [B, K, G, S]
-        probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)  # [B, K, G, Dh]
-        return out.reshape(b, 1, h, d).astype(q.dtype)
+        probs = jax.nn.softmax(_one_token_scores(qg, k, mask, scale), axis=-1)
+        return _one_token_mix(probs, v).reshape(b, 1, h, d).astype(q.dtype)
     if by_row:
         return jax.lax.map(lambda a: _blocked_attention(*(x[None] for x in a), query_block)[0], (q, k, v, mask))
     return _blocked_attention(q, k, v, mask, query_block)
@@ -152,9 +149,7 @@ def prefixed_decode_attention(q, pk, pv, prefix_valid, k, v, mask):
     qk = qg.transpose(1, 0, 2, 3).reshape(kh, b * g, d)
     s_pre = jax.lax.dot_general(qk, pk[0].astype(jnp.float32), (((2,), (2,)), ((0,), (0,)))) * scale
     s_pre = jnp.where(prefix_valid[0][None, None, :], s_pre, _NEG)
-    # Own slots, as cached_attention's one-token case: [B, K, G, S]
-    s_own = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
-    s_own = jnp.where(mask[:, None, :, :], s_own, _NEG)
+    s_own = _one_token_scores(qg, k, mask, scale)  # own slots, as cached_attention's one-token case
     s_pre = s_pre.reshape(kh, b, g, -1).transpose(1, 0, 2, 3)  # [B, K, G, P]
     top = jnp.maximum(jnp.max(s_pre, axis=-1, keepdims=True), jnp.max(s_own, axis=-1, keepdims=True))
     e_pre, e_own = jnp.exp(s_pre - top), jnp.exp(s_own - top)
@@ -162,8 +157,19 @@ def prefixed_decode_attention(q, pk, pv, prefix_valid, k, v, mask):
     w_pre = (e_pre / total).transpose(1, 0, 2, 3).reshape(kh, b * g, -1)
     out_pre = jax.lax.dot_general(w_pre, pv[0].astype(jnp.float32), (((2,), (1,)), ((0,), (0,))))  # [K, B*G, Dh]
     out_pre = out_pre.reshape(kh, b, g, d).transpose(1, 0, 2, 3)
-    out_own = jnp.sum((e_own / total)[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)
-    return (out_pre + out_own).reshape(b, 1, h, d).astype(q.dtype)
+    return (out_pre + _one_token_mix(e_own / total, v)).reshape(b, 1, h, d).astype(q.dtype)
+
+
+def _one_token_scores(qg, k, mask, scale):
+    """qg [B, K, G, Dh] f32, cache k [B, K, S, Dh], mask [B, 1, S] -> masked f32 scores [B, K, G, S].
+    Broadcast-multiply-reduce: XLA CPU runs it far faster than a batched dot of tiny matrices."""
+    scores = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
+    return jnp.where(mask[:, None, :, :], scores, _NEG)
+
+
+def _one_token_mix(weights, v):
+    """weights [B, K, G, S] f32, cache v [B, K, S, Dh] -> [B, K, G, Dh] f32."""
+    return jnp.sum(weights[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)
 
 
 def query_block_size(t: int, query_block: int) -> int:

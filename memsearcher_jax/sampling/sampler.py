@@ -66,6 +66,13 @@ class Completion:
 DEFAULT_QUERY_BLOCK = 512
 
 
+def check_query_block(value) -> int:
+    """`prefill_query_block` as an int; ValueError naming it unless an integer >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"prefill_query_block must be an integer >= 0 (0 = unblocked), got {value!r}")
+    return int(value)
+
+
 class DecodeState(NamedTuple):
     """Everything the decode loop carries. B rows, S cache slots, N token budget, W stop width."""
 
@@ -141,9 +148,7 @@ class Sampler:
     def __init__(self, model: Qwen2, *, cache_dtype=jnp.bfloat16, mesh: Mesh | None = None,
                  buckets: BucketConfig | None = None, max_len: int | None = None,
                  prefill_query_block: int = DEFAULT_QUERY_BLOCK):
-        if isinstance(prefill_query_block, bool) or int(prefill_query_block) != prefill_query_block \
-                or prefill_query_block < 0:
-            raise ValueError(f"prefill_query_block must be an integer >= 0 (0 = unblocked), got {prefill_query_block}")
+        query_block = check_query_block(prefill_query_block)
         self.mesh = mesh
         self.cache_dtype = jnp.dtype(cache_dtype)
         self.buckets = buckets or BucketConfig()
@@ -160,7 +165,7 @@ class Sampler:
         # XLA CPU layouts (layers.py); a row loop in prefill attention only while rows are not split.
         self._math = LayerMath(self.config, self._sharding, mesh, weights_left=platform == "cpu",
                                attention_by_row=platform == "cpu" and self._batch_shards() == 1,
-                               query_block=int(prefill_query_block))
+                               query_block=query_block)
         self._graphdef, state = nnx.split(model)
         self._layout_fn = jax.jit(self._layout)
         self._params = self._layout_fn(state)
