@@ -4,7 +4,6 @@ No jax here: the launchers run on a laptop that may not have it.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -20,13 +19,16 @@ class LaunchError(ValueError):
 
 
 def load_recipe(path: str):
-    """get_config() of a recipe file (ml-collections only, no jax)."""
+    """get_config() of a recipe file, loaded as the CLI loads configs (its folder on sys.path
+    while it runs, for configs/_recipe_base.py; ml-collections only, no jax)."""
+    from memsearcher_jax.config_utils import ConfigError, load_config_file
+
     if not os.path.isfile(path):
         raise LaunchError(f"config file not found: {path}")
-    spec = importlib.util.spec_from_file_location(f"_launch_recipe_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
+    try:
+        cfg = load_config_file(path)
+    except ConfigError as e:
+        raise LaunchError(str(e)) from e
     if "hardware" not in cfg:
         raise LaunchError(f"{path} has no `hardware` section (device_kind, num_devices, ...); "
                           "use a configs/recipe_*.py file")

@@ -121,6 +121,20 @@ def test_help_is_instant_and_imports_no_jax(script):
     assert probe.stdout.strip() == "False", probe.stderr
 
 
+@pytest.mark.parametrize("mod, args", [
+    ("tpu_pod", ["--config", "configs/recipe_qwen2_5_3b_v5e_64.py", "--name", "ms", "--zone", "z", "--retrieval-url",
+                 "http://10.0.0.2:8000", "--dry-run"]),
+    ("slurm_gpu", ["--config", "configs/recipe_qwen2_5_3b_h100_8.py", "--partition", "h100", "--index-dir",
+                   "/shared/e5_flat", "--dry-run"])])
+def test_dry_run_in_a_fresh_process_loads_the_recipe_without_jax(mod, args):
+    # A fresh interpreter, as a user runs it: the recipe's `from _recipe_base import recipe`
+    # must resolve on its own (in-process tests may find it already imported by another test).
+    code = f"import sys; from launch import {mod}; rc = {mod}.main({args!r}); print('JAX', 'jax' in sys.modules); sys.exit(rc)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "memsearcher_jax.distributed train" in out.stdout and "JAX False" in out.stdout
+
+
 # ----------------------------------------------------------------------------- distributed env
 
 def test_detect_cluster_from_each_launcher():
