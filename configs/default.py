@@ -62,6 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.top_k = 0
     c.agent.eval_max_turns = 6
     c.agent.prompt_style = "compact"  # few-token system prompt; the recipe uses "full"
+    c.agent.stop_token_ids = ()      # ids a generation ends on besides <|im_end|> (empty: the tokenizer's
+                                     # eos and the model dir's generation_config eos_token_id list)
 
     c.sampler = ml_collections.ConfigDict()
     c.sampler.cache_dtype = "float32"

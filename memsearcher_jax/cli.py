@@ -37,6 +37,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_pretrain(args) -> int:
+    from memsearcher_jax.pretrain import run_pretrain
+
+    cfg = _load(args)
+    if args.print_config:
+        print(cfg)
+        return 0
+    run_pretrain(cfg, resume=not args.fresh, argv=sys.argv[2:])
+    return 0
+
+
 def cmd_eval(args) -> int:
     from memsearcher_jax.pipeline import run_eval
 
@@ -79,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="ignore existing checkpoints in the output dir")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("pretrain", help="pretrain the reading base model (resumes from train.output_dir)",
+                       description="Build the reading vocabulary, pretrain a tiny model on the reading curriculum "
+                                   "(cloze questions, associative recall, correct agent episodes over random worlds), "
+                                   "report the reading probe on names it never saw, and export the base as a "
+                                   "Hugging Face directory. " + _OVERRIDE_HELP)
+    p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_tiny.py"),
+                   help=f"ml-collections config file (default: configs/base_tiny.py). {_OVERRIDE_HELP}")
+    p.add_argument("--fresh", action="store_true", help="ignore existing checkpoints in the output dir")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",
                        description="Evaluate a checkpoint or a Hugging Face model directory greedily "

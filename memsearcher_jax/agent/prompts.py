@@ -116,9 +116,12 @@ class PromptBuilder:
 
     tokenizer: a Hugging Face Qwen tokenizer (chat markup `<|im_start|>`/`<|im_end|>`,
     `<think>` and `<tool_response>` as single tokens).
+    stop_ids: the ids a generation ends on. `<|im_end|>` always; add the model's own
+    end-of-sequence ids (Qwen2.5-Instruct's generation_config lists `<|endoftext|>` too): a
+    response that ends on any of them is ended, and nothing after it is generated or trained.
     """
 
-    def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full"):
+    def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full", stop_ids=()):
         if style not in PROMPT_STYLES:
             raise ValueError(f"prompt style {style!r}; expected one of {PROMPT_STYLES}")
         self.tokenizer = tokenizer
@@ -130,6 +133,11 @@ class PromptBuilder:
         self.think_id = self._single_id(THINK)
         self.tool_response_open_id = self._single_id(TOOL_RESPONSE_OPEN)
         self.tool_response_close_id = self._single_id(TOOL_RESPONSE_CLOSE)
+        self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys([self.eos_id, *(int(i) for i in stop_ids)]))
+        vocab = len(tokenizer)
+        bad = [i for i in self.stop_ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"stop ids {bad} are outside the tokenizer's vocabulary [0, {vocab})")
 
         s, e, nl = self.im_start_id, self.eos_id, self._enc("\n")
         mem_sys, react_sys, update = (
@@ -201,18 +209,22 @@ class PromptBuilder:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def split_generation(self, ids: Sequence[int]) -> tuple[list[int], bool]:
-        """Generated ids -> (ids up to but excluding the first <|im_end|> or pad, ended_with_eos).
+        """Generated ids -> (ids up to but excluding the first stop id or pad, ended).
 
-        ended_with_eos is True iff generation stopped on <|im_end|>; a pad/<|endoftext|> stop
-        or a length cut-off gives False.
+        ended is True iff generation stopped on one of `stop_ids`; a pad that is not a stop
+        id, or a length cut-off, gives False.
         """
         ids = [int(i) for i in ids]
         for k, t in enumerate(ids):
-            if t == self.eos_id:
+            if t in self.stop_ids:
                 return ids[:k], True
             if t == self.pad_id:
                 return ids[:k], False
         return ids, False
+
+    def ends_turn(self, tokens: Sequence[int], finish_reason: str) -> bool:
+        """Whether a sampler completion ended on a stop id (not on its budget)."""
+        return finish_reason == "stop" and bool(tokens) and int(tokens[-1]) in self.stop_ids
 
     def decode_act(self, ids: Sequence[int]) -> str:
         """An act generation as text with the pre-filled `<think>` re-attached and the stop token

@@ -196,7 +196,7 @@ class AgentRunner:
         for i in range(0, len(prompts), chunk):  # chunks bound the KV cache of one call
             budgets = max_new_tokens[i:i + chunk] if isinstance(max_new_tokens, list) else max_new_tokens
             outs += self.sampler.generate(prompts[i:i + chunk], max_new_tokens=budgets, temperature=cfg.temperature,
-                                          top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=(self.builder.eos_id,),
+                                          top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=self.builder.stop_ids,
                                           seed=seed, row_seeds=None if row_seeds is None else row_seeds[i:i + chunk])
             self.stats.sampler_calls += 1
         self.stats.sampler_seconds += time.perf_counter() - t0
@@ -239,7 +239,7 @@ class AgentRunner:
             conv = t.final
             conv.add_generated(tokens, logprobs)
             conv.blocks.append(b.decode_act(tokens))
-            conv.ended_with_eos = reason == "stop" and bool(tokens) and tokens[-1] == b.eos_id
+            conv.ended_with_eos = b.ends_turn(tokens, reason)
             if not conv.ended_with_eos:
                 t.finish("length" if reason == "length" else "illegal_stop")
                 continue
@@ -295,7 +295,7 @@ class AgentRunner:
                 conv.add_generated(tokens, logprobs)
                 text = b.decode_update(tokens)
                 conv.blocks.append(text)
-                conv.ended_with_eos = reason == "stop" and bool(tokens) and tokens[-1] == b.eos_id
+                conv.ended_with_eos = b.ends_turn(tokens, reason)
                 memory = extract_memory(text)
                 if not conv.ended_with_eos:
                     t.finish("length" if reason == "length" else "illegal_stop")

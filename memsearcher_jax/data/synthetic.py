@@ -44,6 +44,8 @@ PRODUCTS = ("lamps", "boats", "shoes", "clocks", "bikes", "tables", "radios", "h
             "kites")
 LANDMARKS = ("bridges", "markets", "towers", "gardens", "harbours", "castles", "fountains",
              "museums")
+BIRTH_YEARS = tuple(str(y) for y in range(1900, 1980))
+YEARS = tuple(str(y) for y in range(1900, 2020))  # founding years are birth years + 20..40
 
 # One template per relation: (question, search query, supporting sentence). Placeholders:
 # {s} subject, {a} answer. The sentence template is also how the passage states the fact.
@@ -125,7 +127,8 @@ class World:
         return out
 
 
-def _make_name(rng: random.Random, kind: str, taken: set[str]) -> str:
+def make_name(rng: random.Random, kind: str, taken: set[str]) -> str:
+    """A fresh made-up name of an entity type (CVCV + coda or type suffix), added to `taken`."""
     for _ in range(10_000):
         n_syll = 2
         word = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) for _ in range(n_syll))
@@ -145,7 +148,8 @@ def split_name(name: str) -> list[str]:
     return [name[:2], name[2:]] if len(name) == 5 else [name[:2], name[2:4], name[4:]]
 
 
-def _template_words() -> set[str]:
+def template_words() -> set[str]:
+    """Every word of the templates and attribute values (lower case): names must avoid them."""
     words: set[str] = set()
     texts = [t for rels in ONE_HOP.values() for tpl in rels.values() for t in tpl]
     texts += [t[3] for t in TWO_HOP]
@@ -155,6 +159,14 @@ def _template_words() -> set[str]:
             if not w.startswith("{"):
                 words.add(w.lower())
     return words
+
+
+def template_texts() -> list[str]:
+    """Every question, query and sentence template with its blanks left empty: the text around
+    names and values (for training a tokenizer's merges)."""
+    texts = [t.format(s="", a="") for rels in ONE_HOP.values() for tpl in rels.values() for t in tpl]
+    texts += [t[3].format(s="") for t in TWO_HOP]
+    return texts
 
 
 def _aliases(value: str, value_type: str) -> list[str]:
@@ -176,6 +188,7 @@ def generate_world(
     num_countries: int = 6,
     heldout_fraction: float = 0.15,
     heldout_by: str = "entity",
+    names: dict[str, list[str]] | None = None,
 ) -> World:
     """Build a world deterministically from `seed`.
 
@@ -191,6 +204,9 @@ def generate_world(
     splits share no question, but a held-out question's facts are usually read by training
     questions too (a 2-hop held-out question composes facts that 1-hop training questions ask).
     It measures new questions over a known world, not reading unseen facts.
+    names: optional candidate names per type ("person", "city", "company", "country"), e.g. a
+    reading vocabulary's reserved pool (`data.vocab`); the world samples its entities from them
+    instead of making up new ones.
     """
     if num_entities < 6:
         raise ValueError(f"num_entities={num_entities}: need at least 6 (2 people, 2 cities, 2 companies)")
@@ -200,11 +216,16 @@ def generate_world(
     n_city = max(2, round(0.15 * num_entities))
     n_company = max(2, round(0.25 * num_entities))
     n_person = max(n_company, num_entities - n_city - n_company)  # every company needs a founder
-    taken = _template_words()
-    countries = [_make_name(rng, "country", taken) for _ in range(num_countries)]
-    cities = [_make_name(rng, "city", taken) for _ in range(n_city)]
-    companies = [_make_name(rng, "company", taken) for _ in range(n_company)]
-    people = [_make_name(rng, "person", taken) for _ in range(n_person)]
+    taken = template_words()
+    counts = {"country": num_countries, "city": n_city, "company": n_company, "person": n_person}
+    if names is None:
+        drawn = {kind: [make_name(rng, kind, taken) for _ in range(n)] for kind, n in counts.items()}
+    else:
+        short = {k: (n, len(names.get(k, ()))) for k, n in counts.items() if n > len(names.get(k, ()))}
+        if short:
+            raise ValueError(f"names: the world needs more names than given (type: (needed, given)) {short}")
+        drawn = {kind: rng.sample(list(names[kind]), n) for kind, n in counts.items()}
+    countries, cities, companies, people = (drawn[k] for k in ("country", "city", "company", "person"))
 
     ent: dict[str, dict[str, Any]] = {}
     for c in countries:
@@ -212,7 +233,7 @@ def generate_world(
     for c in cities:
         ent[c] = {"type": "city", "country": rng.choice(countries), "known_for": rng.choice(LANDMARKS)}
     for p in people:
-        ent[p] = {"type": "person", "born_year": str(rng.randint(1900, 1979)), "born_in": rng.choice(cities),
+        ent[p] = {"type": "person", "born_year": rng.choice(BIRTH_YEARS), "born_in": rng.choice(cities),
                   "works_for": rng.choice(companies), "occupation": rng.choice(OCCUPATIONS),
                   "colour": rng.choice(COLOURS)}
     founders = rng.sample(people, n_company)

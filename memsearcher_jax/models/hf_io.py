@@ -28,8 +28,9 @@ from memsearcher_jax.models.qwen2 import Qwen2
 from memsearcher_jax.models.safetensors_io import SafetensorsError, TensorDirectory, save_file
 from memsearcher_jax.models.sharding import ShardingConfig, fit_spec, param_spec
 
+# reading_vocab.json: the name and value pools of a reading tokenizer (memsearcher_jax.data.vocab).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "reading_vocab.json")
 
 
 class CheckpointError(ValueError):
@@ -164,6 +165,26 @@ def _param_sharding(name: str, shape, mesh: Mesh | None, sharding: ShardingConfi
     if mesh is None:
         return SingleDeviceSharding(jax.devices()[0])
     return NamedSharding(mesh, fit_spec(shape, param_spec(name, len(shape), sharding), mesh))
+
+
+def eos_token_ids(model_dir: str | os.PathLike) -> list[int]:
+    """Every end-of-sequence id a model directory declares: `eos_token_id` (an int or a list) of
+    its generation_config.json and config.json, in that order, without repeats. Qwen2.5-Instruct
+    lists [151645, 151643] (<|im_end|>, <|endoftext|>); transformers' generate stops on each."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(os.fspath(model_dir), name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            try:
+                value = json.load(f).get("eos_token_id")
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+        for i in value if isinstance(value, list) else [value]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids
 
 
 def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,

@@ -152,15 +152,33 @@ def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
                        optax.adamw(make_schedule(cfg), b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
 
 
-class SFTTrainer:
-    """Holds split params + optimizer state and the jitted step / evaluation functions."""
+def freeze_rows_of(updates, keep_rows: jax.Array):
+    """Zero the update of embedding rows where keep_rows is 0 (weight decay included): those
+    tokens keep their initial vectors. keep_rows: float [V]."""
+    def mask(path, u):
+        return u * keep_rows[:, None].astype(u.dtype) if path and getattr(path[0], "key", None) == "embed" else u
 
-    def __init__(self, model, config: SFTConfig):
+    return jax.tree_util.tree_map_with_path(mask, updates)
+
+
+class SFTTrainer:
+    """Holds split params + optimizer state and the jitted step / evaluation functions.
+
+    frozen_rows: token ids whose embedding rows are never updated (the reading base keeps its
+    name tokens at their initial codes, so a name it never saw looks like one it did).
+    """
+
+    def __init__(self, model, config: SFTConfig, frozen_rows=None, optimizer: optax.GradientTransformation | None = None):
         self.config = config
         self.graphdef, self.params = nnx.split(model, nnx.Param)
-        self.tx = make_optimizer(config)
+        self.tx = optimizer or make_optimizer(config)
         self.opt_state = self.tx.init(self.params)
         graphdef, tx = self.graphdef, self.tx
+        keep = None
+        if frozen_rows is not None and len(frozen_rows):
+            keep = np.ones(model.config.vocab_size, np.float32)
+            keep[np.asarray(frozen_rows)] = 0.0
+            keep = jnp.asarray(keep)
 
         def loss_fn(params, inputs, targets, weights, lengths):
             total, count = masked_nll_sum(nnx.merge(graphdef, params), inputs, targets, weights, lengths)
@@ -170,6 +188,8 @@ class SFTTrainer:
             (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, inputs, targets, weights,
                                                                              lengths)
             updates, opt_state = tx.update(grads, opt_state, params)
+            if keep is not None:
+                updates = freeze_rows_of(updates, keep)
             return optax.apply_updates(params, updates), opt_state, loss, count, optax.tree.norm(grads)
 
         self._step = jax.jit(step, donate_argnums=(0, 1))

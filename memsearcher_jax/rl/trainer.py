@@ -34,6 +34,7 @@ from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE
                                            react_system_prompt)
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
+from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.models.config import DTYPES
 from memsearcher_jax.rl.advantages import zero_variance_fraction
 from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, RowBatch, pack_rows, score_trajectories,
@@ -166,7 +167,8 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                                     whole_names=cfg.world.get("whole_name_tokens", False))
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(tok_dir) if world_paths else _auto_tokenizer(tok_dir)
-    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style)
+    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
+                            stop_ids=stop_token_ids(cfg, tokenizer))
     if world_paths is not None:
         train_q = _read_jsonl(world_paths.train)
         eval_q = _read_jsonl(world_paths.heldout)
@@ -178,6 +180,19 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     retriever = build_retriever(cfg, world_paths)
     return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever, train_questions=train_q,
                  eval_questions=eval_q, tokenizer_dir=tok_dir, world=world_paths)
+
+
+def stop_token_ids(cfg: ml_collections.ConfigDict, tokenizer) -> list[int]:
+    """What every generation call stops on besides <|im_end|>: `agent.stop_token_ids` when set,
+    else the tokenizer's eos and every eos id of the model directory (model.source)."""
+    override = [int(i) for i in cfg.agent.get("stop_token_ids", ())]
+    if override:
+        return override
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    source = os.path.expanduser(cfg.model.source)
+    if cfg.model.source != "init" and os.path.isdir(source):
+        ids += eos_token_ids(source)
+    return ids
 
 
 def _auto_tokenizer(path: str):

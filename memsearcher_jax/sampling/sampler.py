@@ -29,6 +29,7 @@ decode attention reads each head's keys contiguously.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import NamedTuple, Sequence
@@ -139,18 +140,18 @@ class Sampler:
 
     model: a Qwen2. With `mesh`, the model is laid out with ShardingConfig.sampling() (TP
     weights, batch over data and fsdp) unless it already lives on that mesh.
-    cache_dtype: KV-cache storage dtype. max_len: longest prompt + budget accepted
+    cache_dtype: KV-cache storage dtype (default: the model's compute dtype). max_len: longest prompt + budget accepted
     (defaults to the model's max_position_embeddings). prefill_query_block: the prefill's
     attention takes this many queries at a time (0: all at once), which bounds its f32 scores
     to [rows, heads, block, slots] per layer.
     """
 
-    def __init__(self, model: Qwen2, *, cache_dtype=jnp.bfloat16, mesh: Mesh | None = None,
+    def __init__(self, model: Qwen2, *, cache_dtype=None, mesh: Mesh | None = None,
                  buckets: BucketConfig | None = None, max_len: int | None = None,
                  prefill_query_block: int = DEFAULT_QUERY_BLOCK):
         query_block = check_query_block(prefill_query_block)
         self.mesh = mesh
-        self.cache_dtype = jnp.dtype(cache_dtype)
+        self.cache_dtype = jnp.dtype(cache_dtype or model.config.dtype)
         self.buckets = buckets or BucketConfig()
         self.config = model.config
         self.max_len = int(max_len or model.config.max_position_embeddings)
@@ -436,14 +437,40 @@ class Sampler:
                            finish_reason="stop" if stopped[i] else "length") for i in range(n)]
 
 
+# Samplers kept by `generate`, keyed on what shapes their programs: a loop of one-shot calls on
+# the same architecture reuses the compiled prefill/decode and only swaps the weights in.
+_SAMPLERS: "collections.OrderedDict[tuple, Sampler]" = collections.OrderedDict()
+_MAX_KEPT_SAMPLERS = 2
+
+
+def cached_sampler(model: Qwen2, *, cache_dtype=None, mesh: Mesh | None = None) -> Sampler:
+    """A Sampler for `model`'s architecture, reused across calls, holding `model`'s current
+    weights (the layout copy is redone; prefill and decode are not recompiled)."""
+    cache_dtype = jnp.dtype(cache_dtype or model.config.dtype)
+    graphdef = nnx.graphdef(model)
+    key = (model.config, graphdef, mesh, cache_dtype)
+    sampler = _SAMPLERS.get(key)
+    if sampler is None:
+        sampler = Sampler(model, cache_dtype=cache_dtype, mesh=mesh)
+        _SAMPLERS[key] = sampler
+        while len(_SAMPLERS) > _MAX_KEPT_SAMPLERS:
+            _SAMPLERS.popitem(last=False)
+    else:
+        _SAMPLERS.move_to_end(key)
+        sampler.update_params(model)
+    return sampler
+
+
 def generate(model: Qwen2, prompts: list[list[int]], *, max_new_tokens: int | Sequence[int],
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
-             stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0, cache_dtype=jnp.bfloat16,
+             stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0, cache_dtype=None,
              mesh: Mesh | None = None) -> list[Completion]:
-    """One-shot generation (builds a Sampler; keep a Sampler to reuse compiled programs)."""
-    # Validate before the Sampler is built: building it compiles the weight-layout program.
+    """One-shot generation. Repeated calls on models of one architecture reuse one Sampler's
+    compiled programs (`cached_sampler`). cache_dtype: the KV cache's dtype, by default the
+    model's compute dtype (so a float32 model's log-probs match its full forward)."""
+    # Validate before any Sampler is built: building one compiles the weight-layout program.
     validate_request(prompts, max_new_tokens, temperature, top_p, top_k, model.config.vocab_size,
                      model.config.max_position_embeddings, normalize_stops(stop_token_ids, stop_sequences))
-    return Sampler(model, cache_dtype=cache_dtype, mesh=mesh).generate(
+    return cached_sampler(model, cache_dtype=cache_dtype, mesh=mesh).generate(
         prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         stop_token_ids=stop_token_ids, stop_sequences=stop_sequences, seed=seed)

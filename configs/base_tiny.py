@@ -1,0 +1,58 @@
+"""The reading base model: a tiny Qwen2-architecture model pretrained to read and copy.
+
+    memsearcher-jax pretrain --config configs/base_tiny.py [--config.train.steps=...]
+
+Builds the reading vocabulary (every name and value one token; names in pretrain / reserved
+pools), then trains on the reading curriculum (`memsearcher_jax/data/curriculum.py`) over fresh
+random worlds drawn from the pretrain names only, and exports a Hugging Face directory (bf16
+safetensors, tokenizer, vocabulary manifest, base manifest with the probe's accuracy). The
+shipped base, `memsearcher_jax/bases/reading_tiny`, was made by this file with its defaults.
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+
+    c.vocab = ml_collections.ConfigDict()
+    c.vocab.seed = 0                 # names of the pools (pretrain / reserved) come from this seed
+    c.vocab.bpe_size = 640           # BPE entries besides names, values and agent tags
+
+    c.model = ml_collections.ConfigDict()
+    c.model.hidden_size = 128
+    c.model.intermediate_size = 384
+    c.model.num_layers = 4
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 32
+    c.model.rope_theta = 10000.0
+    c.model.init_seed = 0
+    # Name tokens keep fixed random codes (a shared per-type part plus a part of their own) and
+    # are never updated: a reserved name, never seen in pretraining, looks exactly like the
+    # names the model learnt to copy.
+    c.model.freeze_names = True
+    c.model.name_type_weight = 0.5   # share of the type part in a name's code
+
+    c.curriculum = ml_collections.ConfigDict()
+    c.curriculum.recall = 0.25       # mix weights of the row kinds
+    c.curriculum.cloze = 0.4
+    c.curriculum.demo = 0.35
+    c.curriculum.world_entities = 30
+    c.curriculum.rows_per_world = 32
+    c.curriculum.top_n = 2           # the agent's default_top_n in configs/default.py
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 3000
+    c.train.batch_size = 64
+    c.train.learning_rate = 1e-3
+    c.train.warmup = 200
+    c.train.final_lr_fraction = 0.1
+    c.train.weight_decay = 0.01
+    c.train.buckets = (128, 192, 256, 320, 384, 512)
+    c.train.seed = 0
+    c.train.output_dir = "runs/base_tiny"
+    c.train.save_every = 100
+    c.train.probe_every = 100
+    c.train.probe_items = 512
+    c.train.export_dir = ""          # where the finished base is written ("" : output_dir/base)
+    return c

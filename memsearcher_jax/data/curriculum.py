@@ -1,0 +1,226 @@
+"""The reading curriculum: endless training rows that teach a tiny model to read and copy.
+
+Every row is drawn from a fresh random world (`synthetic.generate_world`) whose entities take
+names from the reading vocabulary's **pretrain** pool only (`data.vocab`), so facts never
+repeat across worlds: the only way to lower the loss is to read them from the context. Four
+kinds of row, mixed by `CurriculumConfig.mix`:
+
+- `recall`: associative-recall drill. `k1 v1 ; k2 v2 ; ... \\n k3 v3 ; k1 v1 ...` over random
+  single-token names and values; loss on the values of the second list (each key's value is
+  somewhere in the first).
+- `cloze`: retrieved passages exactly as the agent sees them (`<tool_response>` blocks), then
+  several `<question> q </question>\\n\\boxed{a}` pairs about them; loss on the answers.
+  1-hop questions read one passage; a 2-hop one reads both of its passages.
+- `demo`: correct MemSearcher episodes recorded as the rollout records them (`data.demos`,
+  no flaws, real BM25 over the world): copying the question's entity into a query, the
+  retrieved facts into a memory, and the answer out of the memory. Loss on generated tokens.
+- `probe` (not trained on): the cloze format with one question, used by `reading_probe`.
+
+    curriculum = Curriculum(vocab, builder, CurriculumConfig(seed=0))
+    rows = curriculum.rows_for_step(step, 64)   # prompt_ids, response_ids, loss_mask (sft.build_rows)
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Sequence
+
+from memsearcher_jax.agent.prompts import PromptBuilder, format_hits
+from memsearcher_jax.data.demos import DemoConfig, demo_conversations, make_demonstrations
+from memsearcher_jax.data.synthetic import generate_world
+from memsearcher_jax.data.vocab import ReadingVocab
+from retrieval.base import Hit
+
+KINDS = ("recall", "cloze", "demo")
+
+
+@dataclasses.dataclass(frozen=True)
+class CurriculumConfig:
+    seed: int = 0
+    mix: tuple[tuple[str, float], ...] = (("recall", 0.25), ("cloze", 0.4), ("demo", 0.35))
+    world_entities: int = 30        # entities per random world (people, cities, companies)
+    rows_per_world: int = 32        # rows drawn from one world before a new one is made
+    recall_pairs: tuple[int, int] = (4, 16)   # pairs per recall drill (inclusive range)
+    cloze_passages: tuple[int, int] = (2, 3)  # passages shown per cloze row
+    cloze_questions: int = 4        # questions per cloze row
+    top_n: int = 2                  # passages per search in demos (the agent's default_top_n)
+    max_turns: int = 4
+    max_len: int = 512              # longer rows are dropped (their conversation is redrawn)
+
+    def __post_init__(self):
+        names = [k for k, _ in self.mix]
+        if not names or any(k not in KINDS for k in names) or any(w < 0 for _, w in self.mix):
+            raise ValueError(f"mix must be (kind, weight >= 0) pairs over {KINDS}, got {self.mix}")
+        if sum(w for _, w in self.mix) <= 0:
+            raise ValueError(f"mix weights must not all be 0, got {self.mix}")
+        if not 1 <= self.recall_pairs[0] <= self.recall_pairs[1]:
+            raise ValueError(f"recall_pairs must be an increasing range >= 1, got {self.recall_pairs}")
+        if not 1 <= self.cloze_passages[0] <= self.cloze_passages[1]:
+            raise ValueError(f"cloze_passages must be an increasing range >= 1, got {self.cloze_passages}")
+
+
+@dataclasses.dataclass
+class Row:
+    """A training row in the layout `sft.build_rows` reads: loss on response tokens with mask 1."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    kind: str = ""
+    questions: list = dataclasses.field(default_factory=list)  # cloze: the question rows asked
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+class _Pieces:
+    """Token pieces from a prompt builder (free text is tokenized with special tokens split)."""
+
+    def __init__(self, builder: PromptBuilder):
+        self.b = builder
+        self.enc = builder._enc
+
+    def observation_text(self, hits: Sequence[Hit]) -> list[int]:
+        return [self.b.tool_response_open_id, *self.enc("\n" + format_hits(hits) + "\n"),
+                self.b.tool_response_close_id]
+
+
+def cloze_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_questions: int,
+              one_question_about: str | None = None) -> Row:
+    """Passages (as a tool response) + questions answered from them.
+
+    The shown passages are a random subject's passage plus others from the same world
+    (including, where it has one, the passage its 2-hop question needs), in random order.
+    one_question_about: the probe's form: one 1-hop question about this entity, whose passage
+    is shown.
+    """
+    rows = [r for r in world.train + world.heldout]
+    by_subject: dict[str, list[dict]] = {}
+    for r in rows:
+        by_subject.setdefault(r["subject"], []).append(r)
+    pid_of = {p["contents"].split("\n", 1)[0]: p for p in world.corpus}
+    if one_question_about is not None:
+        qs = [rng.choice([r for r in by_subject[one_question_about] if r["hops"] == 1])]
+    else:
+        qs = []
+    shown: list[dict] = []
+
+    def show(name):
+        p = pid_of[name]
+        if p not in shown:
+            shown.append(p)
+
+    for q in qs:
+        for pid in q["gold_passage_ids"]:
+            show(world.corpus[int(pid)]["contents"].split("\n", 1)[0])
+    while len(shown) < n_passages:
+        show(rng.choice(list(pid_of)))
+    rng.shuffle(shown)
+    if one_question_about is None:
+        titles = {p["contents"].split("\n", 1)[0] for p in shown}
+        answerable = [r for r in rows if all(world.corpus[int(i)]["contents"].split("\n", 1)[0] in titles
+                                             for i in r["gold_passage_ids"])]
+        qs = [rng.choice(answerable) for _ in range(n_questions)]
+    hits = [Hit(id=p["id"], contents=p["contents"]) for p in shown]
+    prompt = pieces.observation_text(hits) + pieces.enc("\n")
+    response, mask = [], []
+    for q in qs:
+        ask = pieces.enc(f"<question> {q['question']} </question>\n\\boxed{{")
+        ans = pieces.enc(q["golden_answers"][0] + "}\n")
+        response += ask + ans
+        mask += [0] * len(ask) + [1] * len(ans)
+    # The first question's lead-in is part of the prompt (nothing before it is a target).
+    return Row(prompt_ids=prompt, response_ids=response, loss_mask=mask, kind="cloze", questions=qs)
+
+
+def recall_row(rng: random.Random, pieces: _Pieces, keys: Sequence[str], values: Sequence[str],
+               n_pairs: int) -> Row:
+    """`k v ; k v ; ...` then the same keys in another order; loss on the second list's values."""
+    ks = rng.sample(list(keys), n_pairs)
+    vs = [rng.choice(values) for _ in ks]
+    first = pieces.enc(" ; ".join(f"{k} {v}" for k, v in zip(ks, vs)) + "\n")
+    order = list(range(n_pairs))
+    rng.shuffle(order)
+    response, mask = [], []
+    for j, i in enumerate(order):
+        key = pieces.enc((" ; " if j else "") + ks[i] + " ")
+        val = pieces.enc(vs[i])
+        response += key + val
+        mask += [0] * len(key) + [1] * len(val)
+    return Row(prompt_ids=first, response_ids=response, loss_mask=mask, kind="recall")
+
+
+class Curriculum:
+    """Seeded curriculum rows: `rows_for_step(step, n)` depends only on (seed, step), so a
+    resumed run sees exactly the rows the interrupted one would have."""
+
+    def __init__(self, vocab: ReadingVocab, builder: PromptBuilder, config: CurriculumConfig = CurriculumConfig(),
+                 pool: str = "pretrain"):
+        self.vocab, self.builder, self.config = vocab, builder, config
+        self.names = vocab.pool(pool)
+        self.pieces = _Pieces(builder)
+        keys = [n for kind in ("person", "city", "company") for n in self.names[kind]]
+        self.recall_keys = keys
+        self.recall_values = keys + [v for vs in vocab.values.values() for v in vs]
+        self.kinds = [k for k, _ in config.mix]
+        self.weights = [w for _, w in config.mix]
+
+    def _world_rows(self, rng: random.Random) -> list[Row]:
+        from retrieval.bm25 import BM25Retriever  # bm25s is a heavy import
+
+        cfg = self.config
+        seed = rng.randrange(2 ** 31)
+        world = generate_world(seed, num_entities=cfg.world_entities, heldout_fraction=0.0, names=self.names)
+        kinds = rng.choices(self.kinds, self.weights, k=cfg.rows_per_world)
+        rows: list[Row] = []
+        for kind in kinds:
+            if kind == "recall":
+                rows.append(recall_row(rng, self.pieces, self.recall_keys, self.recall_values,
+                                       rng.randint(*cfg.recall_pairs)))
+            elif kind == "cloze":
+                rows.append(cloze_row(world, rng, self.pieces, rng.randint(*cfg.cloze_passages),
+                                      cfg.cloze_questions))
+        n_demo = kinds.count("demo")
+        if n_demo:
+            # A demo has ~2.5 conversations; draw enough questions, keep n_demo conversations.
+            questions = rng.sample(world.train, min(len(world.train), max(1, n_demo // 2)))
+            demos = make_demonstrations(questions, self.builder, BM25Retriever.from_passages(world.corpus),
+                                        seed=seed, config=DemoConfig(vague_query_rate=0.0, wrong_answer_rate=0.0,
+                                                                     early_answer_rate=0.0, top_n=cfg.top_n,
+                                                                     max_turns=cfg.max_turns))
+            convs = demo_conversations(demos)
+            for c in rng.sample(convs, min(len(convs), n_demo)):
+                rows.append(Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
+                                loss_mask=[int(m) for m in c.loss_mask], kind="demo"))
+        return [r for r in rows if len(r) <= cfg.max_len and sum(r.loss_mask)]
+
+    def rows_for_step(self, step: int, n: int) -> list[Row]:
+        """n rows for training step `step` (fresh worlds each step)."""
+        rng = random.Random(f"{self.config.seed}:{step}")
+        rows: list[Row] = []
+        while len(rows) < n:
+            rows += self._world_rows(rng)
+        rng.shuffle(rows)
+        return rows[:n]
+
+
+def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 1234, n_passages: int = 2,
+                pool: str = "reserved") -> list[tuple[list[int], int, str]]:
+    """Reading-probe items over names from `pool` (default: reserved, never seen in pretraining).
+
+    Each item: (context ids ending in `\\boxed{`, the answer's first token id, the relation).
+    The answer is a single token for every relation (names and values are whole tokens).
+    """
+    rng = random.Random(seed)
+    pieces = _Pieces(builder)
+    names = vocab.pool(pool)
+    items = []
+    while len(items) < n:
+        world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
+        subjects = sorted({r["subject"] for r in world.train if r["hops"] == 1})
+        for _ in range(8):
+            row = cloze_row(world, rng, pieces, n_passages, 1, one_question_about=rng.choice(subjects))
+            target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
+            lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
+            items.append((row.prompt_ids + lead, target, row.questions[0]["relation"]))
+    return items[:n]
