@@ -10,6 +10,7 @@ import os
 import sys
 
 from memsearcher_jax.config_utils import ConfigError, load_config, split_overrides
+from memsearcher_jax.errors import UserInputError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
 
@@ -108,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("--checkpoint", help="a training output dir (latest step) or its checkpoints/ dir")
     p.add_argument("--model", help="a Hugging Face model directory (instead of --checkpoint)")
-    p.add_argument("--split", default="heldout", help="synthetic split, or a dataset name for real data")
+    p.add_argument("--split", default=None,
+                   help="one set to evaluate: for the synthetic world 'heldout' (default) or 'train'; for real "
+                        "data (world.enabled=false) a set name under data.eval_path, e.g. bamboogle (default: all)")
     p.add_argument("--limit", type=int, default=0, help="evaluate at most this many questions (0: all)")
     p.add_argument("--workflow", choices=("memsearcher", "react"), default=None, help="override agent.workflow")
     p.add_argument("--out", default="", help="directory for the trajectories JSONL and the results table")
@@ -151,16 +154,11 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        # A config that validates but cannot run (bad values, does not fit its devices) or a
-        # missing input: the message already names what is wrong, and a traceback would bury it.
-        from memsearcher_jax.planner import PlanError
-        from memsearcher_jax.rl.trainer import TrainConfigError
-
-        if isinstance(e, (TrainConfigError, PlanError, FileNotFoundError)):
-            print(f"memsearcher-jax: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (UserInputError, FileNotFoundError) as e:
+        # Bad input (a config that cannot run, a data file, a checkpoint): the message names what
+        # is wrong, and a traceback would bury it. Anything else is a bug and keeps its traceback.
+        print(f"memsearcher-jax: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

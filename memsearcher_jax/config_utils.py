@@ -14,8 +14,10 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from memsearcher_jax.errors import UserInputError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserInputError):
     """A config file or command-line override is invalid."""
 
 

@@ -147,7 +147,7 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
 
 
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
-             split: str = "heldout", limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
+             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
     """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
     if bool(model_dir) == bool(checkpoint):
         raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
@@ -164,26 +164,21 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         policy, _ = restore_policy(checkpoint)
     # Only a sampler: no learner, reference copy or optimizer state, and no training-memory check.
     runner = _eval_runner(cfg, setup, build_sampler(cfg, policy, sampling_mesh(cfg)), workflow)
-    benchmarks: dict[str, list[dict]] = {}
+    benchmarks = dict(setup.eval_sets)
     if cfg.world.enabled:
-        from memsearcher_jax.rl.trainer import _read_jsonl
-
-        benchmarks[f"synthetic-{split}"] = (_read_jsonl(setup.world.heldout) if split == "heldout"
-                                            else _read_jsonl(setup.world.train))
+        if split == "train":
+            benchmarks = {"synthetic-train": setup.train_questions}
+        elif split not in (None, "heldout", "all"):
+            raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
     else:
-        from memsearcher_jax.data.qa import EVAL_SETS, load_paper_dataset
-
-        names = EVAL_SETS if split in ("all", "heldout") else [split]
-        for name in names:
-            try:
-                splits = load_paper_dataset(cfg.data.eval_path, name)
-            except (FileNotFoundError, ValueError) as e:
-                print(f"skipping {name}: {e}", file=sys.stderr)
-                continue
-            benchmarks[name] = next(iter(splits.values()))
-        if not benchmarks:
-            raise TrainConfigError(f"no evaluation set could be read from data.eval_path={cfg.data.eval_path!r} "
-                                   f"(looked for {', '.join(names)})")
+        for name, why in setup.missing_eval_sets.items():
+            if split in (None, "all", name):
+                print(f"skipping {name}: {why}", file=sys.stderr)
+        if split not in (None, "all", "heldout"):
+            if split not in benchmarks:
+                raise TrainConfigError(f"--split {split!r}: no such evaluation set under data.eval_path="
+                                       f"{cfg.data.eval_path} (found: {', '.join(benchmarks)})")
+            benchmarks = {split: benchmarks[split]}
     rows = []
     all_trajs = []
     for name, qs in benchmarks.items():

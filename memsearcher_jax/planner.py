@@ -33,6 +33,8 @@ from typing import Sequence
 
 import ml_collections
 
+from memsearcher_jax.errors import UserInputError
+
 GIB = 1024 ** 3
 _REAL_PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b")
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -44,7 +46,7 @@ _WORLD_VOCAB = 1024  # the synthetic world's tokenizer (data/world_cache.py defa
 PHASES = ("rollout", "scoring", "update", "refresh")  # never overlap in time; see the module docstring
 
 
-class PlanError(ValueError):
+class PlanError(UserInputError):
     """The config does not fit on its devices (or cannot be planned); the message holds the table."""
 
 

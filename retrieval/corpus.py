@@ -20,8 +20,10 @@ from typing import Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from memsearcher_jax.errors import UserInputError
 
-class CorpusFormatError(ValueError):
+
+class CorpusFormatError(UserInputError):
     """A corpus line that is not a JSON object with a string `contents`."""
 
 

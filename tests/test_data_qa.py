@@ -186,3 +186,50 @@ def test_tfds_synthetic_builder(tmp_path):
             assert {k: got[k] for k in want} == want
     with pytest.raises(FileNotFoundError, match="save_world"):
         tfb.prepare_synthetic_qa(str(tmp_path), str(tmp_path / "tfds2"))
+
+
+def test_evaluation_sets_folder_file_and_one_set(root, tmp_path):
+    import pathlib
+
+    root = pathlib.Path(root)
+    _write_jsonl(str(root / "mine" / "test.jsonl"), [{"question": "q", "golden_answers": ["a"]}])
+    sets, missing = qa.evaluation_sets(str(root))
+    assert {"nq", "hotpotqa", "mine"} <= set(sets) and set(missing) == set(qa.EVAL_SETS) - set(sets)
+    assert sets["nq"][1]["question"] == "when is the next deadpool movie being released?"
+    assert list(qa.evaluation_sets(str(root), only="nq")[0]) == ["nq"]
+    with pytest.raises(qa.QADataError, match="no evaluation set found.*nosuch"):
+        qa.evaluation_sets(str(root), only="nosuch")
+    one, _ = qa.evaluation_sets(str(root / "nq" / "test.jsonl"))
+    assert list(one) == ["nq"] and len(one["nq"]) == 2  # a split-named file takes its folder's name
+    _write_jsonl(str(tmp_path / "custom.jsonl"), [{"question": "q?", "golden_answers": ["a"]}])
+    assert list(qa.evaluation_sets(str(tmp_path / "custom.jsonl"))[0]) == ["custom"]
+    with pytest.raises(qa.QADataError, match="one file, evaluated as the set 'custom'"):
+        qa.evaluation_sets(str(tmp_path / "custom.jsonl"), only="nq")
+
+
+def test_training_questions_file_dataset_dir_and_root(root, tmp_path):
+    root = str(root)
+    _write_jsonl(str(tmp_path / "t.jsonl"), [{"question": "q", "golden_answers": ["a"]}])
+    assert qa.training_questions(str(tmp_path / "t.jsonl"))[0]["question"] == "q?"
+    _write_jsonl(str(tmp_path / "ds" / "train.jsonl"), [{"question": "r", "golden_answers": ["b"]}])
+    assert qa.training_questions(str(tmp_path / "ds"))[0]["golden_answers"] == ["b"]
+    assert qa.training_questions(root) == qa.load_paper_dataset(root, qa.TRAIN_SET)["train"]
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(qa.QADataError, match="no training data"):
+        qa.training_questions(str(tmp_path / "empty"))
+    with pytest.raises(qa.QADataError, match="no such file or directory"):
+        qa.training_questions(str(tmp_path / "absent"))
+
+
+def test_every_user_input_error_shares_one_base():
+    from memsearcher_jax.config_utils import ConfigError
+    from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.models.hf_io import CheckpointError
+    from memsearcher_jax.models.safetensors_io import SafetensorsError
+    from memsearcher_jax.planner import PlanError
+    from memsearcher_jax.rl.trainer import TrainConfigError
+    from retrieval.corpus import CorpusFormatError
+
+    for cls in (ConfigError, CheckpointError, SafetensorsError, PlanError, TrainConfigError, CorpusFormatError,
+                qa.QADataError):
+        assert issubclass(cls, UserInputError), cls

@@ -19,6 +19,8 @@ import json
 import os
 from typing import Any
 
+from memsearcher_jax.errors import UserInputError
+
 # The paper's evaluation sets and the split each is evaluated on (SPEC §5).
 EVAL_SETS: dict[str, str] = {
     "nq": "test", "triviaqa": "test", "popqa": "test", "bamboogle": "test",
@@ -34,7 +36,7 @@ LAYOUT_HELP = (
 )
 
 
-class QADataError(ValueError):
+class QADataError(UserInputError):
     """A QA file is missing or does not have the expected layout (the message names the file)."""
 
 
@@ -202,3 +204,62 @@ def load_paper_dataset(root: str, dataset: str) -> dict[str, list[dict[str, Any]
                 r["id"] = f"{r['data_source']}_{r['id']}"
         out[split] = rows
     return out
+
+
+SPLIT_NAMES = ("test", "dev", "validation", "train")
+
+
+def set_name(path: str) -> str:
+    """The name of a single-file evaluation set: the file's stem, or its folder's name when the
+    stem is only a split name (`bamboogle/test.jsonl` -> "bamboogle")."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return os.path.basename(os.path.dirname(os.path.abspath(path))) if stem in SPLIT_NAMES else stem
+
+
+def evaluation_sets(path: str, only: str | None = None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Named evaluation sets from `data.eval_path`, and the paper sets not found (name -> why).
+
+    - a .jsonl / .parquet file: one set, named by `set_name`;
+    - a directory: each of the paper's seven sets it holds (`<name>/<split>.jsonl|parquet`, or
+      the Search-R1 merged `nq_hotpotqa_train/test.parquet`), plus any other `<name>/` folder
+      with a test or dev file (a user's own set).
+    only: keep just this set (QADataError naming the sets there are when it is absent).
+    """
+    if os.path.isfile(path):
+        name = set_name(path)
+        if only not in (None, name):
+            raise QADataError(f"--split {only!r}: data.eval_path={path} is one file, evaluated as the set {name!r}")
+        return {name: read_file(path, source=name)}, {}
+    if not os.path.isdir(path):
+        raise QADataError(f"data.eval_path={path}: no such file or directory; {LAYOUT_HELP}")
+    sets: dict[str, list[dict[str, Any]]] = {}
+    missing: dict[str, str] = {}
+    for name in EVAL_SETS:
+        if only not in (None, name):
+            continue
+        try:
+            sets[name] = next(iter(load_paper_dataset(path, name).values()))
+        except QADataError as e:
+            missing[name] = str(e)
+    for name in sorted(os.listdir(path)):
+        if name in EVAL_SETS or name == TRAIN_SET or only not in (None, name):
+            continue
+        found = [f for f in (find_split_file(os.path.join(path, name), s) for s in ("test", "dev")) if f]
+        if os.path.isdir(os.path.join(path, name)) and found:
+            sets[name] = read_file(found[0], source=name)
+    if not sets:
+        wanted = only or ", ".join(EVAL_SETS)
+        raise QADataError(f"data.eval_path={path}: no evaluation set found (looked for {wanted}); {LAYOUT_HELP}")
+    return sets, missing
+
+
+def training_questions(path: str) -> list[dict[str, Any]]:
+    """`data.train_path`: a .jsonl/.parquet file, a dataset folder with train.jsonl|parquet, or a
+    data root holding the Search-R1 merge (`nq_hotpotqa_train/`) or FlashRAG nq/ + hotpotqa/."""
+    if os.path.isfile(path):
+        return read_file(path, source=set_name(path))
+    if os.path.isdir(path) and find_split_file(path, "train"):
+        return load_qa(path, "train")
+    if os.path.isdir(path):
+        return load_paper_dataset(path, TRAIN_SET)["train"]
+    raise QADataError(f"data.train_path={path}: no such file or directory; {LAYOUT_HELP}")

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from memsearcher_jax.data.synthetic import generate_world, save_world
 from memsearcher_jax.data.tokenizer import train_tokenizer
+from memsearcher_jax.data.vocab import MANIFEST, ReadingVocab, vocab_fingerprint
 
 CACHE_FORMAT = 1  # bump when generator or tokenizer output changes for the same arguments
 
@@ -53,23 +54,33 @@ def _paths(root: str) -> WorldPaths:
 
 
 def cache_key(seed: int, num_entities: int, num_countries: int, heldout_fraction: float, vocab_size: int,
-              extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False) -> str:
+              extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False,
+              vocab_dir: str | None = None) -> str:
     key = [CACHE_FORMAT, seed, num_entities, num_countries, heldout_fraction, vocab_size, list(extra_texts)]
     if heldout_by != "entity" or whole_names:  # default keys stay what they were: existing caches still hit
         key += [heldout_by, whole_names]
+    if vocab_dir:
+        key += ["reading-vocab", vocab_fingerprint(vocab_dir)]
     h = hashlib.sha256(json.dumps(key).encode())
     return f"world-s{seed}-n{num_entities}-v{vocab_size}-{h.hexdigest()[:12]}"
 
 
 def _build(tmp: str, seed: int, num_entities: int, num_countries: int, heldout_fraction: float, vocab_size: int,
-           extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False) -> None:
+           extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False,
+           vocab_dir: str | None = None) -> None:
     paths = _paths(tmp)
+    names = ReadingVocab.load(vocab_dir).pool("reserved") if vocab_dir else None
     world = generate_world(seed, num_entities=num_entities, num_countries=num_countries,
-                           heldout_fraction=heldout_fraction, heldout_by=heldout_by)
+                           heldout_fraction=heldout_fraction, heldout_by=heldout_by, names=names)
     save_world(world, paths.world_dir)
-    train_tokenizer(world.texts(), paths.tokenizer_dir, vocab_size=vocab_size,
-                    extra_texts=list(FORMAT_TEXTS) + list(extra_texts),
-                    word_pieces=None if whole_names else world.name_pieces())
+    if vocab_dir:  # the reading vocabulary's tokenizer, as it is: names and values are whole tokens
+        os.makedirs(paths.tokenizer_dir)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", MANIFEST):
+            shutil.copy2(os.path.join(vocab_dir, name), paths.tokenizer_dir)
+    else:
+        train_tokenizer(world.texts(), paths.tokenizer_dir, vocab_size=vocab_size,
+                        extra_texts=list(FORMAT_TEXTS) + list(extra_texts),
+                        word_pieces=None if whole_names else world.name_pieces())
     from tokenizers import Tokenizer  # the raw tokenizer is enough for length statistics
 
     tok = Tokenizer.from_file(os.path.join(paths.tokenizer_dir, "tokenizer.json"))
@@ -94,17 +105,21 @@ def _build(tmp: str, seed: int, num_entities: int, num_countries: int, heldout_f
 def prepare_world(cache_dir: str, seed: int = 0, num_entities: int = 100, num_countries: int = 6,
                   heldout_fraction: float = 0.15, vocab_size: int = 1024,
                   extra_texts: Sequence[str] = (), heldout_by: str = "entity",
-                  whole_names: bool = False) -> WorldPaths:
-    """Return the cached world + tokenizer for these arguments, building them on first use."""
+                  whole_names: bool = False, vocab_dir: str | None = None) -> WorldPaths:
+    """Return the cached world + tokenizer for these arguments, building them on first use.
+
+    vocab_dir: a reading vocabulary (a directory with reading_vocab.json, e.g. the shipped base
+    model): the world's entities take names from its reserved pool, which the base never saw
+    in pretraining, and its tokenizer is the world's (no tokenizer is trained)."""
     cache_dir = os.path.expanduser(cache_dir)
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, cache_key(seed, num_entities, num_countries, heldout_fraction, vocab_size,
-                                              extra_texts, heldout_by, whole_names))
+                                              extra_texts, heldout_by, whole_names, vocab_dir))
     if not os.path.isdir(final):
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir)  # same filesystem, so rename is atomic
         try:
             _build(tmp, seed, num_entities, num_countries, heldout_fraction, vocab_size, extra_texts, heldout_by,
-                   whole_names)
+                   whole_names, vocab_dir)
             try:
                 os.rename(tmp, final)
             except OSError:

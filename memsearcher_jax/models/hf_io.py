@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models.config import ModelConfig
 from memsearcher_jax.models.qwen2 import Qwen2
 from memsearcher_jax.models.safetensors_io import SafetensorsError, TensorDirectory, save_file
@@ -33,7 +34,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "reading_vocab.json")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserInputError):
     """A Hugging Face checkpoint does not match what the model expects."""
 
 

@@ -18,6 +18,8 @@ from typing import Iterable
 import ml_dtypes
 import numpy as np
 
+from memsearcher_jax.errors import UserInputError
+
 DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
@@ -27,7 +29,7 @@ _NAMES = {v: k for k, v in DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(UserInputError):
     """A safetensors file is missing, corrupt, truncated or inconsistent."""
 
 

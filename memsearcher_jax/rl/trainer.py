@@ -29,20 +29,33 @@ import numpy as np
 from flax import nnx
 
 from memsearcher_jax import distributed
-from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION,
-                                           MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt,
-                                           react_system_prompt)
+from memsearcher_jax.agent.prompts import (
+    COMPACT_SYSTEM_PROMPT,
+    COMPACT_UPDATE_INSTRUCTION,
+    MEMORY_UPDATE_INSTRUCTION,
+    PromptBuilder,
+    memsearcher_system_prompt,
+    react_system_prompt,
+)
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
-from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.models.config import DTYPES
+from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.rl.advantages import zero_variance_fraction
-from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, RowBatch, pack_rows, score_trajectories,
-                                     trajectory_advantages)
+from memsearcher_jax.rl.grpo import (
+    GRPOConfig,
+    GRPOLearner,
+    OptimConfig,
+    RowBatch,
+    pack_rows,
+    score_trajectories,
+    trajectory_advantages,
+)
 from memsearcher_jax.rl.losses import LossConfig
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(UserInputError):
     """The training config is inconsistent; raised before anything is compiled."""
 
 
@@ -120,6 +133,9 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append("retrieval.kind=http needs retrieval.url")
     if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
         problems.append("retrieval.kind=index needs retrieval.index_dir")
+    if training and not cfg.world.enabled and cfg.sft.steps > 0:
+        problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
+                        "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
     if training and not cfg.world.enabled and not cfg.data.train_path:
         problems.append("data.train_path is required when world.enabled is false")
     if not training and not cfg.world.enabled and not cfg.data.eval_path:
@@ -149,6 +165,8 @@ class Setup:
     eval_questions: list[dict]
     tokenizer_dir: str
     world: Any = None
+    eval_sets: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # name -> questions
+    missing_eval_sets: dict[str, str] = dataclasses.field(default_factory=dict)  # paper sets not found: why
 
 
 def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
@@ -164,22 +182,36 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
         world_paths = prepare_world(os.path.expanduser(cfg.world.cache_dir), seed=cfg.world.seed,
                                     num_entities=cfg.world.num_entities, extra_texts=extra,
                                     heldout_by=cfg.world.get("heldout_by", "entity"),
-                                    whole_names=cfg.world.get("whole_name_tokens", False))
+                                    whole_names=cfg.world.get("whole_name_tokens", False),
+                                    vocab_dir=reading_vocab_dir(cfg))
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(tok_dir) if world_paths else _auto_tokenizer(tok_dir)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
                             stop_ids=stop_token_ids(cfg, tokenizer))
     if world_paths is not None:
         train_q = _read_jsonl(world_paths.train)
-        eval_q = _read_jsonl(world_paths.heldout)
+        eval_sets = {"synthetic-heldout": _read_jsonl(world_paths.heldout)}
+        missing_sets: dict[str, str] = {}
     else:
-        from memsearcher_jax.data.qa import load_qa
+        from memsearcher_jax.data.qa import evaluation_sets, training_questions
 
-        train_q = load_qa(cfg.data.train_path, "train") if training else []
-        eval_q = load_qa(cfg.data.eval_path, None) if cfg.data.eval_path else []
+        train_q = training_questions(os.path.expanduser(cfg.data.train_path)) if training else []
+        eval_sets, missing_sets = (evaluation_sets(os.path.expanduser(cfg.data.eval_path)) if cfg.data.eval_path
+                                   else ({}, {}))
+    eval_q = [row for rows in eval_sets.values() for row in rows]
     retriever = build_retriever(cfg, world_paths)
     return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever, train_questions=train_q,
-                 eval_questions=eval_q, tokenizer_dir=tok_dir, world=world_paths)
+                 eval_questions=eval_q, tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets,
+                 missing_eval_sets=missing_sets)
+
+
+def reading_vocab_dir(cfg: ml_collections.ConfigDict) -> str | None:
+    """model.source when it ships a reading vocabulary (the pretrained base does): the synthetic
+    world then names its entities from the vocabulary's reserved pool and uses its tokenizer."""
+    from memsearcher_jax.data.vocab import ReadingVocab
+
+    source = os.path.expanduser(cfg.model.source)
+    return source if cfg.model.source != "init" and ReadingVocab.exists(source) else None
 
 
 def stop_token_ids(cfg: ml_collections.ConfigDict, tokenizer) -> list[int]:
