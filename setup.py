@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
     "numpy>=1.26",
     "tqdm>=4.66",
     "tensorboardX>=2.6",
+    "matplotlib>=3.8",  # the learning-curve PNG the default job writes
     # Retrieval: FAISS on the host, a FastAPI service, an httpx client, BM25.
     "faiss-cpu>=1.8",
     "fastapi>=0.110",
@@ -46,6 +47,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["memsearcher_jax", "memsearcher_jax.*", "retrieval", "retrieval.*"]),
+    # The shipped reading base (bf16 safetensors, tokenizer, manifests).
+    package_data={"memsearcher_jax.bases": ["reading_tiny/*"]},
     py_modules=[],
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

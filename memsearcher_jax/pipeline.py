@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from memsearcher_jax.agent.rollout import AgentRunner
+from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.rl.trainer import (Setup, Trainer, TrainConfigError, agent_config, build_sampler, build_setup,
                                          evaluate, sampling_mesh, validate)
@@ -23,31 +24,72 @@ def _log(msg: str):
     print(f"[memsearcher-jax {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None) -> list:
+    """The scripted demonstrator's episodes on the first `sft.num_demos` training questions, with
+    its deliberate flaws at the `sft.*_rate` settings (what the warm start imitates)."""
+    from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
+
+    rows = setup.train_questions[: cfg.sft.num_demos]
+    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
+                                     "react_share") if k in cfg.sft}
+    return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,
+                               config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
+                                                 **rates))
+
+
+def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):
+    from memsearcher_jax.rl.sft import SFTConfig
+
+    return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
+                     warmup=min(cfg.sft.warmup, steps) if warmup is None else warmup, seed=cfg.train.seed,
+                     max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
+
+
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
     """Supervised warm start on scripted demonstrations; cached as a HF model dir in out_dir."""
-    from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
-    from memsearcher_jax.rl.sft import SFTConfig, sft_train
+    from memsearcher_jax.data.demos import demo_conversations, demo_stats
+    from memsearcher_jax.rl.sft import sft_train
     from memsearcher_jax.rl.trainer import load_policy
 
     if os.path.exists(os.path.join(out_dir, "config.json")):
         _log(f"warm start: reusing {out_dir}")
         return out_dir
-    rows = setup.train_questions[: cfg.sft.num_demos]
-    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
-                                     "react_share") if k in cfg.sft}
-    demos = make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed,
-                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
-                                                  **rates))
+    demos = flawed_demonstrations(cfg, setup)
     stats = demo_stats(demos)
-    _log(f"warm start: {len(demos)} scripted demonstrations ({stats}), {cfg.sft.steps} SFT steps")
+    _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
+         f"{cfg.sft.steps} SFT steps")
     policy = load_policy(cfg, setup)
-    sft_cfg = SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
-                        warmup=min(cfg.sft.warmup, cfg.sft.steps), seed=cfg.train.seed,
-                        max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
-    policy, history = sft_train(policy, demo_conversations(demos), sft_cfg, pad_id=setup.builder.pad_id)
+    policy, history = sft_train(policy, demo_conversations(demos), _sft_config(cfg, cfg.sft.steps),
+                                pad_id=setup.builder.pad_id)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
     return out_dir
+
+
+def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seconds: float) -> tuple[Qwen2, int]:
+    """The control for GRPO: more supervised training on the same demonstrator's episodes
+    (fresh draws of its flaws), starting from `model_dir`, for `seconds` of wall clock at the
+    warm start's final learning rate. Returns (model, steps taken)."""
+    from memsearcher_jax.data.demos import demo_conversations
+    from memsearcher_jax.rl.sft import SFTTrainer, _length_grouped_order, build_rows
+
+    policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
+    sft_cfg = _sft_config(cfg, steps=10 ** 6, warmup=0)
+    lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
+    import optax
+
+    trainer = SFTTrainer(policy, sft_cfg, optimizer=optax.chain(
+        optax.clip_by_global_norm(sft_cfg.max_grad_norm), optax.adamw(lr, weight_decay=sft_cfg.weight_decay)))
+    rows = build_rows(demo_conversations(demos), setup.builder.pad_id, sft_cfg.max_len)
+    rng = np.random.default_rng(cfg.train.seed + 10_000)
+    order, pos, steps, t0 = _length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if pos + sft_cfg.batch_size > len(order):
+            order, pos = _length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0
+        trainer.train_step(rows, order[pos:pos + sft_cfg.batch_size])
+        pos, steps = pos + sft_cfg.batch_size, steps + 1
+    return trainer.model, steps
 
 
 def _eval_runner(cfg, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
@@ -57,8 +99,17 @@ def _eval_runner(cfg, setup: Setup, sampler, workflow: str | None = None) -> Age
     return AgentRunner(setup.builder, sampler, setup.retriever, agent)
 
 
+def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:
+    """Greedy held-out EM of `model` on the first train.eval_questions held-out questions, as
+    the default job measures it (a sampler only)."""
+    n_eval = min(cfg.train.eval_questions, len(setup.eval_questions))
+    runner = _eval_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
+    return evaluate(runner, setup.eval_questions[:n_eval])["em"]
+
+
 def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
-    """Warm start (if configured), held-out EM before, GRPO, held-out EM after."""
+    """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
+    curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
     from memsearcher_jax.planner import check_fits
 
     validate(cfg)
@@ -86,12 +137,23 @@ def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) ->
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
         json.dump(summary, open(summary_path, "w"), indent=2)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
+    t0 = time.perf_counter()
     trainer.train()
+    summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
+        _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
         after = evaluate(_eval_runner(cfg, trainer.setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
-                       steps=trainer.step)
+                       turns_after=after["turns"], steps=trainer.step)
         json.dump(summary, open(summary_path, "w"), indent=2)
+    metrics = read_metrics(out)
+    print("\nlearning curve (training trajectories, temperature "
+          f"{cfg.agent.temperature}):\n{curve_table(metrics)}", flush=True)
+    png = plot_curves(metrics, os.path.join(out, "learning_curve.png"), summary.get("em_before"),
+                      summary.get("em_after"))
+    if png:
+        _log(f"learning curve plotted to {png}")
+    if n_eval:
         print(f"held-out EM: before {100 * summary['em_before']:.1f} after {100 * summary['em_after']:.1f} "
               f"gain {100 * (summary['em_after'] - summary['em_before']):.1f}", flush=True)
     return summary

@@ -426,3 +426,43 @@ def test_generate_function_and_bf16_cache(hf_and_model):
     # bf16 keys/values perturb logits slightly; the first token (prompt K/V only) must agree.
     assert [o.tokens[0] for o in outs] == [r[0] for r in ref]
     assert all(len(o.tokens) == 6 and o.finish_reason == "length" for o in outs)
+
+
+def test_one_shot_generate_compiles_once_and_follows_new_weights(hf_and_model):
+    from memsearcher_jax.sampling.sampler import cached_sampler
+
+    model = hf_and_model[1]
+    prompts, kw = _prompts(7), dict(max_new_tokens=5, temperature=0.0)
+    first = generate(model, prompts, **kw)
+    compiled = cached_sampler(model).num_compilations
+    assert compiled >= 2
+    assert [c.tokens for c in generate(model, prompts, **kw)] == [c.tokens for c in first]
+    assert cached_sampler(model).num_compilations == compiled  # the second identical call compiled nothing
+    # A model of the same architecture with other weights: same programs, its own tokens.
+    other = nnx.clone(model)
+    other.embed[...] = other.embed[...] * -1.0
+    got = generate(other, prompts, **kw)
+    assert cached_sampler(other).num_compilations == compiled
+    assert [c.tokens for c in got] == [_naive_greedy(other, p, 5) for p in prompts]
+
+
+def test_generate_defaults_keep_float32_logprobs_exact(tmp_path):
+    """A float32 model with odd head counts: generate's defaults (cache in the model's dtype)
+    give each token's log-prob within 1e-4 of the full forward's log_softmax."""
+    d = str(tmp_path / "odd")
+    make_hf_qwen2(d, vocab_size=517, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                  intermediate_size=80)
+    model = from_pretrained(d)
+    assert model.config.head_dim == 16
+    prompts = _prompts(3, lengths=(11, 4, 17))
+    outs = generate(model, prompts, max_new_tokens=12, temperature=1.0, seed=2)
+    fwd = _forward(model)
+    worst = 0.0
+    for p, o in zip(prompts, outs):
+        ids = p + o.tokens
+        padded = np.zeros((1, 64), np.int32)
+        padded[0, :len(ids)] = ids
+        logp = jax.nn.log_softmax(fwd(jnp.asarray(padded), jnp.asarray(np.arange(64)[None] < len(ids))), -1)
+        ref = [float(logp[len(p) - 1 + i, t]) for i, t in enumerate(o.tokens)]
+        worst = max(worst, max(abs(a - b) for a, b in zip(ref, o.logprobs)))
+    assert worst < 1e-4, worst

@@ -1,0 +1,64 @@
+"""The learning curve of a run, as a text table and a PNG (no TensorBoard needed).
+
+Both read `logs/metrics.jsonl` of a training output directory (one JSON line per step, kept
+whole across resumes), so they show the whole run whatever was resumed.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+CURVES = (("reward_mean", "training reward"), ("em", "training EM"), ("turns_per_trajectory", "turns per trajectory"))
+
+
+def read_metrics(out_dir: str) -> list[dict]:
+    path = os.path.join(out_dir, "logs", "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def curve_table(metrics: list[dict], rows: int = 10) -> str:
+    """About `rows` evenly spaced steps (first and last included): reward, EM, turns, searches."""
+    if not metrics:
+        return "(no training steps logged)"
+    n, k = len(metrics), min(rows, len(metrics))
+    picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
+    lines = [f"{'step':>5}{'reward':>9}{'EM':>7}{'turns':>7}{'searches':>10}{'format err':>12}"]
+    for i in picks:
+        m = metrics[i]
+        lines.append(f"{m['step']:>5}{m.get('reward_mean', 0):>9.3f}{100 * m.get('em', 0):>7.1f}"
+                     f"{m.get('turns_per_trajectory', 0):>7.2f}{m.get('searches_per_trajectory', 0):>10.2f}"
+                     f"{100 * m.get('format_error_rate', 0):>11.1f}%")
+    return "\n".join(lines)
+
+
+def plot_curves(metrics: list[dict], png_path: str, em_before: float | None = None,
+                em_after: float | None = None) -> str | None:
+    """Training reward, EM and turns per trajectory by step (held-out EM before/after as marks)."""
+    if not metrics:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for ax, (key, title) in zip(axes, CURVES):
+        scale = 100 if key == "em" else 1
+        ax.plot(steps, [scale * m.get(key, float("nan")) for m in metrics], marker=".", label="training")
+        if key == "em":
+            for value, label, style in ((em_before, "held-out before", "--"), (em_after, "held-out after", "-")):
+                if value is not None:
+                    ax.axhline(100 * value, linestyle=style, color="black", linewidth=1, label=label)
+            ax.set_ylabel("%")
+            ax.legend(fontsize=7)
+        ax.set_title(title)
+        ax.set_xlabel("GRPO step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path
