@@ -45,7 +45,7 @@ def recipe(model: str, pod: str, data: int, fsdp: int, tp: int, micro_batch_size
     c.model.dtype = "bfloat16"
     c.model.remat = True             # activations at 8K tokens dominate otherwise (see the plan)
     c.model.scan_layers = True
-    # MemSearcher's per-call context stays under ~4K (SPEC §5): 8K slots cover act + up to
+    # MemSearcher's per-call context stays under ~4K (docs/method.md §5): 8K slots cover act + up to
     # 10 passages + the memory update with room, and halve the cache of the 16K default.
     c.agent.max_context_tokens = 8192
     c.agent.max_response_tokens = 6144

@@ -96,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_high = 0.2
     c.rl.dual_clip = 3.0
     c.rl.kl_coef = 0.001
-    c.rl.kl_estimator = "low_var_kl"  # k3 (SPEC §2); "k1" and "k2" also registered
+    c.rl.kl_estimator = "low_var_kl"  # k3 (docs/method.md §2); "k1" and "k2" also registered
     c.rl.kl_clamp = 10.0
     c.rl.log_ratio_clamp = 20.0
     c.rl.entropy_coef = 0.001

@@ -11,7 +11,7 @@ from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages, z
 
 
 def reference_advantages(rewards, group_ids, eps=1e-6):
-    """Straightforward loops, float64, written from SPEC §2."""
+    """Straightforward loops, float64, written from docs/method.md §2."""
     out = []
     for i, r in enumerate(rewards):
         members = [rewards[j] for j in range(len(rewards)) if group_ids[j] == group_ids[i]]

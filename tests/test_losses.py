@@ -26,7 +26,7 @@ CFG = LossConfig()
 # ----------------------------------------------------------------------------- references
 
 def ref_token_loss(lp, olp, rlp, ent, a, cfg=CFG):
-    """One token, float64, from SPEC §2 with plain Python branches."""
+    """One token, float64, from docs/method.md §2 with plain Python branches."""
     lr = min(max(lp - olp, -cfg.log_ratio_clamp), cfg.log_ratio_clamp)
     r = math.exp(lr)
     clipped_r = min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high)

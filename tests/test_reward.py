@@ -1,4 +1,4 @@
-"""SPEC §3 reward: normalisation, F1/EM, the format gate, and the 0.1 format credit."""
+"""docs/method.md §3 reward: normalisation, F1/EM, the format gate, and the 0.1 format credit."""
 from __future__ import annotations
 
 import json

@@ -4,7 +4,7 @@ Every function here takes arbitrary model text and NEVER raises: a rollout must 
 because a sampled string is odd. All scans are single passes with `str.find` or linear
 regexes (no backtracking patterns), so cost stays linear in the input size.
 
-Conventions (SPEC §1):
+Conventions (docs/method.md §1):
 - an act block is `<think>...</think>` followed by either `\\boxed{answer}` or one or more
   `<tool_call>{"name": "wikipedia_search", "arguments": {"query": ..., "top_n": ...}}</tool_call>`.
   The text passed here must include the `<think>` that the prompt pre-filled
@@ -202,7 +202,7 @@ def parse_tool_calls(text: str, *, default_top_n: int = DEFAULT_TOP_N, max_top_n
 
 
 def tool_call_bodies_valid(text: str) -> bool:
-    """SPEC §3 format rule: every `<tool_call>` body is JSON with `name` and `arguments`."""
+    """docs/method.md §3 format rule: every `<tool_call>` body is JSON with `name` and `arguments`."""
     bodies, unclosed = tag_spans(text, TOOL_OPEN, TOOL_CLOSE)
     return not unclosed and all(parse_call_body(b) is not None for b in bodies)
 
@@ -274,7 +274,7 @@ def outside_think(text: str) -> str:
 
 
 def classify_act(text: str) -> ActKind:
-    """Classify an act block (pre-filled `<think>` included) per SPEC §1.
+    """Classify an act block (pre-filled `<think>` included) per docs/method.md §1.
 
     - INVALID if the `<think>` or `<tool_call>` tags are unbalanced, if there is no
       `</think>`, or if any tool call outside the thinking is malformed;

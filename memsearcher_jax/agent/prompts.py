@@ -1,4 +1,4 @@
-"""Prompts assembled in token space with Qwen chat markup (SPEC §1).
+"""Prompts assembled in token space with Qwen chat markup (docs/method.md §1).
 
 The fixed pieces (system prompts, role headers, instructions) are tokenized once; only the
 question, memory and documents are tokenized per call. Text pieces are cut exactly at

@@ -1,6 +1,6 @@
 """The batched turn loop: MemSearcher and ReAct workflows over many trajectories at once.
 
-One turn of the memory workflow (SPEC §1), for every live trajectory together:
+One turn of the memory workflow (docs/method.md §1), for every live trajectory together:
   1. act:     one sampler call for all live rows; context = system + question + memory m_{t-1}
   2. observe: every tool call of every row in ONE batched retriever call (host side)
   3. update:  one sampler call for all rows that searched; the first non-empty <memory> span
@@ -26,7 +26,7 @@ WORKFLOWS = ("memsearcher", "react")
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
-    """Budgets and sampling of the agent. Defaults are the recipe's training values (SPEC §1)."""
+    """Budgets and sampling of the agent. Defaults are the recipe's training values (docs/method.md §1)."""
 
     workflow: str = "memsearcher"
     max_turns: int = 5

@@ -1,6 +1,6 @@
 """Read the paper's QA data from local files (no TFDS needed): FlashRAG jsonl and Search-R1 parquet.
 
-Layouts accepted (SPEC §5):
+Layouts accepted (docs/method.md §5):
 
 - FlashRAG jsonl: `<root>/<dataset>/<split>.jsonl`, one object per line with `id`, `question`,
   `golden_answers` (a list of aliases). E.g. `nq/test.jsonl`, `hotpotqa/dev.jsonl`.
@@ -21,7 +21,7 @@ from typing import Any
 
 from memsearcher_jax.errors import UserInputError
 
-# The paper's evaluation sets and the split each is evaluated on (SPEC §5).
+# The paper's evaluation sets and the split each is evaluated on (docs/method.md §5).
 EVAL_SETS: dict[str, str] = {
     "nq": "test", "triviaqa": "test", "popqa": "test", "bamboogle": "test",
     "hotpotqa": "dev", "2wikimultihopqa": "dev", "musique": "dev",

@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC §2), host-side NumPy.
+"""Group-relative advantages (docs/method.md §2), host-side NumPy.
 
 A group is the G trajectories sampled for one question. Each trajectory has one scalar
 reward; its advantage is the group-normalised reward, and every conversation (row) of the

@@ -84,7 +84,7 @@ def bucket(n: int, minimum: int, steps_per_octave: int = 1) -> int:
 
 
 def score_trajectories(trajs: Sequence[Trajectory]) -> list[RewardResult]:
-    """SPEC §3 reward on each trajectory's final conversation."""
+    """docs/method.md §3 reward on each trajectory's final conversation."""
     return [compute_reward(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
 
 
@@ -224,7 +224,7 @@ class GRPOConfig:
     optimizer_steps: int = 2           # mini-batches (optimizer steps) per training step, fixed
     micro_batch_size: int = 8          # rows per micro-batch (gradient accumulation unit)
     logprob_batch_size: int = 16       # rows per forward when recomputing old/ref log-probs
-    shuffle_rows: bool = True          # the recipe does not shuffle; we do (SPEC §2)
+    shuffle_rows: bool = True          # the recipe does not shuffle; we do (docs/method.md §2)
     min_seq_len: int = 64              # smallest sequence-length bucket
     max_seq_len: int = 32768
     loss: LossConfig = LossConfig()

@@ -1,4 +1,4 @@
-"""Multi-context GRPO loss (SPEC §2): dual-clip PPO surrogate + k3 KL - entropy bonus.
+"""Multi-context GRPO loss (docs/method.md §2): dual-clip PPO surrogate + k3 KL - entropy bonus.
 
 Two halves:
 - jittable per-token math (`per_token_loss`, `weighted_loss_sum`), pure jnp, no Python
@@ -41,7 +41,7 @@ def register_aggregation(name: str):
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Loss hyper-parameters; the defaults are the recipe's (SPEC §2)."""
+    """Loss hyper-parameters; the defaults are the recipe's (docs/method.md §2)."""
 
     clip_low: float = 0.2  # ratio lower bound is 1 - clip_low
     clip_high: float = 0.2  # ratio upper bound is 1 + clip_high

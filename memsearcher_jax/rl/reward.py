@@ -1,4 +1,4 @@
-"""Trajectory reward (SPEC §3): a format gate, then token F1 with a 0.1 format credit.
+"""Trajectory reward (docs/method.md §3): a format gate, then token F1 with a 0.1 format credit.
 
 The reward is computed once per trajectory, on the decoded assistant blocks of its final
 conversation (the act text, with its pre-filled `<think>` re-attached, and the memory-update
@@ -65,7 +65,7 @@ class RewardResult:
 
 
 def format_failure(assistant_blocks: Sequence[str], ended_with_eos: bool) -> str | None:
-    """The first SPEC §3 format rule the output breaks, or None if it passes them all."""
+    """The first docs/method.md §3 format rule the output breaks, or None if it passes them all."""
     if not ended_with_eos:
         return "output did not end with the end-of-turn token"
     if not assistant_blocks:
@@ -83,7 +83,7 @@ def format_failure(assistant_blocks: Sequence[str], ended_with_eos: bool) -> str
 
 
 def compute_reward(assistant_blocks: Sequence[str], ended_with_eos: bool, golds: Sequence[str]) -> RewardResult:
-    """SPEC §3 reward of one trajectory.
+    """docs/method.md §3 reward of one trajectory.
 
     assistant_blocks: decoded model outputs of the final conversation, in order, each act
         block including the `<think>` that the prompt pre-filled.
