@@ -1,1 +1,0 @@
-"""memsearcher_jax.eval"""
