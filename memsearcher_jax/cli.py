@@ -67,11 +67,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    try:
-        from memsearcher_jax.planner import main as plan_main
-    except ImportError:
-        print("the memory planner is not available in this build", file=sys.stderr)
-        return 2
+    from memsearcher_jax.planner import main as plan_main
+
     return plan_main(_load(args), args)
 
 

@@ -350,6 +350,3 @@ def _seed(seed: int, turn: int, phase: int) -> int:
     """A distinct, reproducible sampler seed per (step seed, turn, act/update phase)."""
     return (seed * 1_000_003 + turn * 7919 + phase * 104_729) % (2 ** 31 - 1)
 
-
-def conversations(trajs: Sequence[Trajectory]) -> list[Conversation]:
-    return [c for t in trajs for c in t.conversations]

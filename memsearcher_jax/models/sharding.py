@@ -15,7 +15,6 @@ import math
 from typing import Sequence
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tp")
@@ -79,10 +78,6 @@ class ShardingConfig:
             up_kernel=P(None, None, "tp"),
             down_kernel=P(None, "tp", None),
         )
-
-    @classmethod
-    def get(cls, is_sampling: bool) -> "ShardingConfig":
-        return cls.sampling() if is_sampling else cls.training()
 
 
 # Which ShardingConfig field lays out each parameter of the Qwen2 module (state path names).
@@ -158,10 +153,7 @@ def make_mesh(data: int = 1, fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
         raise ValueError(
             f"mesh data={data} x fsdp={fsdp} x tp={tp} = {need} devices, but {len(devices)} are available")
     auto = (jax.sharding.AxisType.Auto,) * 3
-    try:
-        return jax.make_mesh((data, fsdp, tp), MESH_AXES, axis_types=auto, devices=devices)
-    except TypeError:  # older JAX without axis_types/devices keywords
-        return Mesh(np.asarray(devices).reshape(data, fsdp, tp), MESH_AXES)
+    return jax.make_mesh((data, fsdp, tp), MESH_AXES, axis_types=auto, devices=devices)
 
 
 def constrain(x: jax.Array, spec: P, mesh: Mesh | None) -> jax.Array:
