@@ -27,11 +27,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.head_dim = 32
     c.model.rope_theta = 10000.0
     c.model.init_seed = 0
-    # Name tokens keep fixed random codes (a shared per-type part plus a part of their own) and
-    # are never updated: a reserved name, never seen in pretraining, looks exactly like the
-    # names the model learnt to copy.
-    c.model.freeze_names = True
-    c.model.name_type_weight = 0.5   # share of the type part in a name's code
+    # A name token's embedding = a vector shared by its type (person, city, company, country),
+    # trained, + a fixed random code of its own: the rows of one type share every update. A
+    # reserved name, never seen in pretraining, so looks exactly like the names the model
+    # learnt to copy (same type vector, a code from the same distribution).
+    c.model.tie_names = True
 
     c.curriculum = ml_collections.ConfigDict()
     c.curriculum.recall = 0.25       # mix weights of the row kinds

@@ -52,18 +52,20 @@ def base_model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: i
                        eos_token_id=eos_id)
 
 
-def set_name_codes(model: Qwen2, vocab: ReadingVocab, seed: int, type_weight: float) -> None:
-    """Give every name token a code: type_weight * (its type's vector) + its own vector, at the
-    scale of the other rows' initialisation (std 0.02 per entry)."""
+def name_groups(vocab: ReadingVocab) -> list[list[int]]:
+    """Token ids of every name, one group per type (pretrain and reserved pools together)."""
+    return [[vocab.ids[n] for pool in ("pretrain", "reserved") for n in vocab.names[kind][pool]]
+            for kind in NAME_TYPES]
+
+
+def set_name_codes(model: Qwen2, vocab: ReadingVocab, seed: int) -> None:
+    """Give every name token its own random code of norm ~1 (std 1/sqrt(d) per entry, the scale
+    trained embeddings reach); the part shared by a type starts at 0 and is learnt."""
     emb = np.asarray(model.embed[...], np.float32).copy()
     rng = np.random.default_rng(seed)
     d = emb.shape[1]
-    for kind in NAME_TYPES:
-        ids = [vocab.ids[n] for pool in ("pretrain", "reserved") for n in vocab.names[kind][pool]]
-        type_vec = rng.normal(0.0, 1.0, d)
-        own = rng.normal(0.0, 1.0, (len(ids), d))
-        codes = (type_weight * type_vec + own) / np.sqrt(1.0 + type_weight ** 2)
-        emb[ids] = 0.02 * codes
+    for ids in name_groups(vocab):
+        emb[ids] = rng.normal(0.0, 1.0 / np.sqrt(d), (len(ids), d))
     model.embed[...] = jnp.asarray(emb, model.embed[...].dtype)
 
 
@@ -168,16 +170,17 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
     mc = base_model_config(cfg, len(tokenizer), builder.eos_id, builder.pad_id)
     model = Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
-    frozen = None
-    if cfg.model.freeze_names:
-        set_name_codes(model, vocab, cfg.model.init_seed, cfg.model.name_type_weight)
-        frozen = vocab.name_ids()
+    tied = None
+    if cfg.model.tie_names:
+        set_name_codes(model, vocab, cfg.model.init_seed)
+        tied = name_groups(vocab)
     _log(f"model: {mc.num_params() - mc.vocab_size * mc.hidden_size:,} parameters besides the "
-         f"{mc.vocab_size}x{mc.hidden_size} embedding ({len(vocab.name_ids())} name rows "
-         f"{'frozen' if frozen else 'trained'}); vocabulary {len(tokenizer)}")
-    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
+         f"{mc.vocab_size}x{mc.hidden_size} embedding ({len(vocab.name_ids())} name rows, "
+         f"{'a shared vector per type + a fixed code each' if tied else 'trained one by one'}); "
+         f"vocabulary {len(tokenizer)}")
+    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed, warmup=min(t.warmup, t.steps),
                         max_len=max(t.buckets), buckets=tuple(t.buckets), progress=False)
-    trainer = SFTTrainer(model, sft_cfg, frozen_rows=frozen, optimizer=_optimizer(cfg))
+    trainer = SFTTrainer(model, sft_cfg, tied_rows=tied, optimizer=_optimizer(cfg))
     curriculum = Curriculum(vocab, builder, _curriculum_config(cfg))
     probe = probe_items(vocab, builder, t.probe_items, seed=t.seed + 1000, pool="reserved")
     probe_seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")

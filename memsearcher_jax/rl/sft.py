@@ -152,33 +152,44 @@ def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
                        optax.adamw(make_schedule(cfg), b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
 
 
-def freeze_rows_of(updates, keep_rows: jax.Array):
-    """Zero the update of embedding rows where keep_rows is 0 (weight decay included): those
-    tokens keep their initial vectors. keep_rows: float [V]."""
-    def mask(path, u):
-        return u * keep_rows[:, None].astype(u.dtype) if path and getattr(path[0], "key", None) == "embed" else u
+def tie_row_updates(updates, row_group: jax.Array, num_groups: int):
+    """Embedding rows of one group move together: each gets its group's mean update (weight
+    decay included), so the differences between them stay what they were at initialisation.
+    row_group: int [V], the group of each token row, -1 for rows updated on their own."""
+    grouped = row_group >= 0
+    gid = jnp.where(grouped, row_group, num_groups)  # ungrouped rows go to a spare segment
 
-    return jax.tree_util.tree_map_with_path(mask, updates)
+    def tie(path, u):
+        if not (path and getattr(path[0], "key", None) == "embed"):
+            return u
+        sums = jax.ops.segment_sum(u, gid, num_segments=num_groups + 1)
+        counts = jax.ops.segment_sum(jnp.ones_like(gid, u.dtype), gid, num_segments=num_groups + 1)
+        mean = sums / jnp.maximum(counts, 1)[:, None]
+        return jnp.where(grouped[:, None], mean[gid], u)
+
+    return jax.tree_util.tree_map_with_path(tie, updates)
 
 
 class SFTTrainer:
     """Holds split params + optimizer state and the jitted step / evaluation functions.
 
-    frozen_rows: token ids whose embedding rows are never updated (the reading base keeps its
-    name tokens at their initial codes, so a name it never saw looks like one it did).
+    tied_rows: groups of token ids (a list of id lists) whose embedding rows share one update
+    per group: the reading base keeps each name token at (a trained vector shared by its
+    type) + (its own fixed random code), so a name it never saw looks like the ones it did.
     """
 
-    def __init__(self, model, config: SFTConfig, frozen_rows=None, optimizer: optax.GradientTransformation | None = None):
+    def __init__(self, model, config: SFTConfig, tied_rows=None, optimizer: optax.GradientTransformation | None = None):
         self.config = config
         self.graphdef, self.params = nnx.split(model, nnx.Param)
         self.tx = optimizer or make_optimizer(config)
         self.opt_state = self.tx.init(self.params)
         graphdef, tx = self.graphdef, self.tx
-        keep = None
-        if frozen_rows is not None and len(frozen_rows):
-            keep = np.ones(model.config.vocab_size, np.float32)
-            keep[np.asarray(frozen_rows)] = 0.0
-            keep = jnp.asarray(keep)
+        row_group = None
+        if tied_rows:
+            groups = np.full(model.config.vocab_size, -1, np.int32)
+            for g, ids in enumerate(tied_rows):
+                groups[np.asarray(ids)] = g
+            row_group, num_groups = jnp.asarray(groups), len(tied_rows)
 
         def loss_fn(params, inputs, targets, weights, lengths):
             total, count = masked_nll_sum(nnx.merge(graphdef, params), inputs, targets, weights, lengths)
@@ -188,8 +199,8 @@ class SFTTrainer:
             (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, inputs, targets, weights,
                                                                              lengths)
             updates, opt_state = tx.update(grads, opt_state, params)
-            if keep is not None:
-                updates = freeze_rows_of(updates, keep)
+            if row_group is not None:
+                updates = tie_row_updates(updates, row_group, num_groups)
             return optax.apply_updates(params, updates), opt_state, loss, count, optax.tree.norm(grads)
 
         self._step = jax.jit(step, donate_argnums=(0, 1))
