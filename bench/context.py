@@ -73,9 +73,9 @@ def main(argv=None) -> int:
         ap.error(f"--react-share must be in [0, 1], got {args.react_share}")
 
     from memsearcher_jax.models import from_pretrained
-    from memsearcher_jax.pipeline import restore_policy, warm_start
+    from memsearcher_jax.experiment import agent_config, build_sampler, build_setup, sampling_mesh
+    from memsearcher_jax.jobs import restore_policy, warm_start
     from memsearcher_jax.rl.grpo import score_trajectories
-    from memsearcher_jax.rl.trainer import agent_config, build_sampler, build_setup, sampling_mesh
 
     cfg = load_config(args.config, overrides)
     cfg.train.output_dir = args.out

@@ -19,8 +19,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from memsearcher_jax.config_utils import load_config, split_overrides  # noqa: E402
-from memsearcher_jax.pipeline import extra_sft, held_out_em, run_default_pipeline  # noqa: E402
-from memsearcher_jax.rl.trainer import build_setup  # noqa: E402
+from memsearcher_jax.experiment import build_setup  # noqa: E402
+from memsearcher_jax.jobs import extra_sft, held_out_em, train_job  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
         cfg.world.seed = seed
         cfg.train.output_dir = os.path.join(args.out, f"seed{seed}")
         t0 = time.perf_counter()
-        summary = run_default_pipeline(cfg, resume=False)
+        summary = train_job(cfg, resume=False)
         minutes = (time.perf_counter() - t0) / 60
         control, control_steps = float("nan"), 0
         if not args.no_control:

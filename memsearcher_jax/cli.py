@@ -28,13 +28,13 @@ def _load(args) -> "object":
 
 
 def cmd_train(args) -> int:
-    from memsearcher_jax.pipeline import run_default_pipeline
+    from memsearcher_jax.jobs import train_job
 
     cfg = _load(args)
     if args.print_config:
         print(cfg)
         return 0
-    run_default_pipeline(cfg, resume=not args.fresh)
+    train_job(cfg, resume=not args.fresh)
     return 0
 
 
@@ -50,7 +50,7 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from memsearcher_jax.pipeline import run_eval
+    from memsearcher_jax.jobs import run_eval
 
     cfg = _load(args)
     run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
@@ -59,7 +59,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from memsearcher_jax.pipeline import export_checkpoint
+    from memsearcher_jax.jobs import export_checkpoint
 
     path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype)
     print(f"wrote Hugging Face model to {path}")

@@ -79,7 +79,7 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
 
     from memsearcher_jax import planner
     from memsearcher_jax.models import Qwen2, make_mesh
-    from memsearcher_jax.rl.trainer import build_sampler
+    from memsearcher_jax.experiment import build_sampler
 
     mc = planner.model_config_for_plan(cfg)
     n = math.prod(call.mesh)

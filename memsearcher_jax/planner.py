@@ -360,15 +360,15 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     # buffers), plus the residual. Calibrated against XLA's buffer assignment for the compiled
     # prefill on CPU: 0.86-1.31x of what XLA holds over the 8 shapes of tests/test_planner.py
     # (a sweep of 14 gave the same range).
-    from memsearcher_jax.rl.trainer import prefill_query_block
     from memsearcher_jax.sampling.layers import query_block_size
+    from memsearcher_jax.sampling.sampler import check_query_block
 
     cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
     layer_spec = P(cs[1], cs[3], cs[2], cs[4])
     try:
-        block = prefill_query_block(cfg)
+        block = check_query_block(cfg.sampler.prefill_query_block)
     except ValueError as e:
-        raise PlanError(str(e)) from None
+        raise PlanError(f"sampler.{e}") from None
 
     def rollout_rows(call: SamplerCall) -> tuple[int, int, int]:
         # Each row's own slots, and the shared prefix once (replicated over the row shards).

@@ -35,6 +35,8 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
+from memsearcher_jax.rl.trainer import MetricsWriter
+from memsearcher_jax.experiment import TrainConfigError
 
 BASE_MANIFEST = "base_manifest.json"
 
@@ -130,8 +132,6 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     if t.learning_rate <= 0:
         problems.append(f"train.learning_rate must be > 0, got {t.learning_rate}")
     if problems:
-        from memsearcher_jax.rl.trainer import TrainConfigError
-
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
     _curriculum_config(cfg)  # raises ValueError naming the field
 
@@ -155,8 +155,6 @@ class _Prefetch:
 def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list[str] | None = None) -> dict:
     """Train (or resume) the reading base and export it; returns the summary dict."""
     import orbax.checkpoint as ocp
-
-    from memsearcher_jax.rl.trainer import MetricsWriter
 
     validate_pretrain(cfg)
     t = cfg.train

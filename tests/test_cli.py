@@ -74,7 +74,7 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
 
 def test_training_config_is_validated_before_anything_runs():
-    from memsearcher_jax.rl.trainer import TrainConfigError, validate
+    from memsearcher_jax.experiment import TrainConfigError, validate
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                       [("rl.group_size", "0"), ("retrieval.kind", "http"), ("agent.top_p", "1.5")])
@@ -103,12 +103,12 @@ def test_train_with_a_bad_value_exits_2_naming_the_key(capsys):
 def test_pipeline_refuses_a_config_that_cannot_fit_before_the_warm_start(tmp_path, monkeypatch):
     import ml_collections
 
-    import memsearcher_jax.pipeline as pipeline
+    import memsearcher_jax.jobs as jobs
     from memsearcher_jax.planner import PlanError
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                       [("train.output_dir", str(tmp_path / "run")), ("world.cache_dir", str(tmp_path / "w"))])
     cfg.hardware = ml_collections.ConfigDict(dict(device_memory_gib=0.001, usable_fraction=0.9))
-    monkeypatch.setattr(pipeline, "build_setup", lambda cfg: pytest.fail("set-up ran before the fit check"))
+    monkeypatch.setattr(jobs, "build_setup", lambda cfg: pytest.fail("set-up ran before the fit check"))
     with pytest.raises(PlanError, match="does not fit|fits: no"):
-        pipeline.run_default_pipeline(cfg)
+        jobs.train_job(cfg)

@@ -227,7 +227,7 @@ def test_every_user_input_error_shares_one_base():
     from memsearcher_jax.models.hf_io import CheckpointError
     from memsearcher_jax.models.safetensors_io import SafetensorsError
     from memsearcher_jax.planner import PlanError
-    from memsearcher_jax.rl.trainer import TrainConfigError
+    from memsearcher_jax.experiment import TrainConfigError
     from retrieval.corpus import CorpusFormatError
 
     for cls in (ConfigError, CheckpointError, SafetensorsError, PlanError, TrainConfigError, CorpusFormatError,

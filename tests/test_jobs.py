@@ -34,18 +34,18 @@ def _eval_args(worlds, *extra):
 def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from memsearcher_jax import planner
+    from memsearcher_jax import experiment, jobs
+    from memsearcher_jax.jobs import restore_policy
     from memsearcher_jax.models import from_pretrained, param_dict
-    from memsearcher_jax.pipeline import restore_policy
-    from memsearcher_jax.rl import trainer
 
     d, out, worlds = trained
 
     def refuse(*args, **kwargs):
         raise AssertionError("eval needs only a sampler: no learner, no training-memory check")
 
-    monkeypatch.setattr(trainer, "GRPOLearner", refuse)
-    monkeypatch.setattr(planner, "check_fits", refuse)
+    monkeypatch.setattr(experiment, "GRPOLearner", refuse)
+    monkeypatch.setattr(experiment, "check_fits", refuse)
+    monkeypatch.setattr(jobs, "check_fits", refuse)
     hf_dir = str(d / "hf")
     assert main(["export-hf", "--checkpoint", out, "--out", hf_dir]) == 0
     assert os.path.isfile(os.path.join(hf_dir, "tokenizer.json"))  # the world's tokenizer went along
@@ -87,18 +87,17 @@ def test_export_from_a_missing_checkpoint_names_it(tmp_path, capsys):
 
 def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
     """sft.* flaw rates and react_share reach the demonstrations the warm start trains on."""
-    from memsearcher_jax import pipeline
+    from memsearcher_jax import jobs
     from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.rl import sft
-    from memsearcher_jax.rl.trainer import build_setup
+    from memsearcher_jax.experiment import build_setup
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w"))])
     cfg.sft.update(steps=1, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
                    wrong_answer_rate=0.0, early_answer_rate=0.0)
     setup = build_setup(cfg)
     seen = []
-    monkeypatch.setattr(sft, "sft_train", lambda model, convs, config, pad_id: (seen.extend(convs) or model, [{"loss": 0.0}]))
-    out = pipeline.warm_start(cfg, setup, str(tmp_path / "ws"))
+    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id: (seen.extend(convs) or model, [{"loss": 0.0}]))
+    out = jobs.warm_start(cfg, setup, str(tmp_path / "ws"))
     assert os.path.isfile(os.path.join(out, "config.json"))
     rows = setup.train_questions[:30]
     assert len(seen) == len(rows)  # ReAct: one growing conversation per demo

@@ -125,13 +125,13 @@ def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
 
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.models import param_dict
-    from memsearcher_jax.rl.trainer import Trainer
+    from memsearcher_jax.experiment import build_trainer
     from tests.test_train_step import SMALL
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                       SMALL + TRAIN_MESH + [("world.cache_dir", worlds),
                                             ("train.output_dir", os.path.join(out_dir, f"run_{tag}"))])
-    trainer = Trainer(cfg, progress=False)
+    trainer = build_trainer(cfg, progress=False)
 
     def gathered(tree):
         return _flat(multihost_utils.process_allgather(tree, tiled=True) if spec.num_processes > 1 else tree)

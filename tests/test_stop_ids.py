@@ -14,7 +14,7 @@ from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.rl.grpo import score_trajectories
-from memsearcher_jax.rl.trainer import stop_token_ids
+from memsearcher_jax.experiment import stop_token_ids
 from memsearcher_jax.sampling import Sampler
 from tests.test_rollout import Docs, FixedSampler, Q
 

@@ -34,17 +34,17 @@ def _config(tmp_path, name, extra=()):
 
 @pytest.mark.slow
 def test_sharded_train_step_equals_single_device(tmp_path):
-    from memsearcher_jax.rl.trainer import Trainer, build_setup
+    from memsearcher_jax.experiment import build_setup, build_trainer
 
     single_cfg = _config(tmp_path, "single")
     setup = build_setup(single_cfg)
-    single = Trainer(single_cfg, setup, progress=False)
+    single = build_trainer(single_cfg, setup, progress=False)
     before = {k: np.asarray(v) for k, v in param_dict(single.learner.model()).items()}
     m1 = single.train_step()
     p1 = {k: np.asarray(v) for k, v in param_dict(single.learner.model()).items()}
 
     sharded_cfg = _config(tmp_path, "sharded", [("mesh.data", "2"), ("mesh.fsdp", "2"), ("mesh.tp", "2")])
-    sharded = Trainer(sharded_cfg, setup, progress=False)
+    sharded = build_trainer(sharded_cfg, setup, progress=False)
     q = param_dict(sharded.learner.model())["layers.q_kernel"]
     assert len(q.sharding.device_set) == 8 and q.sharding.spec[1] == "fsdp"  # the training layout
     m2 = sharded.train_step()
@@ -98,7 +98,7 @@ def _logged_steps(metrics_path: str) -> int:
 
 
 def _final_params(out):
-    from memsearcher_jax.pipeline import restore_policy
+    from memsearcher_jax.jobs import restore_policy
 
     model, meta = restore_policy(out)
     return meta["step"], {k: np.asarray(v) for k, v in param_dict(model).items()}

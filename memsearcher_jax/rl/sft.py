@@ -255,7 +255,7 @@ def evaluate_loss(model, conversations: Sequence, pad_id: int = 0, config: SFTCo
     return _evaluate(graphdef, params, build_rows(conversations, pad_id, cfg.max_len), cfg)
 
 
-def _length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
                           window_batches: int = 16) -> np.ndarray:
     """An epoch's row order whose consecutive batches hold rows of similar length.
 
@@ -283,7 +283,7 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     trainer = SFTTrainer(model, config)
     rng = np.random.default_rng(config.seed)
     n, bs = len(rows.lengths), config.batch_size
-    order, pos = _length_grouped_order(rows.lengths, bs, rng), 0
+    order, pos = length_grouped_order(rows.lengths, bs, rng), 0
     history = []
     bar = None
     if config.progress:
@@ -292,7 +292,7 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
         bar = tqdm(total=config.steps, desc="sft", leave=False)
     for step in range(config.steps):
         if pos + bs > n:
-            order, pos = _length_grouped_order(rows.lengths, bs, rng), 0
+            order, pos = length_grouped_order(rows.lengths, bs, rng), 0
         idx = order[pos:pos + bs] if bs <= n else rng.choice(n, bs)
         pos += bs
         stats = trainer.train_step(rows, idx)

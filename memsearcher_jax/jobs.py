@@ -1,7 +1,7 @@
-"""End-to-end jobs behind the CLI: the default training pipeline, evaluation, checkpoint export."""
+"""The jobs behind the CLI: training (warm start, held-out EM, GRPO, held-out EM), evaluation,
+checkpoint export. Each is a thin sequence over `experiment` (what a config builds)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -11,13 +11,17 @@ import time
 import jax
 import ml_collections
 import numpy as np
+import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 
-from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
+from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
+                                        eval_runner, evaluate, load_policy, sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
-from memsearcher_jax.rl.trainer import (Setup, Trainer, TrainConfigError, agent_config, build_sampler, build_setup,
-                                         evaluate, sampling_mesh, validate)
+from memsearcher_jax.planner import check_fits
+from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
 
 
 def _log(msg: str):
@@ -27,8 +31,6 @@ def _log(msg: str):
 def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None) -> list:
     """The scripted demonstrator's episodes on the first `sft.num_demos` training questions, with
     its deliberate flaws at the `sft.*_rate` settings (what the warm start imitates)."""
-    from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
-
     rows = setup.train_questions[: cfg.sft.num_demos]
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
                                      "react_share") if k in cfg.sft}
@@ -38,8 +40,6 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
 
 
 def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):
-    from memsearcher_jax.rl.sft import SFTConfig
-
     return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
                      warmup=min(cfg.sft.warmup, steps) if warmup is None else warmup, seed=cfg.train.seed,
                      max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
@@ -47,10 +47,6 @@ def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None =
 
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
     """Supervised warm start on scripted demonstrations; cached as a HF model dir in out_dir."""
-    from memsearcher_jax.data.demos import demo_conversations, demo_stats
-    from memsearcher_jax.rl.sft import sft_train
-    from memsearcher_jax.rl.trainer import load_policy
-
     if os.path.exists(os.path.join(out_dir, "config.json")):
         _log(f"warm start: reusing {out_dir}")
         return out_dir
@@ -70,48 +66,34 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     """The control for GRPO: more supervised training on the same demonstrator's episodes
     (fresh draws of its flaws), starting from `model_dir`, for `seconds` of wall clock at the
     warm start's final learning rate. Returns (model, steps taken)."""
-    from memsearcher_jax.data.demos import demo_conversations
-    from memsearcher_jax.rl.sft import SFTTrainer, _length_grouped_order, build_rows
-
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
     sft_cfg = _sft_config(cfg, steps=10 ** 6, warmup=0)
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
-    import optax
-
     trainer = SFTTrainer(policy, sft_cfg, optimizer=optax.chain(
         optax.clip_by_global_norm(sft_cfg.max_grad_norm), optax.adamw(lr, weight_decay=sft_cfg.weight_decay)))
     rows = build_rows(demo_conversations(demos), setup.builder.pad_id, sft_cfg.max_len)
     rng = np.random.default_rng(cfg.train.seed + 10_000)
-    order, pos, steps, t0 = _length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0, 0, time.perf_counter()
+    order, pos, steps, t0 = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0, 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         if pos + sft_cfg.batch_size > len(order):
-            order, pos = _length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0
+            order, pos = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0
         trainer.train_step(rows, order[pos:pos + sft_cfg.batch_size])
         pos, steps = pos + sft_cfg.batch_size, steps + 1
     return trainer.model, steps
-
-
-def _eval_runner(cfg, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
-    agent = agent_config(cfg).evaluation(cfg.agent.eval_max_turns)
-    if workflow:
-        agent = dataclasses.replace(agent, workflow=workflow)
-    return AgentRunner(setup.builder, sampler, setup.retriever, agent)
 
 
 def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:
     """Greedy held-out EM of `model` on the first train.eval_questions held-out questions, as
     the default job measures it (a sampler only)."""
     n_eval = min(cfg.train.eval_questions, len(setup.eval_questions))
-    runner = _eval_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
+    runner = eval_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
     return evaluate(runner, setup.eval_questions[:n_eval])["em"]
 
 
-def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
+def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
-    from memsearcher_jax.planner import check_fits
-
     validate(cfg)
     check_fits(cfg)  # before the warm start compiles anything
     out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
@@ -126,14 +108,14 @@ def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) ->
         ws = warm_start(cfg, setup, os.path.join(out, "warmstart"))
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat)
-    trainer = Trainer(cfg, setup, policy)
+    trainer = build_trainer(cfg, setup, policy)
     n_eval = min(cfg.train.eval_questions, len(setup.eval_questions))
     summary_path = os.path.join(out, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     eval_qs = setup.eval_questions[:n_eval]
     if n_eval and "em_before" not in summary:
         _log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
-        before = evaluate(_eval_runner(cfg, trainer.setup, trainer.sampler), eval_qs)
+        before = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
         json.dump(summary, open(summary_path, "w"), indent=2)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
@@ -142,7 +124,7 @@ def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) ->
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
-        after = evaluate(_eval_runner(cfg, trainer.setup, trainer.sampler), eval_qs)
+        after = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
                        turns_after=after["turns"], steps=trainer.step)
         json.dump(summary, open(summary_path, "w"), indent=2)
@@ -162,8 +144,6 @@ def run_default_pipeline(cfg: ml_collections.ConfigDict, resume: bool = True) ->
 # ----------------------------------------------------------------------------- checkpoints -> HF
 
 def _checkpoint_manager(path: str):
-    import orbax.checkpoint as ocp
-
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(os.path.join(path, "checkpoints")):
         path = os.path.join(path, "checkpoints")
@@ -177,8 +157,6 @@ def _checkpoint_manager(path: str):
 
 def restore_policy(checkpoint: str, step: int | None = None) -> tuple[Qwen2, dict]:
     """A Qwen2 with the params of a training checkpoint (latest step by default), and its metadata."""
-    import orbax.checkpoint as ocp
-
     mngr = _checkpoint_manager(checkpoint)
     step = mngr.latest_step() if step is None else step
     if step not in mngr.all_steps():
@@ -225,7 +203,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     else:
         policy, _ = restore_policy(checkpoint)
     # Only a sampler: no learner, reference copy or optimizer state, and no training-memory check.
-    runner = _eval_runner(cfg, setup, build_sampler(cfg, policy, sampling_mesh(cfg)), workflow)
+    runner = eval_runner(cfg, setup, build_sampler(cfg, policy, sampling_mesh(cfg)), workflow)
     benchmarks = dict(setup.eval_sets)
     if cfg.world.enabled:
         if split == "train":

@@ -1,0 +1,300 @@
+"""An experiment from its config: validation, then every piece a job needs, built once.
+
+    validate(cfg)                          # cheap checks naming the key, before anything compiles
+    setup = build_setup(cfg)               # tokenizer, prompt builder, retriever, questions
+    trainer = build_trainer(cfg, setup)    # meshes, learner, sampler, turn loop -> rl.trainer.Trainer
+    evaluate(eval_runner(cfg, setup, trainer.sampler), setup.eval_questions)
+
+This is the only place that reads an ml-collections config for training and evaluation: below
+it, `rl/`, `agent/`, `sampling/` and `models/` take typed dataclasses, and `rl/` never sees
+data files or retrievers (it gets the questions and a built turn loop).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from memsearcher_jax import distributed
+from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION,
+                                           MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt,
+                                           react_system_prompt)
+from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
+from memsearcher_jax.data.qa import evaluation_sets, training_questions
+from memsearcher_jax.data.tokenizer import load_tokenizer
+from memsearcher_jax.data.vocab import ReadingVocab
+from memsearcher_jax.data.world_cache import prepare_world
+from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
+from memsearcher_jax.models.config import DTYPES
+from memsearcher_jax.models.hf_io import eos_token_ids
+from memsearcher_jax.planner import check_fits
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
+from memsearcher_jax.rl.losses import LossConfig
+from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
+from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.sampling.sampler import check_query_block
+
+
+class TrainConfigError(UserInputError):
+    """The training config is inconsistent; raised before anything is compiled."""
+
+
+# ----------------------------------------------------------------------------- config -> typed
+
+def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
+    fields = {f.name for f in dataclasses.fields(AgentConfig)}
+    values = {k: v for k, v in cfg.agent.to_dict().items() if k in fields}
+    # Rows per sampler call live with the sampler's settings (the planner reads them there).
+    return AgentConfig(**values, sampler_batch_size=int(cfg.sampler.batch_size))
+
+
+def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
+    rl = cfg.rl
+    loss = LossConfig(clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=rl.dual_clip, kl_coef=rl.kl_coef,
+                      entropy_coef=rl.entropy_coef, aggregation=rl.aggregation, kl_clamp=rl.kl_clamp,
+                      log_ratio_clamp=rl.log_ratio_clamp, kl_estimator=rl.kl_estimator)
+    return GRPOConfig(optimizer_steps=rl.optimizer_steps, micro_batch_size=rl.micro_batch_size,
+                      logprob_batch_size=rl.logprob_batch_size, shuffle_rows=rl.shuffle_rows,
+                      min_seq_len=rl.min_seq_len, loss=loss, optim=OptimConfig(**cfg.optim.to_dict()))
+
+
+def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
+    t = cfg.train
+    return LoopConfig(steps=t.steps, batch_questions=cfg.rl.batch_questions, group_size=cfg.rl.group_size,
+                      seed=t.seed, output_dir=os.path.abspath(os.path.expanduser(t.output_dir)),
+                      save_every=t.save_every, keep=t.keep, sampling_dtype=cfg.model.dtype)
+
+
+def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
+    """sampler.prefill_query_block; TrainConfigError naming the key unless an integer >= 0."""
+    try:
+        return check_query_block(cfg.sampler.prefill_query_block)
+    except ValueError as e:
+        raise TrainConfigError(f"sampler.{e}") from None
+
+
+def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """Cheap checks with messages naming the key; everything typed is validated by its dataclass.
+
+    training=False (evaluation) does not ask for training data."""
+    problems = []
+    for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
+        if cfg.rl[key] < 1:
+            problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
+    try:
+        prefill_query_block(cfg)
+    except TrainConfigError as e:
+        problems.append(str(e))
+    if cfg.train.steps < 0:
+        problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
+    if cfg.train.save_every < 1 or cfg.train.keep < 1:
+        problems.append("train.save_every and train.keep must be >= 1")
+    if cfg.retrieval.kind not in ("bm25", "index", "http"):
+        problems.append(f"retrieval.kind must be bm25, index or http, got {cfg.retrieval.kind!r}")
+    if cfg.retrieval.kind == "http" and not cfg.retrieval.url:
+        problems.append("retrieval.kind=http needs retrieval.url")
+    if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
+        problems.append("retrieval.kind=index needs retrieval.index_dir")
+    if training and not cfg.world.enabled and cfg.sft.steps > 0:
+        problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
+                        "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
+    if training and not cfg.world.enabled and not cfg.data.train_path:
+        problems.append("data.train_path is required when world.enabled is false")
+    if not training and not cfg.world.enabled and not cfg.data.eval_path:
+        problems.append("data.eval_path (a directory of evaluation sets) is required when world.enabled is false")
+    for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
+        if cfg.model[key] not in DTYPES:
+            problems.append(f"model.{key} must be one of {DTYPES}, got {cfg.model[key]!r}")
+    if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
+        problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
+    if problems:
+        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+    try:
+        agent_config(cfg)
+        grpo_config(cfg)
+    except (ValueError, TypeError) as e:
+        raise TrainConfigError(f"invalid training config: {e}") from e
+
+
+# ----------------------------------------------------------------------------- data, tokenizer, retriever
+
+@dataclasses.dataclass
+class Setup:
+    tokenizer: Any
+    builder: PromptBuilder
+    retriever: Any
+    train_questions: list[dict]
+    eval_questions: list[dict]
+    tokenizer_dir: str
+    world: Any = None
+    eval_sets: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # name -> questions
+    missing_eval_sets: dict[str, str] = dataclasses.field(default_factory=dict)  # paper sets not found: why
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
+    """Tokenizer, prompt builder, retriever and questions. training=False skips the training set."""
+    world_paths = None
+    if cfg.world.enabled:
+        extra = (memsearcher_system_prompt(cfg.agent.default_top_n), react_system_prompt(cfg.agent.default_top_n),
+                 MEMORY_UPDATE_INSTRUCTION, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION)
+        world_paths = prepare_world(os.path.expanduser(cfg.world.cache_dir), seed=cfg.world.seed,
+                                    num_entities=cfg.world.num_entities, extra_texts=extra,
+                                    heldout_by=cfg.world.heldout_by, whole_names=cfg.world.whole_name_tokens,
+                                    vocab_dir=reading_vocab_dir(cfg))
+    tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
+    tokenizer = load_tokenizer(os.path.expanduser(tok_dir))
+    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
+                            stop_ids=stop_token_ids(cfg, tokenizer))
+    if world_paths is not None:
+        train_q = read_jsonl(world_paths.train)
+        eval_sets = {"synthetic-heldout": read_jsonl(world_paths.heldout)}
+        missing_sets: dict[str, str] = {}
+    else:
+        train_q = training_questions(os.path.expanduser(cfg.data.train_path)) if training else []
+        eval_sets, missing_sets = (evaluation_sets(os.path.expanduser(cfg.data.eval_path)) if cfg.data.eval_path
+                                   else ({}, {}))
+    return Setup(tokenizer=tokenizer, builder=builder, retriever=build_retriever(cfg, world_paths),
+                 train_questions=train_q, eval_questions=[row for rows in eval_sets.values() for row in rows],
+                 tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets, missing_eval_sets=missing_sets)
+
+
+def reading_vocab_dir(cfg: ml_collections.ConfigDict) -> str | None:
+    """model.source when it ships a reading vocabulary (the pretrained base does): the synthetic
+    world then names its entities from the vocabulary's reserved pool and uses its tokenizer."""
+    source = os.path.expanduser(cfg.model.source)
+    return source if cfg.model.source != "init" and ReadingVocab.exists(source) else None
+
+
+def stop_token_ids(cfg: ml_collections.ConfigDict, tokenizer) -> list[int]:
+    """What every generation call stops on besides <|im_end|>: `agent.stop_token_ids` when set,
+    else the tokenizer's eos and every eos id of the model directory (model.source)."""
+    override = [int(i) for i in cfg.agent.stop_token_ids]
+    if override:
+        return override
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    source = os.path.expanduser(cfg.model.source)
+    if cfg.model.source != "init" and os.path.isdir(source):
+        ids += eos_token_ids(source)
+    return ids
+
+
+def build_retriever(cfg: ml_collections.ConfigDict, world_paths=None):
+    kind = cfg.retrieval.kind
+    if kind == "http":
+        from retrieval.client import HTTPRetriever
+
+        return HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api)
+    if kind == "index":
+        from retrieval.loading import load_retriever
+
+        return load_retriever(os.path.expanduser(cfg.retrieval.index_dir))
+    if world_paths is None:
+        raise TrainConfigError("retrieval.kind=bm25 without a saved index needs the synthetic world; "
+                               "use retrieval.kind=index with a directory built by `memsearcher-jax index`")
+    from retrieval.bm25 import BM25Retriever  # bm25s is a heavy import, only for this kind
+
+    return BM25Retriever.from_passages(read_jsonl(world_paths.corpus))
+
+
+# ----------------------------------------------------------------------------- model, meshes, sampler
+
+def model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: int, pad_id: int) -> ModelConfig:
+    m = cfg.model
+    return ModelConfig.from_preset(
+        m.preset, vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+        rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers,
+        remat=m.remat, eos_token_id=eos_id, bos_token_id=pad_id)
+
+
+def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None) -> Qwen2:
+    source = source or cfg.model.source
+    if source == "init":
+        vocab = -(-len(setup.tokenizer) // 64) * 64  # pad the vocabulary to a multiple of 64
+        mc = model_config(cfg, vocab, setup.builder.eos_id, setup.builder.pad_id)
+        return Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
+    return from_pretrained(os.path.expanduser(source), dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                           scan_layers=cfg.model.scan_layers, remat=cfg.model.remat)
+
+
+def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh) -> Sampler:
+    """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`."""
+    return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
+                   prefill_query_block=prefill_query_block(cfg))
+
+
+def learner_and_sampler_meshes(cfg: ml_collections.ConfigDict):
+    """(learner mesh, sampler mesh). One process: the config's mesh for both (None on one
+    device). Several: the learner spans every device of every host, each host samples on its own."""
+    n_dev = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tp
+    if jax.process_count() > 1:
+        return distributed.global_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp), distributed.local_mesh(cfg.mesh.tp)
+    if n_dev > 1:
+        mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, devices=jax.devices()[:n_dev])
+        return mesh, mesh
+    return None, None
+
+
+def sampling_mesh(cfg: ml_collections.ConfigDict):
+    """The mesh a sampler of `cfg` runs on when there is no learner (evaluation)."""
+    return learner_and_sampler_meshes(cfg)[1]
+
+
+def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: Qwen2 | None = None,
+                  progress: bool = True) -> Trainer:
+    """Validate, check the plan fits, then build the learner, the sampler and the turn loop."""
+    validate(cfg)
+    check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
+    if jax.process_count() > 1 and cfg.rl.batch_questions % jax.process_count():
+        raise TrainConfigError(f"rl.batch_questions={cfg.rl.batch_questions} must be a multiple of the "
+                               f"{jax.process_count()} hosts (each rolls out an equal slice)")
+    mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
+    setup = setup or build_setup(cfg)
+    policy = policy if policy is not None else load_policy(cfg, setup)
+    if mesh is not None:
+        policy = shard_model(policy, mesh, ShardingConfig.training())
+    learner = GRPOLearner(policy, grpo_config(cfg), mesh=mesh)
+    sampler = build_sampler(cfg, sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype), sampler_mesh)
+    runner = AgentRunner(setup.builder, sampler, setup.retriever, agent_config(cfg))
+    return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop_config(cfg), mesh=mesh,
+                   sampler_mesh=sampler_mesh, progress=progress,
+                   meta={"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))})
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def eval_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
+    """The turn loop as evaluation runs it: greedy, up to agent.eval_max_turns turns."""
+    agent = agent_config(cfg).evaluation(cfg.agent.eval_max_turns)
+    if workflow:
+        agent = dataclasses.replace(agent, workflow=workflow)
+    return AgentRunner(setup.builder, sampler, setup.retriever, agent)
+
+
+def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:
+    """Greedy episodes; EM / F1 / reward means and per-turn context statistics."""
+    trajs: list[Trajectory] = []
+    for i in range(0, len(questions), batch):
+        trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i)
+    results = score_trajectories(trajs)
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0
+    return {
+        "em": mean([r.em for r in results]), "f1": mean([r.f1 for r in results]),
+        "reward": mean([r.reward for r in results]), "format_ok": mean([r.format_ok for r in results]),
+        "turns": mean([len(t.context_tokens) for t in trajs]),
+        "trajectories": trajs,
+        "results": results,
+    }
