@@ -19,11 +19,11 @@ class LaunchError(ValueError):
 
 
 def load_recipe(path: str):
-    """get_config() of a recipe file, loaded as the CLI loads configs (its folder on sys.path
-    while it runs, for configs/_recipe_base.py; ml-collections only, no jax)."""
-    from memsearcher_jax.config_utils import ConfigError, load_config_file
+    """The config of `configs/recipe.py:MODEL,POD` (or any config file with a `hardware` section),
+    loaded as the CLI loads configs (ml-collections only, no jax)."""
+    from memsearcher_jax.config_utils import ConfigError, load_config_file, split_config_path
 
-    if not os.path.isfile(path):
+    if not os.path.isfile(split_config_path(path)[0]):
         raise LaunchError(f"config file not found: {path}")
     try:
         cfg = load_config_file(path)
@@ -31,16 +31,19 @@ def load_recipe(path: str):
         raise LaunchError(str(e)) from e
     if "hardware" not in cfg:
         raise LaunchError(f"{path} has no `hardware` section (device_kind, num_devices, ...); "
-                          "use a configs/recipe_*.py file")
+                          "use configs/recipe.py:MODEL,POD")
     return cfg
 
 
 def repo_relative(path: str) -> str:
-    """The config path as the workers see it (inside their copy of the repo)."""
-    absolute = os.path.abspath(path)
-    if absolute.startswith(ROOT + os.sep):
-        return os.path.relpath(absolute, ROOT)
-    return absolute
+    """The config path as the workers see it (inside their copy of the repo), `:ARG` kept."""
+    from memsearcher_jax.config_utils import split_config_path
+
+    file, arg = split_config_path(path)
+    where = os.path.abspath(file)
+    if where.startswith(ROOT + os.sep):
+        where = os.path.relpath(where, ROOT)
+    return where if arg is None else f"{where}:{arg}"
 
 
 def retrieval_overrides(mode: str, url: str | None, index_dir: str | None) -> list[str]:

@@ -1,7 +1,7 @@
 """Train a recipe on a SLURM GPU cluster: write an sbatch script that runs one task per node
 (each task drives that node's GPUs) with `srun`, and submit it.
 
-    python launch/slurm_gpu.py --config configs/recipe_qwen2_5_3b_h100_8.py --nodes 1 \\
+    python launch/slurm_gpu.py --config configs/recipe.py:qwen2_5_3b,h100_8 --nodes 1 \\
         --partition gpu --retrieval in-process --index-dir /shared/e5_flat --dry-run
 
 The script exports MEMSEARCHER_COORDINATOR (first node of the allocation) and
@@ -24,7 +24,9 @@ COORDINATOR_PORT = 8476
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/slurm_gpu.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="a configs/recipe_*.py file with a GPU hardware section")
+    p.add_argument("--config", required=True,
+                   help="configs/recipe.py:MODEL,POD (e.g. qwen2_5_3b,h100_8), or another config file with a "
+                        "GPU hardware section")
     p.add_argument("--nodes", type=int, default=None, help="nodes (default: the recipe's hardware.nodes)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: the recipe's hardware.gpus_per_node")
     p.add_argument("--partition", default=None, help="SLURM partition")

@@ -1,7 +1,7 @@
 """Train a recipe on a Cloud TPU pod slice: create (or reuse) the TPU VM, copy the repo to every
 worker, install, and run the same command on all workers with their logs streamed back.
 
-    python launch/tpu_pod.py --config configs/recipe_qwen2_5_3b_v5e_64.py --name ms-3b \\
+    python launch/tpu_pod.py --config configs/recipe.py:qwen2_5_3b,v5e_64 --name ms-3b \\
         --zone us-west4-a --retrieval shared --retrieval-url http://10.0.0.2:8000 --dry-run
 
 Every worker runs `python -m memsearcher_jax.distributed train ...`: JAX reads the pod
@@ -26,7 +26,9 @@ TARBALL = "/tmp/memsearcher-jax.tar.gz"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/tpu_pod.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="a configs/recipe_*.py file with a TPU hardware section")
+    p.add_argument("--config", required=True,
+                   help="configs/recipe.py:MODEL,POD (e.g. qwen2_5_3b,v5e_64), or another config file with a "
+                        "TPU hardware section")
     p.add_argument("--name", required=True, help="TPU VM name")
     p.add_argument("--zone", required=True, help="e.g. us-west4-a (v5e), us-central2-b (v4), us-east5-a (v5p)")
     p.add_argument("--project", default=None, help="GCP project (default: gcloud's)")

@@ -1,13 +1,16 @@
 """ml-collections config files, chosen with --config and overridden with --config.a.b=value.
 
-A config file is a Python file with `get_config() -> ml_collections.ConfigDict`. Overrides are
+A config file is a Python file with `get_config() -> ml_collections.ConfigDict`; `file.py:ARG`
+calls `get_config(ARG)` instead (`--config configs/recipe.py:qwen2_5_3b,v5e_64`). Overrides are
 type-checked against the value already in the config; an unknown key is an error that lists
 the keys that do exist at that level.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
+import inspect
 import os
 import sys
 from typing import Any, Sequence
@@ -21,27 +24,66 @@ class ConfigError(UserInputError):
     """A config file or command-line override is invalid."""
 
 
-def load_config_file(path: str) -> ml_collections.ConfigDict:
+def split_config_path(path: str) -> tuple[str, str | None]:
+    """`configs/recipe.py:qwen2_5_3b,v5e_64` -> ("configs/recipe.py", "qwen2_5_3b,v5e_64"), the
+    ml-collections config-string convention. Split on the last ':' only when what precedes it is an
+    existing .py file, so any other path (one with a drive letter, a plain file) is kept whole with
+    no argument."""
+    head, sep, arg = path.rpartition(":")
+    if sep and head.endswith(".py") and os.path.isfile(head):
+        return head, arg
+    return path, None
+
+
+def load_config_module(path: str):
+    """Execute a config file (no argument part) and return it as a module."""
     if not os.path.exists(path):
         raise ConfigError(f"config file not found: {path}")
     spec = importlib.util.spec_from_file_location(f"_memsearcher_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    # A config may import helpers that sit beside it (configs/_recipe_base.py): its folder goes
-    # on sys.path while it runs, and only then.
-    config_dir = os.path.dirname(os.path.abspath(path))
-    sys.path.insert(0, config_dir)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # surface the file name with whatever went wrong inside it
-        raise ConfigError(f"error while executing config file {path}: {type(e).__name__}: {e}") from e
-    finally:
-        sys.path.remove(config_dir)
+    # A config may import helpers that sit beside it: its folder goes on sys.path while it runs,
+    # and only then.
+    with _on_sys_path(os.path.dirname(os.path.abspath(path))):
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # surface the file name with whatever went wrong inside it
+            raise ConfigError(f"error while executing config file {path}: {type(e).__name__}: {e}") from e
+    return module
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """get_config() of a config file, or get_config(ARG) for `file.py:ARG`."""
+    file, arg = split_config_path(path)
+    module = load_config_module(file)
     if not hasattr(module, "get_config"):
-        raise ConfigError(f"config file {path} has no get_config() function")
-    cfg = module.get_config()
+        raise ConfigError(f"config file {file} has no get_config() function")
+    args = () if arg is None else (arg,)
+    if arg is not None:
+        try:
+            inspect.signature(module.get_config).bind(arg)
+        except TypeError:
+            raise ConfigError(f"config file {file} takes no argument (its get_config() has no parameter), "
+                              f"but was given {file}:{arg}") from None
+        except ValueError:  # no signature to inspect: let the call decide
+            pass
+    with _on_sys_path(os.path.dirname(os.path.abspath(file))):
+        try:
+            cfg = module.get_config(*args)
+        except Exception as e:
+            given = "" if arg is None else f" refused the argument {arg!r}"
+            raise ConfigError(f"config file {file}{given}: get_config() raised {type(e).__name__}: {e}") from e
     if not isinstance(cfg, ml_collections.ConfigDict):
-        raise ConfigError(f"get_config() in {path} returned {type(cfg).__name__}, expected ml_collections.ConfigDict")
+        raise ConfigError(f"get_config() in {file} returned {type(cfg).__name__}, expected ml_collections.ConfigDict")
     return cfg
+
+
+@contextlib.contextmanager
+def _on_sys_path(folder: str):
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
 
 
 def _parse_value(text: str, current: Any, key: str) -> Any:

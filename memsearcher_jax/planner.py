@@ -20,7 +20,7 @@ The phases never overlap in time, so the total is NOT the sum of all rows:
                   per-layer copy, built while the old one is still held (`update_params`)
     total = persistent + max(rollout, scoring, update, refresh)
 
-    memsearcher-jax plan --config configs/recipe_qwen2_5_3b_v5e_64.py
+    memsearcher-jax plan --config configs/recipe.py:qwen2_5_3b,v5e_64
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from memsearcher_jax.cli import main
-from memsearcher_jax.config_utils import ConfigError, apply_override, load_config, split_overrides
+from memsearcher_jax.config_utils import (ConfigError, apply_override, load_config, load_config_module,
+                                          split_config_path, split_overrides)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,12 +37,16 @@ def test_split_overrides_both_spellings():
     assert ov == [("a.b", "1"), ("c.d", "2")]
 
 
-# Files starting with "_" are helpers shared by configs (configs/_recipe_base.py), not configs.
+# Files starting with "_" would be helpers shared by configs, not configs. configs/recipe.py takes
+# MODEL,POD (`configs/recipe.py:qwen2_5_3b,v5e_64`): every pair of its table is a config.
+RECIPE = os.path.join(ROOT, "configs", "recipe.py")
+RECIPE_PAIRS = sorted(load_config_module(RECIPE).RECIPES)
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
-                      if not os.path.basename(p).startswith("_"))
+                      if not os.path.basename(p).startswith("_") and p != RECIPE) + \
+    [f"{RECIPE}:{model},{pod}" for model, pod in RECIPE_PAIRS]
 
 
-@pytest.mark.parametrize("path", CONFIG_FILES)
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: os.path.relpath(p, ROOT))
 def test_every_config_file_loads(path):
     cfg = load_config(path)
     if os.path.basename(path) == "base_tiny.py":  # the pretraining config: no agent, no RL
@@ -52,10 +57,34 @@ def test_every_config_file_loads(path):
     assert cfg.rl.group_size >= 1 and cfg.agent.workflow in ("memsearcher", "react")
 
 
-def test_helper_files_are_not_configs_and_configs_are_all_found():
-    assert len(CONFIG_FILES) >= 14
+def test_helper_files_are_not_configs_and_configs_are_all_found(tmp_path):
+    assert len(CONFIG_FILES) >= 14 and len(RECIPE_PAIRS) == 12
+    helper = tmp_path / "_helper.py"
+    helper.write_text("X = 1\n")
     with pytest.raises(ConfigError, match="no get_config"):
-        load_config(os.path.join(ROOT, "configs", "_recipe_base.py"))
+        load_config(str(helper))
+
+
+def test_config_string_selects_the_recipe_and_bad_ones_are_named(tmp_path):
+    cfg = load_config(f"{RECIPE}:qwen2_5_7b,v5p_128")
+    assert cfg.model.preset == "qwen2_5_7b" and cfg.hardware.accelerator_type == "v5p-128"
+    with pytest.raises(ConfigError, match=r"recipe.py.*qwen2_5_3b.*v5e_64"):  # no MODEL,POD: the choices
+        load_config(RECIPE)
+    with pytest.raises(ConfigError,
+                       match=r"refused the argument 'qwen2_5_9b,v5e_64'.*unknown model 'qwen2_5_9b'.*qwen2_5_14b"):
+        load_config(f"{RECIPE}:qwen2_5_9b,v5e_64")
+    with pytest.raises(ConfigError, match=r"unknown .*pod 'v6e_8'.*h100_8"):
+        load_config(f"{RECIPE}:qwen2_5_3b,v6e_8")
+    with pytest.raises(ConfigError, match=r"default.py takes no argument"):
+        load_config(os.path.join(ROOT, "configs", "default.py") + ":x")
+    # Only a ':' after an existing .py file starts an argument: other paths stay whole.
+    assert split_config_path(f"{RECIPE}:a,b") == (RECIPE, "a,b")
+    assert split_config_path("C:/configs/x.py") == ("C:/configs/x.py", None)
+    odd = tmp_path / "a:b.py"
+    odd.write_text("import ml_collections\ndef get_config():\n    return ml_collections.ConfigDict(dict(v=1))\n")
+    assert split_config_path(str(odd)) == (str(odd), None) and load_config(str(odd)).v == 1
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(os.path.join(ROOT, "configs", "nope.py") + ":a,b")
 
 
 def test_recipe_config_has_the_recipe_values():

@@ -1,7 +1,6 @@
 """Launchers (dry runs print exactly the commands) and the environment side of multi-host start-up."""
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import subprocess
@@ -11,28 +10,41 @@ import time
 import pytest
 
 from launch import slurm_gpu, tpu_pod
+from memsearcher_jax.config_utils import load_config_module
 from memsearcher_jax.distributed import ClusterSpec, detect_cluster, first_slurm_host, host_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = sorted(glob.glob(os.path.join(ROOT, "configs", "recipe_qwen*.py")))
-TPU = [p for p in RECIPES if "_h100_" not in p]
-GPU = [p for p in RECIPES if "_h100_" in p]
+RECIPE = os.path.join(ROOT, "configs", "recipe.py")
+PAIRS = sorted(load_config_module(RECIPE).RECIPES)  # (model, pod): `configs/recipe.py:model,pod`
+RECIPES = [f"{RECIPE}:{model},{pod}" for model, pod in PAIRS]
+TPU = [f"{RECIPE}:{model},{pod}" for model, pod in PAIRS if pod != "h100_8"]
+GPU = [f"{RECIPE}:{model},{pod}" for model, pod in PAIRS if pod == "h100_8"]
 ACCEL = {"v4_32": ("v4-32", "tpu-ubuntu2204-base"), "v5e_64": ("v5litepod-64", "v2-alpha-tpuv5-lite"),
          "v5p_128": ("v5p-128", "v2-alpha-tpuv5")}
+
+
+def _name(path):
+    return path.rsplit(":", 1)[1]  # "qwen2_5_3b,v5e_64"
+
+
+def _relative(path):
+    """The --config the workers get: the recipe file relative to the repo, its MODEL,POD kept."""
+    file, arg = path.rsplit(":", 1)
+    return f"{os.path.relpath(file, ROOT)}:{arg}"
 
 
 def _lines(capsys):
     return [l for l in capsys.readouterr().out.splitlines() if l.strip()]
 
 
-@pytest.mark.parametrize("path", TPU, ids=os.path.basename)
+@pytest.mark.parametrize("path", TPU, ids=_name)
 def test_tpu_dry_run_prints_create_install_and_one_train_command_for_all_workers(path, capsys):
     rc = tpu_pod.main(["--config", path, "--name", "ms", "--zone", "us-west4-a", "--project", "p1",
                        "--retrieval", "shared", "--retrieval-url", "http://10.0.0.2:8000", "--dry-run",
                        "--config.train.steps=7"])
     assert rc == 0
     cmds = [shlex.split(l) for l in _lines(capsys)]
-    pod = next(k for k in ACCEL if k in path)
+    pod = next(k for k in ACCEL if k in _name(path))
     accel, version = ACCEL[pod]
     assert cmds[0] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "ms", "--zone", "us-west4-a", "--project",
                        "p1", f"--accelerator-type={accel}", f"--version={version}"]
@@ -44,7 +56,7 @@ def test_tpu_dry_run_prints_create_install_and_one_train_command_for_all_workers
     remote = train[-1].removeprefix("--command=")
     inner = shlex.split(remote.split("&&", 1)[1].split("2>&1")[0])
     assert inner == ["python", "-m", "memsearcher_jax.distributed", "train", "--config",
-                     os.path.relpath(path, ROOT), "--config.retrieval.kind=http",
+                     _relative(path), "--config.retrieval.kind=http",
                      "--config.retrieval.url=http://10.0.0.2:8000", "--config.train.steps=7"]
     assert remote.endswith("| tee ~/train.log")
     assert len(cmds) == 5
@@ -68,7 +80,7 @@ def test_tpu_launcher_errors_name_the_problem(capsys):
         tpu_pod.main(["--config", TPU[0], "--name", "x", "--zone", "z", "--retrieval-url", "u", "--bogus"])
 
 
-@pytest.mark.parametrize("path", GPU, ids=os.path.basename)
+@pytest.mark.parametrize("path", GPU, ids=_name)
 def test_slurm_dry_run_prints_the_script_and_sbatch(path, capsys, tmp_path):
     script = str(tmp_path / "job.sbatch")
     rc = slurm_gpu.main(["--config", path, "--partition", "h100", "--retrieval", "in-process",
@@ -85,7 +97,7 @@ def test_slurm_dry_run_prints_the_script_and_sbatch(path, capsys, tmp_path):
     task = shlex.split(srun)[-1]
     assert task.startswith("export MEMSEARCHER_PROCESS_ID=$SLURM_PROCID; exec python -m memsearcher_jax.distributed")
     assert shlex.split(task.split("exec ", 1)[1]) == [
-        "python", "-m", "memsearcher_jax.distributed", "train", "--config", os.path.relpath(path, ROOT),
+        "python", "-m", "memsearcher_jax.distributed", "train", "--config", _relative(path),
         "--config.retrieval.kind=index", "--config.retrieval.index_dir=/shared/e5", "--config.train.steps=3"]
     assert not os.path.exists(script)  # a dry run writes nothing
 
@@ -122,13 +134,13 @@ def test_help_is_instant_and_imports_no_jax(script):
 
 
 @pytest.mark.parametrize("mod, args", [
-    ("tpu_pod", ["--config", "configs/recipe_qwen2_5_3b_v5e_64.py", "--name", "ms", "--zone", "z", "--retrieval-url",
+    ("tpu_pod", ["--config", "configs/recipe.py:qwen2_5_3b,v5e_64", "--name", "ms", "--zone", "z", "--retrieval-url",
                  "http://10.0.0.2:8000", "--dry-run"]),
-    ("slurm_gpu", ["--config", "configs/recipe_qwen2_5_3b_h100_8.py", "--partition", "h100", "--index-dir",
+    ("slurm_gpu", ["--config", "configs/recipe.py:qwen2_5_3b,h100_8", "--partition", "h100", "--index-dir",
                    "/shared/e5_flat", "--dry-run"])])
 def test_dry_run_in_a_fresh_process_loads_the_recipe_without_jax(mod, args):
-    # A fresh interpreter, as a user runs it: the recipe's `from _recipe_base import recipe`
-    # must resolve on its own (in-process tests may find it already imported by another test).
+    # A fresh interpreter, as a user runs it: `configs/recipe.py:MODEL,POD` and the base recipe it
+    # loads beside it must resolve on their own (in-process tests may have loaded them already).
     code = f"import sys; from launch import {mod}; rc = {mod}.main({args!r}); print('JAX', 'jax' in sys.modules); sys.exit(rc)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -177,7 +189,7 @@ def test_host_shard_partitions_the_batch_in_order():
         host_shard(items, 3, 3)
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
+@pytest.mark.parametrize("path", RECIPES, ids=_name)
 def test_every_recipe_mesh_keeps_tensor_parallelism_inside_a_host(path, monkeypatch):
     # The real checks of distributed.global_mesh and local_mesh, on a fake pod of the recipe's
     # hosts: jax reports the pod's process and device counts, make_mesh records what it is given.
@@ -192,7 +204,7 @@ def test_every_recipe_mesh_keeps_tensor_parallelism_inside_a_host(path, monkeypa
     hosts, n = int(hw.hosts), int(hw.num_devices)
     assert n % hosts == 0, f"{hw.num_devices} devices do not split over {hosts} hosts"
     per_host = n // hosts
-    assert per_host % cfg.mesh.tp == 0, (f"{os.path.basename(path)}: mesh.tp={cfg.mesh.tp} does not divide the "
+    assert per_host % cfg.mesh.tp == 0, (f"{_name(path)}: mesh.tp={cfg.mesh.tp} does not divide the "
                                          f"{per_host} chips of one host")
     made = []
     monkeypatch.setattr(jax, "process_count", lambda: hosts)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 from collections import defaultdict
 from types import SimpleNamespace
@@ -14,14 +13,16 @@ import pytest
 from flax import nnx
 
 from memsearcher_jax import planner
-from memsearcher_jax.config_utils import load_config
+from memsearcher_jax.config_utils import load_config, load_config_module
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, make_mesh, shard_model
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
 from memsearcher_jax.plan_check import compare, measure_sampler_call, per_device_bytes
 from memsearcher_jax.sampling import Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = sorted(glob.glob(os.path.join(ROOT, "configs", "recipe_qwen*.py")))
+RECIPE = os.path.join(ROOT, "configs", "recipe.py")
+PAIRS = sorted(load_config_module(RECIPE).RECIPES)  # (model, pod): `configs/recipe.py:model,pod`
+RECIPES = [f"{RECIPE}:{model},{pod}" for model, pod in PAIRS]
 
 
 def tiny_cfg(data=1, fsdp=1, tp=1, **model):
@@ -178,7 +179,7 @@ def test_prefill_row_on_a_sharded_sampler_mesh(ffn, context):
 
 
 def test_query_blocks_shrink_the_prefill_row():
-    cfg = load_config(os.path.join(ROOT, "configs", "recipe_qwen2_5_3b_h100_8.py"), [])
+    cfg = load_config(os.path.join(ROOT, "configs", "recipe.py:qwen2_5_3b,h100_8"), [])
     blocked = planner.plan_memory(cfg).row("prefill activations").bytes
     cfg.sampler.prefill_query_block = 0
     whole = planner.plan_memory(cfg).row("prefill activations").bytes
@@ -284,22 +285,22 @@ def test_cli_plan_subcommand(capsys):
     assert "fits: yes" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=[os.path.basename(p) for p in RECIPES])
+@pytest.mark.parametrize("path", RECIPES, ids=[f"{m},{p}" for m, p in PAIRS])
 def test_every_recipe_plans_as_it_claims(path):
     cfg = load_config(path, [])
     plan = planner.plan_memory(cfg)
     hw = cfg.hardware
     assert plan.capacity_bytes == int(hw.device_memory_gib * planner.GIB * hw.get("usable_fraction", 0.9))
-    # A recipe that cannot fit says so (fits_expected=False) with the reason in its comment.
-    assert plan.fits == hw.get("fits_expected", True), f"{os.path.basename(path)}:\n{plan.table()}"
+    # A recipe that cannot fit says so (fits_expected=False) with the reason in its `why`.
+    assert plan.fits == hw.get("fits_expected", True), f"{path.rsplit(':', 1)[1]}:\n{plan.table()}"
     assert cfg.rl.batch_questions == 256 and cfg.rl.group_size == 5
 
 
 def test_recipes_cover_every_model_and_pod():
-    names = {os.path.basename(p) for p in RECIPES}
     for model in ("3b", "7b", "14b"):
         for pod in ("v4_32", "v5e_64", "v5p_128", "h100_8"):
-            assert f"recipe_qwen2_5_{model}_{pod}.py" in names, f"missing recipe for {model} on {pod}"
+            assert (f"qwen2_5_{model}", pod) in PAIRS, f"missing recipe for {model} on {pod}"
+            assert load_config(f"{RECIPE}:qwen2_5_{model},{pod}", []).hardware.num_devices > 0
 
 
 def test_scale_out_page_shows_the_planners_current_tables():
@@ -307,8 +308,8 @@ def test_scale_out_page_shows_the_planners_current_tables():
     import re
 
     page = open(os.path.join(ROOT, "docs", "scale_out.md")).read()
-    quoted = re.findall(r"plan --config (configs/\S+\.py)\n\n```\n(memory plan:.*?)\n```", page, flags=re.S)
-    assert {p for p, _ in quoted} == {"configs/recipe_qwen2_5_3b_v5e_64.py", "configs/recipe_qwen2_5_3b_h100_8.py"}
+    quoted = re.findall(r"plan --config (configs/\S+\.py(?::\S+)?)\n\n```\n(memory plan:.*?)\n```", page, flags=re.S)
+    assert {p for p, _ in quoted} == {"configs/recipe.py:qwen2_5_3b,v5e_64", "configs/recipe.py:qwen2_5_3b,h100_8"}
     for path, table in quoted:
         assert table == planner.plan_memory(load_config(os.path.join(ROOT, path), [])).table(), path
 
