@@ -94,7 +94,7 @@ def main():
     model = Qwen2(cfg, rngs=nnx.Rngs(0))
     print(f"model: hidden={args.hidden} layers={args.layers} heads={args.heads} params={cfg.num_params():,}")
     sft_cfg = SFTConfig(steps=args.steps, batch_size=args.batch, lr=args.lr, warmup=args.warmup, seed=0,
-                        max_len=1280, buckets=(640, 768, 896, 1024, 1280), progress=False)
+                        max_len=1280, min_len=640, progress=False)
     t0 = time.perf_counter()
     model, history = sft_train(model, convs, sft_cfg, pad_id=builder.pad_id)
     train_s = time.perf_counter() - t0

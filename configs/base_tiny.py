@@ -48,7 +48,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.warmup = 200
     c.train.final_lr_fraction = 0.1
     c.train.weight_decay = 0.01
-    c.train.buckets = (128, 192, 256, 320, 384, 512)
+    c.train.min_len = 128            # rows pad to quarter-octave buckets from here
+    c.train.max_len = 512            # longer curriculum rows are dropped
     c.train.seed = 0
     c.train.output_dir = "runs/base_tiny"
     c.train.save_every = 100

@@ -75,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.batch_size = 8
     c.sft.learning_rate = 3e-3
     c.sft.warmup = 20
-    c.sft.buckets = (128, 256, 384, 512)
+    c.sft.min_len = 128              # rows pad to quarter-octave buckets from here (sampling.buckets.bucket)
     c.sft.num_demos = 600
     # The demonstrator's deliberate flaws (share of demos; at most one flaw per demo).
     c.sft.vague_query_rate = 0.15    # a vague or wrong-entity first search, then a recovery search

@@ -11,7 +11,6 @@ import time
 import jax
 import ml_collections
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -21,6 +20,7 @@ from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, 
                                         eval_runner, evaluate, load_policy, sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.planner import check_fits
+from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
 
 
@@ -42,7 +42,7 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
 def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):
     return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
                      warmup=min(cfg.sft.warmup, steps) if warmup is None else warmup, seed=cfg.train.seed,
-                     max_len=cfg.agent.max_context_tokens, buckets=tuple(cfg.sft.buckets))
+                     max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len)
 
 
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
@@ -70,8 +70,8 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
     sft_cfg = _sft_config(cfg, steps=10 ** 6, warmup=0)
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
-    trainer = SFTTrainer(policy, sft_cfg, optimizer=optax.chain(
-        optax.clip_by_global_norm(sft_cfg.max_grad_norm), optax.adamw(lr, weight_decay=sft_cfg.weight_decay)))
+    trainer = SFTTrainer(policy, sft_cfg, optim=OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay,
+                                                            max_grad_norm=sft_cfg.max_grad_norm))
     rows = build_rows(demo_conversations(demos), setup.builder.pad_id, sft_cfg.max_len)
     rng = np.random.default_rng(cfg.train.seed + 10_000)
     order, pos, steps, t0 = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0, 0, time.perf_counter()
@@ -80,7 +80,7 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
             order, pos = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0
         trainer.train_step(rows, order[pos:pos + sft_cfg.batch_size])
         pos, steps = pos + sft_cfg.batch_size, steps + 1
-    return trainer.model, steps
+    return trainer.model(), steps
 
 
 def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 
 from memsearcher_jax.agent.prompts import PromptBuilder
@@ -34,6 +33,7 @@ from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, probe_
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
+from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 from memsearcher_jax.rl.trainer import MetricsWriter
 from memsearcher_jax.experiment import TrainConfigError
@@ -112,15 +112,14 @@ def _curriculum_config(cfg: ml_collections.ConfigDict) -> CurriculumConfig:
     c = cfg.curriculum
     return CurriculumConfig(seed=cfg.train.seed, mix=(("recall", c.recall), ("cloze", c.cloze), ("demo", c.demo)),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
-                            max_len=max(cfg.train.buckets))
+                            max_len=cfg.train.max_len)
 
 
-def _optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
     t = cfg.train
-    schedule = optax.warmup_cosine_decay_schedule(0.0, t.learning_rate, t.warmup, max(t.steps, t.warmup + 1),
-                                                  t.learning_rate * t.final_lr_fraction)
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=t.weight_decay))
+    return OptimConfig(learning_rate=t.learning_rate, b2=0.98, weight_decay=t.weight_decay, schedule="cosine",
+                       warmup_steps=min(t.warmup, t.steps - 1), total_steps=t.steps,
+                       final_lr_fraction=t.final_lr_fraction)
 
 
 def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
@@ -177,8 +176,8 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
          f"{'a shared vector per type + a fixed code each' if tied else 'trained one by one'}); "
          f"vocabulary {len(tokenizer)}")
     sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed, warmup=min(t.warmup, t.steps),
-                        max_len=max(t.buckets), buckets=tuple(t.buckets), progress=False)
-    trainer = SFTTrainer(model, sft_cfg, tied_rows=tied, optimizer=_optimizer(cfg))
+                        max_len=t.max_len, min_len=t.min_len, progress=False)
+    trainer = SFTTrainer(model, sft_cfg, tied_rows=tied, optim=_optim(cfg))
     curriculum = Curriculum(vocab, builder, _curriculum_config(cfg))
     probe = probe_items(vocab, builder, t.probe_items, seed=t.seed + 1000, pool="reserved")
     probe_seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
@@ -205,8 +204,8 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
         losses.append(stats["loss"])
         step += 1
         if step % t.probe_every == 0 or step == t.steps:
-            res = reading_probe(trainer.model, probe, builder.pad_id)
-            seen = reading_probe(trainer.model, probe_seen, builder.pad_id)
+            res = reading_probe(trainer.model(), probe, builder.pad_id)
+            seen = reading_probe(trainer.model(), probe_seen, builder.pad_id)
             last = {"loss": float(np.mean(losses)), "probe_accuracy": res["accuracy"],
                     "probe_accuracy_pretrain_names": seen["accuracy"],
                     **{f"probe/{r}": a for r, a in res["by_relation"].items()},
@@ -220,10 +219,10 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
                                                        opt_state=ocp.args.StandardSave(trainer.opt_state)))
     manager.wait_until_finished()
     writer.close()
-    final = reading_probe(trainer.model, probe, builder.pad_id)
+    final = reading_probe(trainer.model(), probe, builder.pad_id)
     export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
     summary = {"steps": t.steps, "probe": final, "export_dir": export_dir}
-    export_base(trainer.model, vocab_dir, export_dir, cfg, final, argv)
+    export_base(trainer.model(), vocab_dir, export_dir, cfg, final, argv)
     with open(summary_path, "w") as f:
         json.dump(summary, f, indent=1)
     _log(f"reading probe on reserved names: {100 * final['accuracy']:.1f}% ({final['n']} items); "

@@ -16,7 +16,8 @@ from memsearcher_jax.data.synthetic import generate_world
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, tie_row_updates
+from memsearcher_jax.rl.learner import tie_row_updates
+from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,7 +104,7 @@ def test_tied_rows_keep_their_differences():
     # Through a real SFT step: rows of a group move by the same vector.
     model = Qwen2(ModelConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0))
     before = np.asarray(model.embed[...])
-    trainer = SFTTrainer(model, SFTConfig(steps=2, batch_size=2, warmup=0, buckets=(16,), progress=False),
+    trainer = SFTTrainer(model, SFTConfig(steps=2, batch_size=2, warmup=0, min_len=16, progress=False),
                          tied_rows=[[10, 11, 12], [20, 21]])
 
     class Row:
@@ -129,7 +130,7 @@ def test_pretrain_runs_resumes_and_exports(tmp_path):
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
         ("train.batch_size", "4"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
-        ("train.probe_items", "16"), ("train.warmup", "1"), ("train.buckets", "(512,)"),
+        ("train.probe_items", "16"), ("train.warmup", "1"), ("train.min_len", "512"),
         ("train.output_dir", str(tmp_path / "run"))])
     first = run_pretrain(cfg)
     assert 0.0 <= first["probe"]["accuracy"] <= 1.0 and first["probe"]["n"] == 16

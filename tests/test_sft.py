@@ -54,8 +54,8 @@ def test_build_rows_layout():
 
 
 def test_bucket_for_and_config_errors():
-    cfg = SFTConfig(buckets=(256, 1024))
-    assert [cfg.bucket_for(n) for n in (1, 256, 257, 1024, 1500)] == [256, 256, 1024, 1024, 2048]
+    cfg = SFTConfig(min_len=256)  # the shared bucket rule: quarter octaves from min_len
+    assert [cfg.bucket_for(n) for n in (1, 256, 257, 1024, 1500)] == [256, 256, 320, 1024, 1536]
     with pytest.raises(ValueError, match="lr must be > 0"):
         SFTConfig(lr=0)
 
@@ -106,7 +106,7 @@ def test_sft_learns_a_pattern_fast():
         update = [90, 91, prompt[0], 2]
         convs.append(Conversation(prompt_ids=prompt, response_ids=act + obs + update,
                                   loss_mask=[1] * len(act) + [0] * len(obs) + [1] * len(update)))
-    cfg = SFTConfig(steps=60, batch_size=8, lr=1e-2, warmup=5, buckets=(32, 64), max_len=64, progress=False)
+    cfg = SFTConfig(steps=60, batch_size=8, lr=1e-2, warmup=5, min_len=32, max_len=64, progress=False)
     model = _model(128, seed=1)
     before = evaluate_loss(model, convs, 0, cfg)
     trained, history = sft_train(model, convs, cfg, pad_id=0)
@@ -124,7 +124,7 @@ def test_sft_lowers_masked_loss_on_demos(demos):
     # A few dozen steps on CPU: a small demo set seen several times, scored on itself.
     rng = np.random.default_rng(0)
     subset = [convs[i] for i in rng.choice(len(convs), 8, replace=False)]
-    cfg = SFTConfig(steps=STEPS, batch_size=2, lr=1e-2, warmup=3, seed=0, max_len=1024, buckets=(1024,),
+    cfg = SFTConfig(steps=STEPS, batch_size=2, lr=1e-2, warmup=3, seed=0, max_len=1024, min_len=1024,
                     progress=False)
     model = _model(vocab)
     before = evaluate_loss(model, subset, builder.pad_id, cfg)
@@ -138,12 +138,12 @@ def test_sft_lowers_masked_loss_on_demos(demos):
     assert np.mean([h["loss"] for h in history[-5:]]) < 0.5 * history[0]["loss"]
 
 
-def test_length_grouped_order_is_a_permutation_with_less_padding():
-    from memsearcher_jax.rl.sft import _length_grouped_order
+def testlength_grouped_order_is_a_permutation_with_less_padding():
+    from memsearcher_jax.rl.sft import length_grouped_order
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(50, 400, 1000)
-    order = _length_grouped_order(lengths, 8, np.random.default_rng(1))
+    order = length_grouped_order(lengths, 8, np.random.default_rng(1))
     assert sorted(order.tolist()) == list(range(1000))
     padded = lambda o: sum(lengths[o[i:i + 8]].max() * 8 for i in range(0, 1000, 8))
     assert padded(order) < 0.8 * padded(np.random.default_rng(1).permutation(1000))

@@ -11,7 +11,6 @@ Everything numeric is a pure function of arrays; `GRPOLearner` only holds the ji
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Sequence
@@ -19,31 +18,16 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
+from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, token_logprobs
 from memsearcher_jax.rl.losses import LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, weighted_loss_sum
 from memsearcher_jax.rl.reward import RewardResult, compute_reward
-from memsearcher_jax.sampling.buckets import bucket as shape_bucket
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    learning_rate: float = 1e-6
-    b1: float = 0.9
-    b2: float = 0.999
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-
-
-def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """AdamW with a constant learning rate (no warm-up) after global-norm clipping."""
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                       optax.adamw(cfg.learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+from memsearcher_jax.sampling.buckets import bucket
 
 
 # ----------------------------------------------------------------------------- rows
@@ -76,13 +60,6 @@ class RowBatch:
         return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
 
 
-def bucket(n: int, minimum: int, steps_per_octave: int = 1) -> int:
-    """Smallest bucket >= max(n, minimum): powers of two split into `steps_per_octave` steps
-    (4: ..., 256, 320, 384, 448, 512, ...). Bounds the number of compiled shapes while
-    padding at most 1/steps_per_octave of the work."""
-    return shape_bucket(max(n, 1), minimum, steps_per_octave)
-
-
 def score_trajectories(trajs: Sequence[Trajectory]) -> list[RewardResult]:
     """docs/method.md §3 reward on each trajectory's final conversation."""
     return [compute_reward(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
@@ -93,7 +70,7 @@ def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: 
     """One row per conversation; every conversation of trajectory i carries A_i."""
     convs = [c for t in trajs for c in t.conversations]
     lengths = [len(c.prompt_ids) + len(c.response_ids) for c in convs]
-    s = bucket(max(lengths), min_len, steps_per_octave=4)  # a power of two could double the work
+    s = bucket(max(lengths), min_len, steps_per_octave=4)  # quarter octaves: a power of two could double the work
     if max_len is not None and max(lengths) > max_len:
         raise ValueError(f"a conversation has {max(lengths)} tokens, over the trainer's max_len {max_len}")
     if max_len is not None:
@@ -132,11 +109,9 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array):
     entropy of the distribution that predicted token j. Softmax in float32.
     """
     logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
+    logp = token_logprobs(logits, tokens[:, 1:])
     logz = jax.nn.logsumexp(logits, axis=-1)
-    tgt = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    logp = tgt - logz
-    probs = jax.nn.softmax(logits, axis=-1)
-    entropy = logz - jnp.sum(probs * logits, axis=-1)
+    entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
 
@@ -175,17 +150,6 @@ def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossCo
     init_sums["ratio_min"] = jnp.array(jnp.inf, jnp.float32)
     (grads, loss_sum, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32), init_sums), micro_batches)
     return grads, loss_sum, sums
-
-
-def apply_update(params, opt_state, grads, tx: optax.GradientTransformation):
-    """One optimizer step; a step with non-finite gradients leaves params and state unchanged."""
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(grad_norm)
-    safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-    updates, new_opt = tx.update(safe, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    return keep(new_params, params), keep(new_opt, opt_state), grad_norm, jnp.logical_not(finite)
 
 
 def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.random.Generator,
@@ -231,18 +195,15 @@ class GRPOConfig:
     optim: OptimConfig = OptimConfig()
 
 
-class GRPOLearner:
+class GRPOLearner(Learner):
     """Holds params, the frozen reference, the optimizer state, and the jitted programs."""
 
     def __init__(self, model, config: GRPOConfig, mesh: Mesh | None = None):
+        super().__init__(model, make_optimizer(config.optim))
         self.config = config
         self.mesh = mesh
-        self.graphdef, params = nnx.split(model, nnx.Param)
-        self.params = params
         # The reference is the initial weights, frozen: a separate copy of the arrays.
-        self.ref_params = jax.tree.map(lambda x: x.copy(), params)
-        self.tx = make_optimizer(config.optim)
-        self.opt_state = self.tx.init(params)
+        self.ref_params = jax.tree.map(lambda x: x.copy(), self.params)
         self.skipped_steps = 0
         graphdef, loss_cfg, tx = self.graphdef, config.loss, self.tx
 
@@ -250,8 +211,7 @@ class GRPOLearner:
         def logprobs(params, tokens, attention):
             return token_logprobs_and_entropy(nnx.merge(graphdef, params), tokens, attention)[0]
 
-        # Params and optimizer state are donated: updated in place, not held twice.
-        @functools.partial(jax.jit, donate_argnums=(0, 1))
+        @self.donating_jit
         def update(params, opt_state, micro_batches, denominator):
             grads, loss_sum, sums = accumulate_gradients(params, graphdef, micro_batches, loss_cfg)
             grads = jax.tree.map(lambda g: g / denominator, grads)
@@ -260,9 +220,6 @@ class GRPOLearner:
 
         self._logprobs = logprobs
         self._update = update
-
-    def model(self):
-        return nnx.merge(self.graphdef, self.params)
 
     def _put(self, x: np.ndarray, batch_axis: int):
         if self.mesh is None or self.mesh.size == 1:

@@ -6,21 +6,24 @@ Each row is one conversation laid out as prompt + response. The model reads ids[
 scored on ids[1:] only where the target token is a generated one (loss_mask 1): prompts,
 observations and padding never contribute. The loss is an exact token mean over the batch
 (sum of masked NLL / number of masked tokens). Rows are right-padded to a fixed bucket length
-(the smallest of `buckets` that fits), so the step compiles once per bucket actually used.
+(`sampling.buckets.bucket` in quarter octaves from `min_len`, as GRPO rows are), so the step
+compiles once per bucket actually used.
 Parameters travel as jit arguments (nnx.split), not closed-over constants.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
+
+from memsearcher_jax.sampling.buckets import bucket
+from memsearcher_jax.rl.learner import (Learner, OptimConfig, apply_update, make_optimizer, tie_row_updates,
+                                        token_logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +37,7 @@ class SFTConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     max_len: int = 2048            # rows are cut to this many tokens (prompt + response)
-    buckets: tuple[int, ...] = (512, 1024, 2048)
+    min_len: int = 64              # the smallest row bucket; rows pad to quarter-octave buckets above
     progress: bool = True          # tqdm bar
 
     def __post_init__(self):
@@ -48,18 +51,14 @@ class SFTConfig:
             problems.append(f"warmup must be in [0, steps], got {self.warmup}")
         if not 0 <= self.final_lr_fraction <= 1:
             problems.append(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
-        if not self.buckets or any(b < 2 for b in self.buckets):
-            problems.append(f"buckets must be non-empty lengths >= 2, got {self.buckets}")
+        if self.min_len < 2:
+            problems.append(f"min_len must be >= 2, got {self.min_len}")
         if problems:
             raise ValueError("invalid SFTConfig: " + "; ".join(problems))
 
     def bucket_for(self, n: int) -> int:
-        """Smallest bucket holding n tokens; past the largest, the next multiple of it."""
-        for b in sorted(self.buckets):
-            if n <= b:
-                return b
-        top = max(self.buckets)
-        return top * math.ceil(n / top)
+        """The row length n tokens pad to: the shared bucket rule, quarter octaves from min_len."""
+        return bucket(n, self.min_len, steps_per_octave=4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +119,7 @@ def masked_nll_sum(model, inputs: jax.Array, targets: jax.Array, weights: jax.Ar
     """(sum of weighted token NLL, sum of weights). Padding past `lengths` is masked from attention."""
     positions = jnp.arange(inputs.shape[1])[None, :]
     attention = positions < lengths[:, None]
-    logits = model(inputs, attention_mask=attention)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    nll = -token_logprobs(model(inputs, attention_mask=attention), targets)
     w = weights * attention
     return jnp.sum(nll * w), jnp.sum(w)
 
@@ -140,80 +137,55 @@ def nll_sum(model, inputs, targets, weights, lengths) -> tuple[jax.Array, jax.Ar
                           jnp.asarray(lengths))
 
 
-def make_schedule(cfg: SFTConfig) -> optax.Schedule:
-    decay_steps = max(cfg.steps, cfg.warmup + 1)
-    return optax.warmup_cosine_decay_schedule(init_value=0.0 if cfg.warmup else cfg.lr, peak_value=cfg.lr,
-                                              warmup_steps=cfg.warmup, decay_steps=decay_steps,
-                                              end_value=cfg.lr * cfg.final_lr_fraction)
+def optim_config(cfg: SFTConfig) -> OptimConfig:
+    """Linear warm-up, then cosine decay to lr * final_lr_fraction at the last step."""
+    return OptimConfig(learning_rate=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                       schedule="cosine", warmup_steps=cfg.warmup, total_steps=max(cfg.steps, cfg.warmup + 1),
+                       final_lr_fraction=cfg.final_lr_fraction)
 
 
-def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                       optax.adamw(make_schedule(cfg), b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
+class SFTTrainer(Learner):
+    """The masked-NLL learner: split params + optimizer state, one jitted donated step.
 
-
-def tie_row_updates(updates, row_group: jax.Array, num_groups: int):
-    """Embedding rows of one group move together: each gets its group's mean update (weight
-    decay included), so the differences between them stay what they were at initialisation.
-    row_group: int [V], the group of each token row, -1 for rows updated on their own."""
-    grouped = row_group >= 0
-    gid = jnp.where(grouped, row_group, num_groups)  # ungrouped rows go to a spare segment
-
-    def tie(path, u):
-        if not (path and getattr(path[0], "key", None) == "embed"):
-            return u
-        sums = jax.ops.segment_sum(u, gid, num_segments=num_groups + 1)
-        counts = jax.ops.segment_sum(jnp.ones_like(gid, u.dtype), gid, num_segments=num_groups + 1)
-        mean = sums / jnp.maximum(counts, 1)[:, None]
-        return jnp.where(grouped[:, None], mean[gid], u)
-
-    return jax.tree_util.tree_map_with_path(tie, updates)
-
-
-class SFTTrainer:
-    """Holds split params + optimizer state and the jitted step / evaluation functions.
-
+    optim: the optimizer's settings (default: `optim_config(config)`, warm-up + cosine).
     tied_rows: groups of token ids (a list of id lists) whose embedding rows share one update
     per group: the reading base keeps each name token at (a trained vector shared by its
     type) + (its own fixed random code), so a name it never saw looks like the ones it did.
     """
 
-    def __init__(self, model, config: SFTConfig, tied_rows=None, optimizer: optax.GradientTransformation | None = None):
+    def __init__(self, model, config: SFTConfig, tied_rows=None, optim: OptimConfig | None = None):
+        super().__init__(model, make_optimizer(optim or optim_config(config)))
         self.config = config
-        self.graphdef, self.params = nnx.split(model, nnx.Param)
-        self.tx = optimizer or make_optimizer(config)
-        self.opt_state = self.tx.init(self.params)
+        self.skipped_steps = 0
         graphdef, tx = self.graphdef, self.tx
-        row_group = None
+        tie = None
         if tied_rows:
             groups = np.full(model.config.vocab_size, -1, np.int32)
             for g, ids in enumerate(tied_rows):
                 groups[np.asarray(ids)] = g
             row_group, num_groups = jnp.asarray(groups), len(tied_rows)
+            tie = lambda updates: tie_row_updates(updates, row_group, num_groups)
 
         def loss_fn(params, inputs, targets, weights, lengths):
             total, count = masked_nll_sum(nnx.merge(graphdef, params), inputs, targets, weights, lengths)
             return total / jnp.maximum(count, 1.0), count
 
+        @self.donating_jit
         def step(params, opt_state, inputs, targets, weights, lengths):
             (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, inputs, targets, weights,
                                                                              lengths)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            if row_group is not None:
-                updates = tie_row_updates(updates, row_group, num_groups)
-            return optax.apply_updates(params, updates), opt_state, loss, count, optax.tree.norm(grads)
+            params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx, tie)
+            return params, opt_state, loss, count, gnorm, skipped
 
-        self._step = jax.jit(step, donate_argnums=(0, 1))
-
-    @property
-    def model(self):
-        return nnx.merge(self.graphdef, self.params)
+        self._step = step
 
     def train_step(self, rows: SFTRows, idx) -> dict:
         inputs, targets, weights, lengths = _padded(rows, idx, self.config)
-        self.params, self.opt_state, loss, count, gnorm = self._step(self.params, self.opt_state, inputs, targets,
-                                                                     weights, lengths)
-        return {"loss": float(loss), "tokens": int(count), "grad_norm": float(gnorm), "length": inputs.shape[1]}
+        self.params, self.opt_state, loss, count, gnorm, skipped = self._step(self.params, self.opt_state, inputs,
+                                                                              targets, weights, lengths)
+        self.skipped_steps += int(skipped)
+        return {"loss": float(loss), "tokens": int(count), "grad_norm": float(gnorm), "length": inputs.shape[1],
+                "skipped": bool(skipped)}
 
     def evaluate(self, rows: SFTRows) -> float:
         return _evaluate(self.graphdef, self.params, rows, self.config)
@@ -303,4 +275,4 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
             bar.set_postfix(loss=f"{stats['loss']:.3f}", L=stats["length"])
     if bar is not None:
         bar.close()
-    return trainer.model, history
+    return trainer.model(), history

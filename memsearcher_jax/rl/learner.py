@@ -1,0 +1,129 @@
+"""What every learner here shares (pretraining, SFT, GRPO): the optimizer, token log-probs,
+one update that skips non-finite gradients, and jitted steps over split, donated parameters.
+
+    tx = make_optimizer(OptimConfig(learning_rate=1e-3, schedule="cosine", warmup_steps=20, total_steps=800))
+    logp = token_logprobs(logits, targets)                          # [B, T]
+    params, opt_state, grad_norm, skipped = apply_update(params, opt_state, grads, tx)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW after global-norm clipping. Defaults are the GRPO recipe's (docs/method.md §2):
+    lr 1e-6 constant, no warm-up. schedule="cosine" decays from the peak (after a linear
+    warm-up) to learning_rate * final_lr_fraction at total_steps."""
+
+    learning_rate: float = 1e-6
+    b1: float = 0.9
+    b2: float = 0.999
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0          # the cosine's length (ignored by "constant")
+    final_lr_fraction: float = 0.1
+
+    def __post_init__(self):
+        problems = []
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.schedule not in SCHEDULES:
+            problems.append(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            problems.append(f"a cosine schedule needs total_steps > warmup_steps, got {self.total_steps} "
+                            f"and {self.warmup_steps}")
+        if not 0 <= self.final_lr_fraction <= 1:
+            problems.append(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
+        if not self.max_grad_norm > 0:
+            problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if problems:
+            raise ValueError("invalid OptimConfig: " + "; ".join(problems))
+
+    def schedule_fn(self) -> optax.Schedule:
+        lr, warm = self.learning_rate, self.warmup_steps
+        if self.schedule == "cosine":
+            return optax.warmup_cosine_decay_schedule(0.0 if warm else lr, lr, warm, self.total_steps,
+                                                      lr * self.final_lr_fraction)
+        if warm:
+            return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), optax.constant_schedule(lr)], [warm])
+        return optax.constant_schedule(lr)
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on the config's schedule."""
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                       optax.adamw(cfg.schedule_fn(), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log p(target) under logits: logits [..., V] (any float dtype), targets [...] int -> float32 [...]."""
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def apply_update(params, opt_state, grads, tx: optax.GradientTransformation,
+                 transform_updates: Callable | None = None):
+    """One optimizer step -> (params, opt_state, grad_norm, skipped). A step whose gradients are
+    not all finite leaves params and optimizer state unchanged (skipped = True).
+    transform_updates: applied to the updates before they are added (e.g. `tie_row_updates`)."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+    updates, new_opt = tx.update(safe, opt_state, params)
+    if transform_updates is not None:
+        updates = transform_updates(updates)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    return keep(new_params, params), keep(new_opt, opt_state), grad_norm, jnp.logical_not(finite)
+
+
+def tie_row_updates(updates, row_group: jax.Array, num_groups: int):
+    """Embedding rows of one group move together: each gets its group's mean update (weight
+    decay included), so the differences between them stay what they were at initialisation.
+    row_group: int [V], the group of each token row, -1 for rows updated on their own."""
+    grouped = row_group >= 0
+    gid = jnp.where(grouped, row_group, num_groups)  # ungrouped rows go to a spare segment
+
+    def tie(path, u):
+        if not (path and getattr(path[0], "key", None) == "embed"):
+            return u
+        sums = jax.ops.segment_sum(u, gid, num_segments=num_groups + 1)
+        counts = jax.ops.segment_sum(jnp.ones_like(gid, u.dtype), gid, num_segments=num_groups + 1)
+        mean = sums / jnp.maximum(counts, 1)[:, None]
+        return jnp.where(grouped[:, None], mean[gid], u)
+
+    return jax.tree_util.tree_map_with_path(tie, updates)
+
+
+class Learner:
+    """Split parameters, optimizer state, and the one pattern for jitted steps: parameters are
+    arguments (new weights never recompile) and the step's (params, opt_state) are donated
+    (updated in place, never held twice)."""
+
+    def __init__(self, model, tx: optax.GradientTransformation):
+        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        self.tx = tx
+        self.opt_state = tx.init(self.params)
+
+    def model(self):
+        return nnx.merge(self.graphdef, self.params)
+
+    @staticmethod
+    def donating_jit(step: Callable) -> Callable:
+        """jit a step(params, opt_state, *batch) whose first two arguments it returns updated."""
+        return jax.jit(step, donate_argnums=(0, 1))
+
