@@ -397,9 +397,10 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
                         f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "
                         f"{h_note} heads, {blk} queries, {call.prefix + call.suffix}] scores, one MLP"))
 
-    # A training row is one conversation, padded to a power-of-two bucket.
-    s_conv = conversation_tokens(cfg)
-    seq = max(int(cfg.rl.get("min_seq_len", 1)), 1 << max(0, math.ceil(math.log2(max(s_conv, 1)))))
+    # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves).
+    from memsearcher_jax.sampling.buckets import bucket
+
+    seq = bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
 
     def local_rows(n: int) -> int:
         return _split(n, batch_ways)  # not divisible: replicated (as _put does)

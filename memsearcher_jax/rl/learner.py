@@ -1,5 +1,6 @@
-"""What every learner here shares (pretraining, SFT, GRPO): the optimizer, token log-probs,
-one update that skips non-finite gradients, and jitted steps over split, donated parameters.
+"""What every learner here shares (pretraining, SFT, GRPO): the optimizer, token log-probs
+(the sampler's own rule, `sampling.distributions.token_logprobs`), one update that skips
+non-finite gradients, and jitted steps over split, donated parameters.
 
     tx = make_optimizer(OptimConfig(learning_rate=1e-3, schedule="cosine", warmup_steps=20, total_steps=800))
     logp = token_logprobs(logits, targets)                          # [B, T]
@@ -14,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+
+from memsearcher_jax.sampling.distributions import token_logprobs  # noqa: F401  (re-exported)
 
 SCHEDULES = ("constant", "cosine")
 
@@ -66,13 +69,6 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """Global-norm clipping, then AdamW on the config's schedule."""
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
                        optax.adamw(cfg.schedule_fn(), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
-
-
-def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """log p(target) under logits: logits [..., V] (any float dtype), targets [...] int -> float32 [...]."""
-    logits = logits.astype(jnp.float32)
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
 def apply_update(params, opt_state, grads, tx: optax.GradientTransformation,

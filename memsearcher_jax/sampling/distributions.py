@@ -151,7 +151,8 @@ def sample_from_logits(logits: jax.Array, uniforms: jax.Array, temperature: jax.
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log_softmax(logits) at tokens: logits [B, V] (raw, temperature 1), tokens [B] -> [B] f32."""
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
-    return picked - logz
+    """log_softmax(logits) at tokens, the one log-prob rule of sampler and trainers alike:
+    logits [..., V] (raw, temperature 1, any float dtype), tokens [...] int -> float32 [...]."""
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
