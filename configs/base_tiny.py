@@ -34,9 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.tie_names = True
 
     c.curriculum = ml_collections.ConfigDict()
-    c.curriculum.recall = 0.25       # mix weights of the row kinds
-    c.curriculum.cloze = 0.4
-    c.curriculum.demo = 0.35
+    c.curriculum.repeat = 0.3        # mix weights of the row kinds (data/curriculum.py)
+    c.curriculum.recall = 0.2
+    c.curriculum.cloze = 0.3
+    c.curriculum.demo = 0.2
     c.curriculum.world_entities = 30
     c.curriculum.rows_per_world = 32
     c.curriculum.top_n = 2           # the agent's default_top_n in configs/default.py

@@ -110,7 +110,7 @@ def reading_probe(model: Qwen2, items: list[tuple[list[int], int, str]], pad_id:
 
 def _curriculum_config(cfg: ml_collections.ConfigDict) -> CurriculumConfig:
     c = cfg.curriculum
-    return CurriculumConfig(seed=cfg.train.seed, mix=(("recall", c.recall), ("cloze", c.cloze), ("demo", c.demo)),
+    return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, c[k]) for k in ("repeat", "recall", "cloze", "demo")),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
                             max_len=cfg.train.max_len)
 

@@ -69,10 +69,19 @@ def test_curriculum_is_seeded_by_step_and_never_shows_reserved_names(parts):
     assert [r.prompt_ids for r in cur.rows_for_step(8, 24)] != [r.prompt_ids for r in a]
     reserved = set(vocab.name_ids("reserved"))
     rows = cur.rows_for_step(0, 96)
-    assert {r.kind for r in rows} == {"recall", "cloze", "demo"}
+    assert {r.kind for r in rows} == {"repeat", "recall", "cloze", "demo"}
     for r in rows:
         assert not reserved & set(r.prompt_ids + r.response_ids)
         assert len(r.response_ids) == len(r.loss_mask) and sum(r.loss_mask) > 0
+
+
+def test_repeat_targets_are_the_second_copy_without_separators(parts):
+    vocab, tok, builder = parts
+    (r,) = Curriculum(vocab, builder, CurriculumConfig(seed=4, mix=(("repeat", 1.0),))).rows_for_step(0, 1)
+    first, _, second = builder.decode(r.prompt_ids + r.response_ids).partition("\n")
+    assert first == second and len(first.split()) >= 16
+    targets = [t for t, m in zip(r.response_ids, r.loss_mask) if m]
+    assert [builder.decode([t]) for t in targets] == first.split()[1:]  # every word after the first, no spaces
 
 
 def test_cloze_targets_are_the_answers(parts):

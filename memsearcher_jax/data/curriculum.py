@@ -5,6 +5,9 @@ names from the reading vocabulary's **pretrain** pool only (`data.vocab`), so fa
 repeat across worlds: the only way to lower the loss is to read them from the context. Four
 kinds of row, mixed by `CurriculumConfig.mix`:
 
+- `repeat`: a random run of names and values, then the same run again; loss on the second
+  copy, every token of which is the one after the previous occurrence of the token before it
+  (the induction pattern that copying from context is built on).
 - `recall`: associative-recall drill. `k1 v1 ; k2 v2 ; ... \\n k3 v3 ; k1 v1 ...` over random
   single-token names and values; loss on the values of the second list (each key's value is
   somewhere in the first).
@@ -31,16 +34,17 @@ from memsearcher_jax.data.synthetic import generate_world
 from memsearcher_jax.data.vocab import ReadingVocab
 from retrieval.base import Hit
 
-KINDS = ("recall", "cloze", "demo")
+KINDS = ("repeat", "recall", "cloze", "demo")
 
 
 @dataclasses.dataclass(frozen=True)
 class CurriculumConfig:
     seed: int = 0
-    mix: tuple[tuple[str, float], ...] = (("recall", 0.25), ("cloze", 0.4), ("demo", 0.35))
+    mix: tuple[tuple[str, float], ...] = (("repeat", 0.3), ("recall", 0.2), ("cloze", 0.3), ("demo", 0.2))
     world_entities: int = 30        # entities per random world (people, cities, companies)
     rows_per_world: int = 32        # rows drawn from one world before a new one is made
     recall_pairs: tuple[int, int] = (4, 16)   # pairs per recall drill (inclusive range)
+    repeat_tokens: tuple[int, int] = (16, 48)  # tokens in the run a repeat drill copies
     cloze_passages: tuple[int, int] = (2, 3)  # passages shown per cloze row
     cloze_questions: int = 4        # questions per cloze row
     top_n: int = 2                  # passages per search in demos (the agent's default_top_n)
@@ -133,6 +137,14 @@ def cloze_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_que
     return Row(prompt_ids=prompt, response_ids=response, loss_mask=mask, kind="cloze", questions=qs)
 
 
+def repeat_row(rng: random.Random, pieces: _Pieces, words: Sequence[str], n: int) -> Row:
+    """`w1 w2 ... wn` then `w1 w2 ... wn` again; loss on the second copy after its first word."""
+    run = pieces.enc(" ".join(rng.sample(list(words), n)))
+    space = pieces.enc(" ")  # the separator token before each whole-word token: not a target
+    return Row(prompt_ids=run + pieces.enc("\n") + run[:1], response_ids=run[1:],
+               loss_mask=[int([t] != space) for t in run[1:]], kind="repeat")
+
+
 def recall_row(rng: random.Random, pieces: _Pieces, keys: Sequence[str], values: Sequence[str],
                n_pairs: int) -> Row:
     """`k v ; k v ; ...` then the same keys in another order; loss on the second list's values."""
@@ -174,7 +186,9 @@ class Curriculum:
         kinds = rng.choices(self.kinds, self.weights, k=cfg.rows_per_world)
         rows: list[Row] = []
         for kind in kinds:
-            if kind == "recall":
+            if kind == "repeat":
+                rows.append(repeat_row(rng, self.pieces, self.recall_values, rng.randint(*cfg.repeat_tokens)))
+            elif kind == "recall":
                 rows.append(recall_row(rng, self.pieces, self.recall_keys, self.recall_values,
                                        rng.randint(*cfg.recall_pairs)))
             elif kind == "cloze":
