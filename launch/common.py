@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_ENTRY = ["python", "-m", "memsearcher_jax.distributed", "train"]  # joins the job, then runs the CLI
+TRAIN_ENTRY = ["python", "-m", "memsearcher_jax.cli", "--multihost", "train"]  # joins the job, then runs the CLI
 
 
 class LaunchError(ValueError):

@@ -6,7 +6,7 @@
 
 The script exports MEMSEARCHER_COORDINATOR (first node of the allocation) and
 MEMSEARCHER_NUM_PROCESSES; each task sets MEMSEARCHER_PROCESS_ID=$SLURM_PROCID and runs
-`python -m memsearcher_jax.distributed train ...`, which joins the job before training.
+`python -m memsearcher_jax.cli --multihost train ...`, which joins the job before training.
 """
 from __future__ import annotations
 

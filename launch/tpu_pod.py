@@ -4,7 +4,7 @@ worker, install, and run the same command on all workers with their logs streame
     python launch/tpu_pod.py --config configs/recipe.py:qwen2_5_3b,v5e_64 --name ms-3b \\
         --zone us-west4-a --retrieval shared --retrieval-url http://10.0.0.2:8000 --dry-run
 
-Every worker runs `python -m memsearcher_jax.distributed train ...`: JAX reads the pod
+Every worker runs `python -m memsearcher_jax.cli --multihost train ...`: JAX reads the pod
 metadata (no coordinator address is needed on TPU VMs), then the usual CLI runs. Extra
 `--config.*` overrides after the known flags are passed to training unchanged.
 """

@@ -10,6 +10,7 @@ import os
 import sys
 
 from memsearcher_jax.config_utils import ConfigError, load_config, split_overrides
+from memsearcher_jax.distributed import initialize_from_env
 from memsearcher_jax.errors import UserInputError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
@@ -75,7 +76,8 @@ def cmd_plan(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memsearcher-jax",
-        description="Train LLM search agents with multi-context GRPO (MemSearcher) in JAX.",
+        description="Train LLM search agents with multi-context GRPO (MemSearcher) in JAX. On a multi-host pod "
+                    f"or cluster every host runs `memsearcher-jax {MULTIHOST_FLAG} train ...` (joins the job first).",
         epilog=_OVERRIDE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -138,8 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MULTIHOST_FLAG = "--multihost"
+
+
 def main(argv=None) -> int:
+    """`memsearcher-jax [--multihost] COMMAND ...`. With --multihost (every host of a pod or a
+    SLURM job runs the same command) the process first joins the job (JAX distributed, from the
+    environment: TPU metadata, SLURM variables or MEMSEARCHER_* ones), then runs COMMAND."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [MULTIHOST_FLAG]:
+        initialize_from_env()
+        argv = argv[1:]
     try:
         rest, overrides = split_overrides(argv)
         parser = build_parser()

@@ -233,16 +233,3 @@ def allgather_rows(fields: Mapping[str, Any], pad_values: Mapping[str, Any] | No
     return {k: np.concatenate([np.asarray(gathered[k][p])[:int(sizes[p, 0])]
                                for p in range(sizes.shape[0])]).astype(local[k].dtype) for k in names}
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m memsearcher_jax.distributed train ...`: join the job, then run the CLI."""
-    import sys
-
-    initialize_from_env()
-    from memsearcher_jax.cli import main as cli_main
-
-    return cli_main(list(sys.argv[1:] if argv is None else argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

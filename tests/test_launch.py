@@ -55,7 +55,7 @@ def test_tpu_dry_run_prints_create_install_and_one_train_command_for_all_workers
     assert train[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ms"] and "--worker=all" in train
     remote = train[-1].removeprefix("--command=")
     inner = shlex.split(remote.split("&&", 1)[1].split("2>&1")[0])
-    assert inner == ["python", "-m", "memsearcher_jax.distributed", "train", "--config",
+    assert inner == ["python", "-m", "memsearcher_jax.cli", "--multihost", "train", "--config",
                      _relative(path), "--config.retrieval.kind=http",
                      "--config.retrieval.url=http://10.0.0.2:8000", "--config.train.steps=7"]
     assert remote.endswith("| tee ~/train.log")
@@ -95,9 +95,9 @@ def test_slurm_dry_run_prints_the_script_and_sbatch(path, capsys, tmp_path):
     assert 'MEMSEARCHER_COORDINATOR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):8476"' in body
     srun = next(l for l in out if l.startswith("srun "))
     task = shlex.split(srun)[-1]
-    assert task.startswith("export MEMSEARCHER_PROCESS_ID=$SLURM_PROCID; exec python -m memsearcher_jax.distributed")
+    assert task.startswith("export MEMSEARCHER_PROCESS_ID=$SLURM_PROCID; exec python -m memsearcher_jax.cli --multihost")
     assert shlex.split(task.split("exec ", 1)[1]) == [
-        "python", "-m", "memsearcher_jax.distributed", "train", "--config", _relative(path),
+        "python", "-m", "memsearcher_jax.cli", "--multihost", "train", "--config", _relative(path),
         "--config.retrieval.kind=index", "--config.retrieval.index_dir=/shared/e5", "--config.train.steps=3"]
     assert not os.path.exists(script)  # a dry run writes nothing
 
@@ -144,7 +144,7 @@ def test_dry_run_in_a_fresh_process_loads_the_recipe_without_jax(mod, args):
     code = f"import sys; from launch import {mod}; rc = {mod}.main({args!r}); print('JAX', 'jax' in sys.modules); sys.exit(rc)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "memsearcher_jax.distributed train" in out.stdout and "JAX False" in out.stdout
+    assert "memsearcher_jax.cli --multihost train" in out.stdout and "JAX False" in out.stdout
 
 
 # ----------------------------------------------------------------------------- distributed env
