@@ -23,9 +23,14 @@ import numpy as np
 from flax import nnx
 
 from memsearcher_jax import distributed
-from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION,
-                                           MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt,
-                                           react_system_prompt)
+from memsearcher_jax.agent.prompts import (
+    COMPACT_SYSTEM_PROMPT,
+    COMPACT_UPDATE_INSTRUCTION,
+    MEMORY_UPDATE_INSTRUCTION,
+    PromptBuilder,
+    memsearcher_system_prompt,
+    react_system_prompt,
+)
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
 from memsearcher_jax.data.tokenizer import load_tokenizer
@@ -41,6 +46,9 @@ from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.sampling.sampler import check_query_block
+from retrieval.bm25 import BM25Retriever
+from retrieval.client import HTTPRetriever
+from retrieval.loading import load_retriever
 
 
 class TrainConfigError(UserInputError):
@@ -194,18 +202,12 @@ def stop_token_ids(cfg: ml_collections.ConfigDict, tokenizer) -> list[int]:
 def build_retriever(cfg: ml_collections.ConfigDict, world_paths=None):
     kind = cfg.retrieval.kind
     if kind == "http":
-        from retrieval.client import HTTPRetriever
-
         return HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api)
     if kind == "index":
-        from retrieval.loading import load_retriever
-
         return load_retriever(os.path.expanduser(cfg.retrieval.index_dir))
     if world_paths is None:
         raise TrainConfigError("retrieval.kind=bm25 without a saved index needs the synthetic world; "
                                "use retrieval.kind=index with a directory built by `memsearcher-jax index`")
-    from retrieval.bm25 import BM25Retriever  # bm25s is a heavy import, only for this kind
-
     return BM25Retriever.from_passages(read_jsonl(world_paths.corpus))
 
 

@@ -21,7 +21,13 @@ from collections import defaultdict
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 
+from memsearcher_jax import planner
+from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.experiment import build_sampler
+from memsearcher_jax.models import Qwen2, ShardingConfig, make_mesh
+from memsearcher_jax.models.hf_io import param_sharding
 
 # The prefill row's calibrated range on XLA CPU (tests/test_planner.py): planned / measured.
 LOW, HIGH = 0.8, 1.35
@@ -41,11 +47,6 @@ def random_model(mc, mesh):
     """A Qwen2 of config `mc` with small random weights, created shard by shard straight into
     the sampling layout on `mesh` and stored in the compute dtype (what the Sampler keeps), so
     no device ever holds the whole f32 model (14B: 59 GB)."""
-    from flax import nnx
-
-    from memsearcher_jax.models import Qwen2, ShardingConfig
-    from memsearcher_jax.models.hf_io import _param_sharding
-
     mc = dataclasses.replace(mc, param_dtype=mc.dtype)
     sharding = ShardingConfig.sampling()
     abstract = nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0), mesh=mesh, sharding=sharding))
@@ -60,7 +61,7 @@ def random_model(mc, mesh):
             sub = tuple(len(range(*i.indices(d))) for i, d in zip(index, shape)) if index else shape
             return (0.02 * rng.standard_normal(sub, np.float32)).astype(dtype)
 
-        var.set_value(jax.make_array_from_callback(shape, _param_sharding(name, shape, mesh, sharding), block))
+        var.set_value(jax.make_array_from_callback(shape, param_sharding(name, shape, mesh, sharding), block))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
@@ -75,12 +76,6 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
     attention's row loop on (True) or off (False, the accelerators' form); None: the Sampler's
     own choice for this platform.
     """
-    from flax import nnx
-
-    from memsearcher_jax import planner
-    from memsearcher_jax.models import Qwen2, make_mesh
-    from memsearcher_jax.experiment import build_sampler
-
     mc = planner.model_config_for_plan(cfg)
     n = math.prod(call.mesh)
     if n > len(jax.devices()):
@@ -124,8 +119,6 @@ def compare(cfg, rows: int | None = None, attention_by_row: bool | None = None) 
     weights. rows: sample this many rows per call instead of sampler.batch_size (a smaller
     call fits a smaller device; the plan is redone for it). attention_by_row: as in
     measure_sampler_call."""
-    from memsearcher_jax import planner
-
     if rows:  # on a copy: the caller's config stays as it was
         cfg = ml_collections.ConfigDict(cfg.to_dict())
         cfg.sampler.batch_size = int(rows)
@@ -137,8 +130,6 @@ def compare(cfg, rows: int | None = None, attention_by_row: bool | None = None) 
 
 
 def main(argv=None) -> int:
-    from memsearcher_jax.config_utils import load_config, split_overrides
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="a training config (a recipe); --config.KEY=VALUE overrides")
     ap.add_argument("--rows", type=int, default=0, help="rows per sampler call (default: sampler.batch_size)")

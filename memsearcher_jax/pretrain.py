@@ -26,17 +26,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
+from safetensors import safe_open
 
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, probe_items
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
+from memsearcher_jax.experiment import TrainConfigError
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 from memsearcher_jax.rl.trainer import MetricsWriter
-from memsearcher_jax.experiment import TrainConfigError
 
 BASE_MANIFEST = "base_manifest.json"
 
@@ -153,8 +155,6 @@ class _Prefetch:
 
 def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list[str] | None = None) -> dict:
     """Train (or resume) the reading base and export it; returns the summary dict."""
-    import orbax.checkpoint as ocp
-
     validate_pretrain(cfg)
     t = cfg.train
     out = os.path.abspath(os.path.expanduser(t.output_dir))
@@ -241,8 +241,6 @@ def _sha256(path: str) -> str:
 def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict, probe: dict,
                 argv: list[str] | None = None) -> str:
     """bf16 Hugging Face directory + base_manifest.json (command, config, probe, file hashes)."""
-    from safetensors import safe_open
-
     save_pretrained(model, out_dir, tokenizer_dir=vocab_dir, dtype="bfloat16")
     files = {}
     for name in sorted(os.listdir(out_dir)):

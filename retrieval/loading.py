@@ -1,6 +1,11 @@
 """Open any saved index directory as a `Retriever`, dispatching on its manifest's kind."""
 from __future__ import annotations
 
+import dataclasses
+
+from retrieval.bm25 import BM25Retriever
+from retrieval.dense import DenseRetriever
+from retrieval.encoder import DenseEncoder, EncoderConfig
 from retrieval.index import IndexConfig, read_manifest
 
 
@@ -13,14 +18,7 @@ def load_retriever(index_dir: str, *, encoder_dir: str | None = None, nprobe: in
     """
     m = read_manifest(index_dir)
     if m["kind"] == "bm25":
-        from retrieval.bm25 import BM25Retriever
-
         return BM25Retriever.load(index_dir)
-    import dataclasses
-
-    from retrieval.dense import DenseRetriever
-    from retrieval.encoder import DenseEncoder, EncoderConfig
-
     enc_cfg = EncoderConfig(**m["encoder"])
     if encoder_dir is not None:
         enc_cfg = dataclasses.replace(enc_cfg, model_dir=encoder_dir)

@@ -33,6 +33,7 @@ from memsearcher_jax.data.demos import DemoConfig, demo_conversations, make_demo
 from memsearcher_jax.data.synthetic import generate_world
 from memsearcher_jax.data.vocab import ReadingVocab
 from retrieval.base import Hit
+from retrieval.bm25 import BM25Retriever
 
 KINDS = ("repeat", "recall", "cloze", "demo")
 
@@ -178,8 +179,6 @@ class Curriculum:
         self.weights = [w for _, w in config.mix]
 
     def _world_rows(self, rng: random.Random) -> list[Row]:
-        from retrieval.bm25 import BM25Retriever  # bm25s is a heavy import
-
         cfg = self.config
         seed = rng.randrange(2 ** 31)
         world = generate_world(seed, num_entities=cfg.world_entities, heldout_fraction=0.0, names=self.names)

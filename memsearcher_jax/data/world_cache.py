@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from typing import Sequence
 
+from tokenizers import Tokenizer
+
 from memsearcher_jax.data.synthetic import generate_world, save_world
 from memsearcher_jax.data.tokenizer import train_tokenizer
 from memsearcher_jax.data.vocab import MANIFEST, ReadingVocab, vocab_fingerprint
@@ -81,8 +83,6 @@ def _build(tmp: str, seed: int, num_entities: int, num_countries: int, heldout_f
         train_tokenizer(world.texts(), paths.tokenizer_dir, vocab_size=vocab_size,
                         extra_texts=list(FORMAT_TEXTS) + list(extra_texts),
                         word_pieces=None if whole_names else world.name_pieces())
-    from tokenizers import Tokenizer  # the raw tokenizer is enough for length statistics
-
     tok = Tokenizer.from_file(os.path.join(paths.tokenizer_dir, "tokenizer.json"))
 
     def mean_len(texts: list[str]) -> float:

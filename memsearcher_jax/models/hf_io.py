@@ -162,7 +162,7 @@ def our_shape(rule: KeyRule, cfg: ModelConfig) -> tuple[int, ...]:
     return (cfg.num_layers,) + one if rule.stacked else one
 
 
-def _param_sharding(name: str, shape, mesh: Mesh | None, sharding: ShardingConfig):
+def param_sharding(name: str, shape, mesh: Mesh | None, sharding: ShardingConfig):
     if mesh is None:
         return SingleDeviceSharding(jax.devices()[0])
     return NamedSharding(mesh, fit_spec(shape, param_spec(name, len(shape), sharding), mesh))
@@ -228,7 +228,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dt
             layers = range(cfg.num_layers)[index[0]]
             return np.stack([layer_tensor(i)[index[1:]] for i in layers])
 
-        return jax.make_array_from_callback(shape, _param_sharding(rule.ours, shape, mesh, sharding), callback)
+        return jax.make_array_from_callback(shape, param_sharding(rule.ours, shape, mesh, sharding), callback)
 
     abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0), mesh=mesh, sharding=sharding))
     graphdef, state = nnx.split(abstract)
@@ -258,7 +258,7 @@ def shard_model(model: Qwen2, mesh: Mesh, sharding: ShardingConfig, move_dtype=N
     for k, var in flat:
         name = ".".join(str(p) for p in k)
         value = var.get_value()
-        target = _param_sharding(name, value.shape, mesh, sharding)
+        target = param_sharding(name, value.shape, mesh, sharding)
         if move_dtype is not None and not (isinstance(value, jax.Array)
                                            and value.sharding.is_equivalent_to(target, value.ndim)):
             value = value.astype(move_dtype)

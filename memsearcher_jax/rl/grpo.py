@@ -19,16 +19,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, token_logprobs
-from memsearcher_jax.rl.losses import LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, weighted_loss_sum
+from memsearcher_jax.rl.losses import (
+    LossConfig,
+    aggregation_weights,
+    masked_aux_sums,
+    per_token_loss,
+    weighted_loss_sum,
+)
 from memsearcher_jax.rl.reward import RewardResult, compute_reward
 from memsearcher_jax.sampling.buckets import bucket
-
 
 # ----------------------------------------------------------------------------- rows
 
@@ -177,8 +184,6 @@ def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.ra
 def _to_host(x: jax.Array) -> np.ndarray:
     """Fetch a (possibly multi-host sharded) array to every host."""
     if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
 

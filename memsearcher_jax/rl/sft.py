@@ -20,10 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
+from memsearcher_jax.rl.learner import (
+    Learner,
+    OptimConfig,
+    apply_update,
+    make_optimizer,
+    tie_row_updates,
+    token_logprobs,
+)
 from memsearcher_jax.sampling.buckets import bucket
-from memsearcher_jax.rl.learner import (Learner, OptimConfig, apply_update, make_optimizer, tie_row_updates,
-                                        token_logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,8 +266,6 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     history = []
     bar = None
     if config.progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=config.steps, desc="sft", leave=False)
     for step in range(config.steps):
         if pos + bs > n:
