@@ -116,6 +116,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.save_every = 10
     c.train.keep = 3
     c.train.eval_questions = 100     # held-out questions scored before and after GRPO (0: skip)
+    c.train.eval_per_set = 0         # instead: the first N of every evaluation set (real data, 7 benchmarks)
+    c.train.eval_every = 0           # steps between held-out evaluations during GRPO (eval/em ...; 0: none);
+                                     # the best params by eval/em are kept in OUTPUT/best/ (export-hf --best)
+    c.train.log_samples_every = 0    # steps between sample trajectories logged as text (0: none)
+    c.train.wandb_project = ""       # also log to Weights & Biases ("" : off; WANDB_MODE=offline works)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1

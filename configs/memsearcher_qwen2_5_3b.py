@@ -51,6 +51,8 @@ def get_config():
     c.train.save_every = 20
     c.train.keep = 3
     c.train.eval_questions = 0
+    c.train.eval_every = 50          # the 7 benchmarks under data.eval_path, every 50 steps; best kept
+    c.train.eval_per_set = 200       # the first 200 questions of each (Search-R1's evaluation limit)
     c.mesh.data = 1
     c.mesh.fsdp = 4
     c.mesh.tp = 2

@@ -62,7 +62,7 @@ def cmd_eval(args) -> int:
 def cmd_export(args) -> int:
     from memsearcher_jax.jobs import export_checkpoint
 
-    path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype)
+    path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype, best=args.best)
     print(f"wrote Hugging Face model to {path}")
     return 0
 
@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="training output dir or its checkpoints/ dir")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--best", action="store_true",
+                   help="the params with the highest held-out eval/em (kept in OUTPUT/best/ when train.eval_every > 0)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="tensor dtype to write (default: the parameter dtype)")
     p.set_defaults(func=cmd_export)

@@ -74,11 +74,17 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
                       min_seq_len=rl.min_seq_len, loss=loss, optim=OptimConfig(**cfg.optim.to_dict()))
 
 
+def output_path(path: str) -> str:
+    """A local output path made absolute; a remote one (gs://, s3://) as it is."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
 def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
     t = cfg.train
     return LoopConfig(steps=t.steps, batch_questions=cfg.rl.batch_questions, group_size=cfg.rl.group_size,
-                      seed=t.seed, output_dir=os.path.abspath(os.path.expanduser(t.output_dir)),
-                      save_every=t.save_every, keep=t.keep, sampling_dtype=cfg.model.dtype)
+                      seed=t.seed, output_dir=output_path(t.output_dir), save_every=t.save_every, keep=t.keep,
+                      sampling_dtype=cfg.model.dtype, eval_every=t.eval_every,
+                      log_samples_every=t.log_samples_every, wandb_project=t.wandb_project)
 
 
 def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
@@ -105,6 +111,9 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
     if cfg.train.save_every < 1 or cfg.train.keep < 1:
         problems.append("train.save_every and train.keep must be >= 1")
+    for key in ("eval_every", "eval_questions", "eval_per_set", "log_samples_every"):
+        if cfg.train[key] < 0:
+            problems.append(f"train.{key} must be >= 0, got {cfg.train[key]}")
     if cfg.retrieval.kind not in ("bm25", "index", "http"):
         problems.append(f"retrieval.kind must be bm25, index or http, got {cfg.retrieval.kind!r}")
     if cfg.retrieval.kind == "http" and not cfg.retrieval.url:
@@ -271,8 +280,11 @@ def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, po
     learner = GRPOLearner(policy, grpo_config(cfg), mesh=mesh)
     sampler = build_sampler(cfg, sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype), sampler_mesh)
     runner = AgentRunner(setup.builder, sampler, setup.retriever, agent_config(cfg))
+    held_out = eval_questions(cfg, setup)
+    evaluate_fn = (lambda s: {k: v for k, v in evaluate(eval_runner(cfg, setup, s), held_out).items()
+                              if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
     return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop_config(cfg), mesh=mesh,
-                   sampler_mesh=sampler_mesh, progress=progress,
+                   sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn,
                    meta={"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))})
 
 
@@ -284,6 +296,15 @@ def eval_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler, workflow:
     if workflow:
         agent = dataclasses.replace(agent, workflow=workflow)
     return AgentRunner(setup.builder, sampler, setup.retriever, agent)
+
+
+def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
+    """The held-out questions a run scores (before/after and every train.eval_every steps): the
+    first train.eval_per_set of every evaluation set when that is set, else the first
+    train.eval_questions of them all."""
+    if cfg.train.eval_per_set:
+        return [q for rows in setup.eval_sets.values() for q in rows[:cfg.train.eval_per_set]]
+    return setup.eval_questions[:cfg.train.eval_questions]
 
 
 def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:

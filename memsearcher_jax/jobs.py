@@ -17,7 +17,7 @@ from flax import nnx
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
-                                        eval_runner, evaluate, load_policy, sampling_mesh, validate)
+                                        eval_questions, eval_runner, evaluate, load_policy, sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
@@ -86,9 +86,8 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
 def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:
     """Greedy held-out EM of `model` on the first train.eval_questions held-out questions, as
     the default job measures it (a sampler only)."""
-    n_eval = min(cfg.train.eval_questions, len(setup.eval_questions))
     runner = eval_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
-    return evaluate(runner, setup.eval_questions[:n_eval])["em"]
+    return evaluate(runner, eval_questions(cfg, setup))["em"]
 
 
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
@@ -109,10 +108,10 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat)
     trainer = build_trainer(cfg, setup, policy)
-    n_eval = min(cfg.train.eval_questions, len(setup.eval_questions))
+    eval_qs = eval_questions(cfg, setup)
+    n_eval = len(eval_qs)
     summary_path = os.path.join(out, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    eval_qs = setup.eval_questions[:n_eval]
     if n_eval and "em_before" not in summary:
         _log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
         before = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
@@ -143,10 +142,13 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
 
 # ----------------------------------------------------------------------------- checkpoints -> HF
 
-def _checkpoint_manager(path: str):
+def _checkpoint_manager(path: str, best: bool = False):
     path = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        path = os.path.join(path, "checkpoints")
+    sub = "best" if best else "checkpoints"
+    if os.path.isdir(os.path.join(path, sub)):
+        path = os.path.join(path, sub)
+    elif best:
+        raise FileNotFoundError(f"no best/ checkpoint in {path}: it is written when train.eval_every > 0")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no checkpoint directory at {path}")
     mngr = ocp.CheckpointManager(path)
@@ -155,9 +157,10 @@ def _checkpoint_manager(path: str):
     return mngr
 
 
-def restore_policy(checkpoint: str, step: int | None = None) -> tuple[Qwen2, dict]:
-    """A Qwen2 with the params of a training checkpoint (latest step by default), and its metadata."""
-    mngr = _checkpoint_manager(checkpoint)
+def restore_policy(checkpoint: str, step: int | None = None, best: bool = False) -> tuple[Qwen2, dict]:
+    """A Qwen2 with the params of a training checkpoint (latest step by default; best=True: the
+    params with the highest eval/em, kept in best/), and its metadata."""
+    mngr = _checkpoint_manager(checkpoint, best)
     step = mngr.latest_step() if step is None else step
     if step not in mngr.all_steps():
         raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
@@ -170,8 +173,9 @@ def restore_policy(checkpoint: str, step: int | None = None) -> tuple[Qwen2, dic
     return nnx.merge(graphdef, params), meta
 
 
-def export_checkpoint(checkpoint: str, out: str, step: int | None = None, dtype: str | None = None) -> str:
-    model, meta = restore_policy(checkpoint, step)
+def export_checkpoint(checkpoint: str, out: str, step: int | None = None, dtype: str | None = None,
+                      best: bool = False) -> str:
+    model, meta = restore_policy(checkpoint, step, best)
     tok = meta.get("tokenizer_dir")
     return save_pretrained(model, out, tokenizer_dir=tok if tok and os.path.isdir(tok) else None, dtype=dtype)
 

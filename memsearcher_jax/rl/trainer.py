@@ -18,20 +18,20 @@ same tokens as one process.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
+from typing import Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 from tqdm.auto import tqdm
 
 from memsearcher_jax import distributed
-from memsearcher_jax.agent.rollout import AgentRunner, Trajectory
+from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
-from memsearcher_jax.rl.advantages import zero_variance_fraction
+from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
 from memsearcher_jax.rl.grpo import GRPOLearner, RowBatch, pack_rows, score_trajectories, trajectory_advantages
 
 
@@ -45,6 +45,10 @@ class LoopConfig:
     save_every: int = 10
     keep: int = 3                       # checkpoints kept
     sampling_dtype: str = "float32"     # the dtype weights move in when re-laid out for the sampler
+    eval_every: int = 0                 # steps between held-out evaluations (0: none); the best is kept
+    log_samples_every: int = 0          # steps between sample trajectories logged as text (0: none)
+    samples_per_log: int = 4
+    wandb_project: str = ""             # also log to Weights & Biases ("" : off)
 
 
 def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> tuple[list[dict], int]:
@@ -80,82 +84,29 @@ def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> Qwen
 
 # ----------------------------------------------------------------------------- the loop
 
-def rollout_metrics(trajs: list[Trajectory], results, rows) -> dict:
-    rewards = np.array([r.reward for r in results])
-    groups = np.array([t.group_id for t in trajs])
-    ctx = [c for t in trajs for c in t.context_tokens]
-    mem = [n for t in trajs for n in t.memory_tokens]
-    return {
-        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-        "em": float(np.mean([r.em for r in results])), "f1": float(np.mean([r.f1 for r in results])),
-        "format_error_rate": float(np.mean([not r.format_ok for r in results])),
-        "zero_variance_groups": float(zero_variance_fraction(rewards, groups)),
-        "turns_per_trajectory": float(np.mean([len(t.conversations) for t in trajs])),
-        "searches_per_trajectory": float(np.mean([t.num_searches for t in trajs])),
-        "memory_tokens_mean": float(np.mean(mem)) if mem else 0.0,
-        "context_tokens_mean": float(np.mean(ctx)) if ctx else 0.0,
-        "context_tokens_max": float(np.max(ctx)) if ctx else 0.0,
-        "response_tokens_mean": float(np.mean([len(c.response_ids) for t in trajs for c in t.conversations])),
-        "rows": int(rows.num_rows),
-    }
-
-
-class MetricsWriter:
-    """TensorBoard scalars + one JSON line per step."""
-
-    def __init__(self, log_dir: str, resume_step: int = 0):
-        """resume_step: the step a resumed run restarts after; lines logged past it by the run
-        that died are dropped (TensorBoard purges them too), so every step is logged once."""
-        os.makedirs(log_dir, exist_ok=True)
-        path = os.path.join(log_dir, "metrics.jsonl")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                kept = [line for line in f if line.endswith("\n") and json.loads(line)["step"] <= resume_step]
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(kept)
-            os.replace(path + ".tmp", path)
-        self.jsonl = open(path, "a", encoding="utf-8")
-        try:
-            from tensorboardX import SummaryWriter
-
-            self.tb = SummaryWriter(log_dir, purge_step=resume_step + 1 if resume_step else None)
-        except ImportError:  # TensorBoard is optional
-            self.tb = None
-
-    def write(self, step: int, metrics: dict):
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}
-        self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
-        self.jsonl.flush()
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-
-    def close(self):
-        self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
 class Trainer:
     """Runs (or resumes) GRPO: `train()`. Built from a config by `experiment.build_trainer`.
 
     learner: the GRPOLearner (its mesh is `mesh`); runner: the turn loop over `runner.sampler`,
     which gets the learner's weights after every update; questions: the training questions;
-    meta: extra fields for each checkpoint's metadata (e.g. the tokenizer directory).
+    evaluate: sampler -> {"em", "f1", "turns", ...} on held-out questions (every
+    loop.eval_every steps; the best params by eval/em are kept in best/); meta: extra fields
+    for each checkpoint's metadata (e.g. the tokenizer directory).
     """
 
     def __init__(self, learner: GRPOLearner, runner: AgentRunner, questions: list[dict], pad_id: int,
-                 loop: LoopConfig, mesh=None, sampler_mesh=None, meta: dict | None = None, progress: bool = True):
+                 loop: LoopConfig, mesh=None, sampler_mesh=None, meta: dict | None = None, progress: bool = True,
+                 evaluate: Callable | None = None):
         self.learner, self.runner, self.sampler = learner, runner, runner.sampler
         self.questions, self.pad_id, self.loop = questions, pad_id, loop
         self.mesh, self.sampler_mesh = mesh, sampler_mesh
-        self.meta, self.progress = dict(meta or {}), progress
+        self.meta, self.progress, self.evaluate = dict(meta or {}), progress, evaluate
         self.num_hosts = jax.process_count()
-        self.out_dir = loop.output_dir
-        os.makedirs(self.out_dir, exist_ok=True)
+        self.out_dir = epath.Path(loop.output_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.step = 0
-        self._ckpt = None
+        self._ckpt = self._best = None
+        self._last_samples: list = []
 
     def _sampling_model(self) -> Qwen2:
         return sampling_model(self.learner, self.mesh, self.sampler_mesh, self.loop.sampling_dtype)
@@ -165,8 +116,25 @@ class Trainer:
     def checkpoints(self):
         if self._ckpt is None:
             opts = ocp.CheckpointManagerOptions(max_to_keep=self.loop.keep, enable_async_checkpointing=True)
-            self._ckpt = ocp.CheckpointManager(os.path.join(self.out_dir, "checkpoints"), options=opts)
+            self._ckpt = ocp.CheckpointManager(self.out_dir / "checkpoints", options=opts)
         return self._ckpt
+
+    @property
+    def best(self):
+        """best/: the params with the highest eval/em so far (Orbax keeps one, by best_fn)."""
+        if self._best is None:
+            opts = ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["eval/em"], best_mode="max")
+            self._best = ocp.CheckpointManager(self.out_dir / "best", options=opts)
+        return self._best
+
+    def _evaluate(self, metrics: dict) -> None:
+        got = self.evaluate(self.sampler)
+        metrics.update({f"eval/{k}": v for k, v in got.items() if isinstance(v, (int, float))})
+        meta = {"step": self.step, "model_config": dataclasses.asdict(self.learner.model().config), **self.meta}
+        self.best.save(self.step, args=ocp.args.Composite(params=ocp.args.StandardSave(self.learner.params),
+                                                          meta=ocp.args.JsonSave(meta)),
+                       metrics={"eval/em": float(got["em"])})
+        self.best.wait_until_finished()
 
     def save(self, block: bool = False):
         meta = {"step": self.step, "data_position": self.step * self.loop.batch_questions,
@@ -224,7 +192,9 @@ class Trainer:
         stats = self.runner.stats
         # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
         # "rows" and the update's metrics are global.
-        metrics = rollout_metrics(trajs, results, rows)
+        metrics = rollout_metrics(trajs, results, rows.num_rows)
+        if self.loop.log_samples_every and self.step % self.loop.log_samples_every == 0:
+            self._last_samples = sample_records(trajs, results, self.runner.builder.decode, self.loop.samples_per_log)
         metrics.update(update)
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps,
@@ -239,16 +209,22 @@ class Trainer:
         steps = self.loop.steps if steps is None else steps
         self.maybe_resume()
         lead = jax.process_index() == 0  # one host writes the logs and draws the bar
-        writer = MetricsWriter(os.path.join(self.out_dir, "logs"), resume_step=self.step) if lead else None
+        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step, wandb_project=self.loop.wandb_project,
+                                run_name=self.out_dir.name) if lead else None)
         history = []
         bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not (self.progress and lead),
                    dynamic_ncols=True)
         try:
             while self.step < steps:
                 m = self.train_step()
+                if self.evaluate is not None and self.loop.eval_every and self.step % self.loop.eval_every == 0:
+                    self._evaluate(m)
                 history.append(m)
                 if writer is not None:
                     writer.write(self.step, m)
+                    if self._last_samples:
+                        writer.write_samples(self.step, self._last_samples)
+                        self._last_samples = []
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", em=f"{m['em']:.2f}", kl=f"{m['approx_kl']:.4f}")
                 if self.step % self.loop.save_every == 0 or self.step == steps:
