@@ -4,15 +4,15 @@ Layer parameters are stacked along a leading [L] axis, so the same parameter lay
 serves a Python loop over layers and `lax.scan` (`ModelConfig.scan_layers`), and the
 Hugging Face key table maps `model.layers.{i}.*` onto slice i of one array.
 
-Two entry points:
-- `model(input_ids, positions=None, attention_mask=None) -> logits [B, T, V]` for
-  training and scoring padded batches (left or right padding, causal + padding mask);
-- `model.forward_cached(...)` for the sampler: writes K/V for a chunk of tokens into a
-  preallocated cache at `write_index` and attends over the cache's valid slots.
+`model(input_ids, positions=None, attention_mask=None) -> logits [B, T, V]` trains and
+scores padded batches (left or right padding, causal + padding mask).
+
+The decoder's math is written once, as the module-level functions below (RMSNorm, rope,
+the SwiGLU activation, the attention mask, scores and softmax): `Qwen2._layer` uses them
+and so does the sampler's `sampling.layers.LayerMath`, which keeps only its own weight
+layout and its cached-attention forms.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,14 +22,7 @@ from jax.sharding import Mesh
 from memsearcher_jax.models.config import ModelConfig
 from memsearcher_jax.models.sharding import ShardingConfig, constrain
 
-_NEG = -1e30  # finite "minus infinity": a fully masked (padding) query row stays finite
-
-
-class KVCache(NamedTuple):
-    """Per-layer keys and values, stacked: k, v [L, B, S, K, Dh]."""
-
-    k: jax.Array
-    v: jax.Array
+NEG_INF = -1e30  # finite "minus infinity": a fully masked (padding) query row stays finite
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -55,6 +48,30 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """The MLP's activation on its gate and up projections: silu(gate) * up."""
+    return jax.nn.silu(gate) * up
+
+
+def slot_mask(valid: jax.Array, first_slot, t: int) -> jax.Array:
+    """valid [B, S] (slots holding real tokens) -> mask [B, T, S] (True = may attend): the
+    query at slot first_slot + i attends to the valid slots up to its own. With
+    first_slot 0 and S == T it is the causal + padding mask of a padded batch."""
+    q_slot = first_slot + jnp.arange(t)
+    return valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= q_slot[None, :, None])
+
+
+def masked_scores(scores: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Raw q.k products -> scaled scores, NEG_INF where `mask` (broadcast against them) is False."""
+    return jnp.where(mask, scores * scale, NEG_INF)
+
+
+def attention_weights(scores: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Raw q.k products -> softmax over the last axis (the slots) of masked_scores, in the
+    products' dtype (float32 everywhere here)."""
+    return jax.nn.softmax(masked_scores(scores, mask, scale), axis=-1)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention.
 
@@ -65,9 +82,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     kh = k.shape[2]
     qg = q.reshape(b, t, kh, h // kh, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (d ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    probs = attention_weights(scores, mask[:, None, None, :, :], d ** -0.5).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, d)
 
@@ -120,7 +135,7 @@ class Qwen2(nnx.Module):
             self.lm_head = nnx.Param(_init(rngs, (config.hidden_size, config.vocab_size), pd))
 
     # ----- one layer, a pure function of its (sliced) parameters -----
-    def _layer(self, p: dict, x: jax.Array, cos, sin, mask, kv_in=None, write_index=None):
+    def _layer(self, p: dict, x: jax.Array, cos, sin, mask):
         cfg, sh, mesh = self.config, self.sharding, self.mesh
         dt = jnp.dtype(cfg.dtype)
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
@@ -129,47 +144,23 @@ class Qwen2(nnx.Module):
         v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt)) + p["v_bias"].astype(dt)
         q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
         k = apply_rope(k, cos, sin)
-        kv_out = None
-        if kv_in is not None:
-            ck, cv = kv_in  # [B, S, K, Dh]
-            ck = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), write_index, axis=1)
-            cv = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), write_index, axis=1)
-            kv_out = (ck, cv)
-            k, v = ck.astype(dt), cv.astype(dt)
-        attn = attention(q, k, v, mask)
-        attn = constrain(attn, sh.act_bthd, mesh)
+        attn = constrain(attention(q, k, v, mask), sh.act_bthd, mesh)
         x = x + constrain(jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
         gate = jnp.einsum("btd,df->btf", h, p["gate_kernel"].astype(dt))
         up = jnp.einsum("btd,df->btf", h, p["up_kernel"].astype(dt))
-        act = constrain(jax.nn.silu(gate) * up, sh.act_btf, mesh)
-        x = x + constrain(jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), sh.act_btd, mesh)
-        return x, kv_out
+        act = constrain(swiglu(gate, up), sh.act_btf, mesh)
+        return x + constrain(jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), sh.act_btd, mesh)
 
-    def _run_layers(self, x, cos, sin, mask, cache: KVCache | None, write_index):
+    def _run_layers(self, x, cos, sin, mask):
         params = self.layers.stacked()
-        layer = self._layer
-        if self.config.remat:
-            layer = jax.checkpoint(layer)
+        layer = jax.checkpoint(self._layer) if self.config.remat else self._layer
         if self.config.scan_layers:
-            def body(carry, xs):
-                p, kv = xs
-                y, kv_out = layer(p, carry, cos, sin, mask, kv, write_index)
-                return y, kv_out
-            kv_xs = (cache.k, cache.v) if cache is not None else None
-            x, kv_ys = jax.lax.scan(body, x, (params, kv_xs))
-            new_cache = KVCache(*kv_ys) if cache is not None else None
-            return x, new_cache
-        new_k, new_v = [], []
+            x, _ = jax.lax.scan(lambda carry, p: (layer(p, carry, cos, sin, mask), None), x, params)
+            return x
         for i in range(self.config.num_layers):
-            p = {n: a[i] for n, a in params.items()}
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x, kv_out = layer(p, x, cos, sin, mask, kv, write_index)
-            if kv_out is not None:
-                new_k.append(kv_out[0])
-                new_v.append(kv_out[1])
-        new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v)) if cache is not None else None
-        return x, new_cache
+            x = layer({n: a[i] for n, a in params.items()}, x, cos, sin, mask)
+        return x
 
     def _embed(self, input_ids):
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.dtype(self.config.dtype))
@@ -195,10 +186,7 @@ class Qwen2(nnx.Module):
             # Count real tokens so left padding gives positions 0.. on the real tokens.
             positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        mask = causal[None] & attention_mask[:, None, :]
-        x = self._embed(input_ids)
-        x, _ = self._run_layers(x, cos, sin, mask, None, None)
+        x = self._run_layers(self._embed(input_ids), cos, sin, slot_mask(attention_mask, 0, t))
         return rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
 
     def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
@@ -209,27 +197,3 @@ class Qwen2(nnx.Module):
         the running count of real tokens, so left padding leaves real-token logits unchanged.
         """
         return self.logits_from_hidden(self.hidden_states(input_ids, positions, attention_mask))
-
-    def forward_cached(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
-                       kv_valid: jax.Array, write_index: jax.Array) -> tuple[jax.Array, KVCache]:
-        """One chunk through the model with a KV cache.
-
-        input_ids, positions [B, T]; cache k/v [L, B, S, K, Dh]; kv_valid [B, S] marks the
-        slots holding real tokens AFTER this chunk is written at slots
-        [write_index, write_index + T). A query at slot s attends to valid slots <= s.
-        Returns float32 logits [B, T, V] and the updated cache.
-        """
-        t = input_ids.shape[1]
-        s = cache.k.shape[2]
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        q_slot = write_index + jnp.arange(t)
-        mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
-        x = self._embed(input_ids)
-        x, cache = self._run_layers(x, cos, sin, mask, cache, write_index)
-        h = rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
-        return self.logits_from_hidden(h), cache
-
-    def init_cache(self, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
-        cfg = self.config
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))

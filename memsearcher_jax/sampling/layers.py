@@ -1,4 +1,9 @@
-"""The sampler's own weight layout and the decoder-layer math over its per-layer KV cache.
+"""The sampler's own weight layout and the decoder layer over its per-layer KV cache.
+
+The decoder's math (RMSNorm, rope, SwiGLU, the attention mask, scores and softmax) is
+models.qwen2's; what is the sampler's own is the weight layout below and the cached forms
+of attention (one token against the cache, a shared prefix plus each row's own slots,
+prefill in query blocks and one row at a time).
 
 Layout (one dict per layer; made once per `Sampler.update_params`, so its cost is not paid
 while decoding). Every matrix is stored output-major, [out..., in...]:
@@ -29,7 +34,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from memsearcher_jax.models.config import ModelConfig
-from memsearcher_jax.models.qwen2 import _NEG, apply_rope, rms_norm, rope_cos_sin
+from memsearcher_jax.models.qwen2 import (apply_rope, attention_weights, masked_scores, rms_norm, rope_cos_sin,
+                                          slot_mask, swiglu)
 from memsearcher_jax.models.sharding import ShardingConfig, constrain, fit_spec, param_spec
 
 
@@ -122,7 +128,7 @@ def cached_attention(q, k, v, mask, by_row: bool = False, query_block: int = 0):
     scale = d ** -0.5
     if t == 1:
         qg = q.reshape(b, kh, g, d).astype(jnp.float32)
-        probs = jax.nn.softmax(_one_token_scores(qg, k, mask, scale), axis=-1)
+        probs = attention_weights(_one_token_scores(qg, k), mask[:, None, :, :], scale)
         return _one_token_mix(probs, v).reshape(b, 1, h, d).astype(q.dtype)
     if by_row:
         return jax.lax.map(lambda a: _blocked_attention(*(x[None] for x in a), query_block)[0], (q, k, v, mask))
@@ -147,9 +153,9 @@ def prefixed_decode_attention(q, pk, pv, prefix_valid, k, v, mask):
     qg = q.reshape(b, kh, g, d).astype(jnp.float32)
     # Prefix: [K, B*G, Dh] x [K, P, Dh]^T -> [K, B*G, P]
     qk = qg.transpose(1, 0, 2, 3).reshape(kh, b * g, d)
-    s_pre = jax.lax.dot_general(qk, pk[0].astype(jnp.float32), (((2,), (2,)), ((0,), (0,)))) * scale
-    s_pre = jnp.where(prefix_valid[0][None, None, :], s_pre, _NEG)
-    s_own = _one_token_scores(qg, k, mask, scale)  # own slots, as cached_attention's one-token case
+    s_pre = jax.lax.dot_general(qk, pk[0].astype(jnp.float32), (((2,), (2,)), ((0,), (0,))))
+    s_pre = masked_scores(s_pre, prefix_valid[0][None, None, :], scale)
+    s_own = masked_scores(_one_token_scores(qg, k), mask[:, None, :, :], scale)  # own slots, as for one token
     s_pre = s_pre.reshape(kh, b, g, -1).transpose(1, 0, 2, 3)  # [B, K, G, P]
     top = jnp.maximum(jnp.max(s_pre, axis=-1, keepdims=True), jnp.max(s_own, axis=-1, keepdims=True))
     e_pre, e_own = jnp.exp(s_pre - top), jnp.exp(s_own - top)
@@ -160,11 +166,10 @@ def prefixed_decode_attention(q, pk, pv, prefix_valid, k, v, mask):
     return (out_pre + _one_token_mix(e_own / total, v)).reshape(b, 1, h, d).astype(q.dtype)
 
 
-def _one_token_scores(qg, k, mask, scale):
-    """qg [B, K, G, Dh] f32, cache k [B, K, S, Dh], mask [B, 1, S] -> masked f32 scores [B, K, G, S].
+def _one_token_scores(qg, k):
+    """qg [B, K, G, Dh] f32, cache k [B, K, S, Dh] -> raw f32 q.k products [B, K, G, S].
     Broadcast-multiply-reduce: XLA CPU runs it far faster than a batched dot of tiny matrices."""
-    scores = jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1) * scale
-    return jnp.where(mask[:, None, :, :], scores, _NEG)
+    return jnp.sum(qg[:, :, :, None, :] * k[:, :, None, :, :].astype(jnp.float32), axis=-1)
 
 
 def _one_token_mix(weights, v):
@@ -203,15 +208,15 @@ def _grouped_attention(q, k, v, mask):
     g = h // kh
     qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
     scores = jax.lax.dot_general(qg, k, (((3,), (3,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores.reshape(b, kh, g, t, -1) * d ** -0.5, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * t, -1)
+    probs = attention_weights(scores.reshape(b, kh, g, t, -1), mask[:, None, None], d ** -0.5)
+    probs = probs.astype(v.dtype).reshape(b, kh, g * t, -1)
     out = jax.lax.dot_general(probs, v, (((3,), (2,)), ((0, 1), (0, 1))))  # [B, K, G * T, Dh]
     return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class LayerMath:
     """Decoder layers over the sampler layout and a head-major per-layer cache [B, K, S, Dh]:
-    the same math as Qwen2._layer (tests compare with the model's full forward)."""
+    Qwen2._layer's math from the same functions (tests compare with the model's full forward)."""
 
     def __init__(self, config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None, weights_left: bool,
                  attention_by_row: bool, query_block: int = 0):
@@ -230,7 +235,7 @@ class LayerMath:
         cfg, sh, mesh = self.config, self.sharding, self.mesh
         dt = jnp.dtype(cfg.dtype)
         b, t = x.shape[:2]
-        H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        H, Dh = cfg.num_heads, cfg.head_dim
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
         if "qkv" in p:
             y = self._proj(h, p["qkv"]) + p["qkv_bias"].astype(dt)  # [B, T, K, G + 2, Dh]
@@ -255,7 +260,7 @@ class LayerMath:
         x = x + constrain(self._proj(attn, p["o"], 2), sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
         gate_up = self._proj(h, p["gate_up"])  # [B, T, 2, F]
-        act = constrain(jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1], sh.act_btf, mesh)
+        act = constrain(swiglu(gate_up[:, :, 0], gate_up[:, :, 1]), sh.act_btf, mesh)
         x = x + constrain(self._proj(act, p["down"]), sh.act_btd, mesh)
         return x, (ck, cv)
 
@@ -264,17 +269,15 @@ class LayerMath:
         """ids, positions [B, T] through all layers, writing K/V at slots [write_index, +T).
 
         cache: L pairs of [B, K, S, Dh]; kv_valid [B, S]: valid slots after the write; each
-        token attends to the valid slots up to its own (same masking as Qwen2.forward_cached),
-        or to those of `mask` [B, T, S] when given. prefix (decode only, T == 1): L pairs of
+        token attends to the valid slots up to its own (qwen2.slot_mask), or to those of
+        `mask` [B, T, S] when given. prefix (decode only, T == 1): L pairs of
         [1, K, P, Dh] every row attends to before its own slots, prefix_valid [1, P]. Returns
         final-normed hidden [B, T, D] and the new cache.
         """
         cfg = self.config
-        t, s = ids.shape[1], cache[0][0].shape[2]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
         if mask is None:
-            q_slot = write_index + jnp.arange(t)
-            mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slot[None, :, None])
+            mask = slot_mask(kv_valid, write_index, ids.shape[1])
         table = params["head"] if params["embed"] is None else params["embed"]  # tied: head is the table
         x = jnp.take(table, ids, axis=0).astype(jnp.dtype(cfg.dtype))
         new_cache = []
