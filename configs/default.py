@@ -100,6 +100,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.kl_clamp = 10.0
     c.rl.log_ratio_clamp = 20.0
     c.rl.entropy_coef = 0.001
+    c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap); 0 off
     c.rl.min_seq_len = 128
 
     c.optim = ml_collections.ConfigDict()
@@ -108,6 +109,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     c.optim.weight_decay = 0.01
     c.optim.max_grad_norm = 1.0
+    c.optim.schedule = "constant"    # "constant" (the recipe) | "cosine" (to 0.1x at the last optimizer step)
+    c.optim.warmup_steps = 0         # linear warm-up over this many optimizer steps
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 20

@@ -68,10 +68,11 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
     rl = cfg.rl
     loss = LossConfig(clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=rl.dual_clip, kl_coef=rl.kl_coef,
                       entropy_coef=rl.entropy_coef, aggregation=rl.aggregation, kl_clamp=rl.kl_clamp,
-                      log_ratio_clamp=rl.log_ratio_clamp, kl_estimator=rl.kl_estimator)
+                      log_ratio_clamp=rl.log_ratio_clamp, kl_estimator=rl.kl_estimator, tis_cap=rl.tis_cap)
     return GRPOConfig(optimizer_steps=rl.optimizer_steps, micro_batch_size=rl.micro_batch_size,
                       logprob_batch_size=rl.logprob_batch_size, shuffle_rows=rl.shuffle_rows,
-                      min_seq_len=rl.min_seq_len, loss=loss, optim=OptimConfig(**cfg.optim.to_dict()))
+                      min_seq_len=rl.min_seq_len, loss=loss,
+                      optim=OptimConfig(**cfg.optim.to_dict(), total_steps=cfg.train.steps * rl.optimizer_steps))
 
 
 def output_path(path: str) -> str:

@@ -213,3 +213,31 @@ def test_trajectory_mean_keeps_each_trajectory_in_one_minibatch(shuffle):
     # The row-shuffling modes do split trajectories (that is fine for a token mean).
     row_chunks = minibatch_row_indices(traj_ids, 3, np.random.default_rng(0), shuffle=True)
     assert sorted(np.concatenate(row_chunks).tolist()) == list(range(len(traj_ids)))
+
+
+def _trained(rows, tis_cap):
+    cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
+    learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(1)),
+                          GRPOConfig(optimizer_steps=1, micro_batch_size=6, logprob_batch_size=6,
+                                     loss=LossConfig(tis_cap=tis_cap), optim=OptimConfig(learning_rate=1e-3)))
+    learner.train_on_rows(rows, np.random.default_rng(0))
+    return jax.tree.leaves(jax.tree.map(np.asarray, learner.params))
+
+
+def test_truncated_importance_sampling_reaches_the_update():
+    from memsearcher_jax.models import Qwen2 as _Q
+    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
+
+    rows = _toy_rows()
+    # The sampler agreed with the trainer: every weight is min(1, cap) = 1, the same update as without TIS.
+    model = _Q(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1))
+    rows.sampler_logp = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens),
+                                                              jnp.asarray(rows.attention))[0])
+    plain, agreed = _trained(rows, 0.0), _trained(rows, 2.0)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(plain, agreed)) < 1e-6
+    # The sampler found the tokens likelier than the trainer does: weights < 1, a smaller update.
+    rows.sampler_logp = rows.sampler_logp + 1.0
+    shrunk = _trained(rows, 2.0)
+    initial = jax.tree.leaves(jax.tree.map(np.asarray, nnx.split(model, nnx.Param)[1]))
+    step = lambda got: sum(float(np.abs(a - b).sum()) for a, b in zip(got, initial))
+    assert step(shrunk) < step(plain)

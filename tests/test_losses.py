@@ -334,3 +334,19 @@ def test_masked_aux_sums():
     assert float(s["is_clipped"]) == pytest.approx(np.asarray(aux["is_clipped"])[m].sum())
     assert float(s["ratio_max"]) == pytest.approx(np.asarray(aux["ratio"])[m].max())
     assert float(s["ratio_min"]) == pytest.approx(np.asarray(aux["ratio"])[m].min())
+
+
+def test_tis_weights_and_their_place_in_the_loss():
+    from memsearcher_jax.rl.losses import tis_weights
+
+    w = tis_weights(np.array([[0.0, -1.0]]), np.array([[-1.0, 0.0]]), cap=2.0)
+    np.testing.assert_allclose(w, [[2.0, np.exp(-1.0)]], rtol=1e-6)  # e capped at 2; e^-1 as it is
+    logp, old, ref, ent = (np.full((1, 2), v, np.float32) for v in (-0.5, -0.7, -0.6, 1.3))
+    adv = np.array([1.5], np.float32)
+    cfg = LossConfig()
+    base, aux = per_token_loss(logp, old, ref, ent, adv, cfg)
+    weighted, _ = per_token_loss(logp, old, ref, ent, adv, cfg, tis_weight=w)
+    # Only the policy-gradient term is weighted; KL and entropy terms are as they were.
+    np.testing.assert_allclose(np.asarray(weighted - base), np.asarray(aux["pg_loss"]) * (w - 1.0), rtol=1e-5)
+    with pytest.raises(ValueError, match="tis_cap"):
+        LossConfig(tis_cap=-1.0)

@@ -27,13 +27,8 @@ from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, token_logprobs
-from memsearcher_jax.rl.losses import (
-    LossConfig,
-    aggregation_weights,
-    masked_aux_sums,
-    per_token_loss,
-    weighted_loss_sum,
-)
+from memsearcher_jax.rl.losses import (LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, tis_weights,
+                                       weighted_loss_sum)
 from memsearcher_jax.rl.reward import RewardResult, compute_reward
 from memsearcher_jax.sampling.buckets import bucket
 
@@ -127,7 +122,8 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig):
     """sum(weights * per-token loss) for one micro-batch, plus masked metric sums."""
     model = nnx.merge(graphdef, params)
     logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"])
-    loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg)
+    loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg,
+                               mb.get("tis"))
     aux = dict(aux, entropy=entropy, trainer_logp=logp)
     sums = masked_aux_sums({k: aux[k] for k in ("ratio", "is_clipped", "is_dual_clipped", "kl", "pg_loss", "entropy")},
                            mb["loss_mask"])
@@ -263,6 +259,7 @@ class GRPOLearner(Learner):
         ratio_max, ratio_min = -np.inf, np.inf
         mask = rows.loss_mask
         gap = np.abs(rows.sampler_logp - old_logp)[mask > 0]
+        tis = tis_weights(old_logp, rows.sampler_logp, cfg.loss.tis_cap) if cfg.loss.tis_cap > 0 else None
         for idx in chunks:
             mbs = cfg.micro_batch_size
             n_micro = bucket(max(1, math.ceil(len(idx) / mbs)), 1, steps_per_octave=2)
@@ -280,6 +277,7 @@ class GRPOLearner(Learner):
                 "tokens": stack(rows.tokens[idx]), "attention": stack(rows.attention[idx]),
                 "loss_mask": stack(mask[idx]), "weights": stack(weights), "advantages": stack(rows.advantages[idx]),
                 "old_logp": stack(old_logp[idx]), "ref_logp": stack(ref_logp[idx]),
+                **({"tis": stack(tis[idx])} if tis is not None else {}),
             }
             micro = {k: self._put(v, 1) for k, v in micro.items()}
             self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(

@@ -52,6 +52,9 @@ class LossConfig:
     entropy_coef: float = 0.001
     aggregation: str = "token_mean"
     kl_estimator: str = "low_var_kl"  # k3
+    # Truncated importance sampling for the sampler/trainer mismatch: each token's policy-gradient
+    # term is weighted by min(exp(old_logp - sampler_logp), tis_cap), a constant (0 = off).
+    tis_cap: float = 0.0
 
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:
@@ -62,6 +65,8 @@ class LossConfig:
             raise ValueError(f"LossConfig clip range needs 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
         if self.dual_clip <= 1.0:
             raise ValueError(f"LossConfig.dual_clip must be > 1, got {self.dual_clip}")
+        if self.tis_cap < 0:
+            raise ValueError(f"LossConfig.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
         if self.kl_clamp <= 0 or self.log_ratio_clamp <= 0:
             raise ValueError(f"LossConfig clamps must be positive, got kl_clamp={self.kl_clamp}, log_ratio_clamp={self.log_ratio_clamp}")
 
@@ -101,12 +106,14 @@ def per_token_loss(
     entropy: Array | None,
     advantages: Array,
     cfg: LossConfig | None = None,
+    tis_weight: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Per-token GRPO loss; jittable (cfg is static: close over it or mark it static).
 
     logp, old_logp, ref_logp, entropy: [N, T] (ref_logp / entropy may be None: term is 0);
     advantages: [N, T], or [N] which is broadcast over T.
-    Returns loss [N, T] = pg + kl_coef * kl - entropy_coef * entropy, where
+    tis_weight: [N, T] truncated importance weights (`tis_weights`), multiplying pg; None = 1.
+    Returns loss [N, T] = w * pg + kl_coef * kl - entropy_coef * entropy, where
       r = exp(clip(logp - old_logp, +-log_ratio_clamp)),
       pg = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), and for A < 0 also min(pg, -A dual_clip),
     and aux {ratio, is_clipped, is_dual_clipped, kl, pg_loss}, each [N, T] float32.
@@ -136,6 +143,8 @@ def per_token_loss(
         kl = KL_ESTIMATORS[cfg.kl_estimator](logp, jnp.asarray(ref_logp, jnp.float32), cfg)
     ent = jnp.zeros_like(logp) if entropy is None else jnp.asarray(entropy, jnp.float32)
 
+    if tis_weight is not None:
+        pg_final = jnp.asarray(tis_weight, jnp.float32) * pg_final
     loss = pg_final + cfg.kl_coef * kl - cfg.entropy_coef * ent
     aux = {
         "ratio": ratio,
@@ -145,6 +154,12 @@ def per_token_loss(
         "pg_loss": pg_final,
     }
     return loss, aux
+
+
+def tis_weights(old_logp: np.ndarray, sampler_logp: np.ndarray, cap: float) -> np.ndarray:
+    """min(exp(old_logp - sampler_logp), cap): how much likelier the trainer finds each sampled
+    token than the sampler did, capped (verl's truncated importance sampling). [N, T] float32."""
+    return np.minimum(np.exp(np.clip(old_logp - sampler_logp, -20.0, 20.0)), cap).astype(np.float32)
 
 
 def weighted_loss_sum(loss: Array, weights: Array) -> Array:
