@@ -56,12 +56,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.max_context_tokens = 1024
     c.agent.default_top_n = 2
     c.agent.max_top_n = 5
+    c.agent.max_observation_tokens = 0  # cut each observation's documents to this many tokens (0: no cap)
     c.agent.missing_top_n = 0        # passages for a call without top_n (0: default_top_n)
     c.agent.temperature = 1.0
     c.agent.top_p = 1.0
     c.agent.top_k = 0
     c.agent.eval_max_turns = 6
     c.agent.prompt_style = "compact"  # few-token system prompt; the recipe uses "full"
+    c.agent.tool = "wikipedia_search"  # the search tool by registered name (memsearcher_jax/agent/tools.py)
+    c.agent.tool_schema = ""         # or a JSON function schema of your own: {"name", "description", "parameters"}
     c.agent.stop_token_ids = ()      # ids a generation ends on besides <|im_end|> (empty: the tokenizer's
                                      # eos and the model dir's generation_config eos_token_id list)
 
@@ -100,6 +103,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.kl_clamp = 10.0
     c.rl.log_ratio_clamp = 20.0
     c.rl.entropy_coef = 0.001
+    c.rl.filter_groups = "none"      # "zero_std": drop groups whose rewards all tie and refill from new questions
+    c.rl.max_refill = 2              # refill rounds per step for zero_std
+    c.rl.reward_fn = ""              # "module:function" or "file.py:function" with rl.reward.compute_reward's
+                                     # signature; "" = the MemSearcher reward (docs/method.md §3)
     c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap); 0 off
     c.rl.min_seq_len = 128
 

@@ -12,9 +12,11 @@ data files or retrievers (it gets the questions and a built turn loop).
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,7 @@ from memsearcher_jax.agent.prompts import (
     react_system_prompt,
 )
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
+from memsearcher_jax.agent.tools import tool_from_config
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
@@ -43,6 +46,7 @@ from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
+from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.sampling.sampler import check_query_block
@@ -85,7 +89,8 @@ def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
     return LoopConfig(steps=t.steps, batch_questions=cfg.rl.batch_questions, group_size=cfg.rl.group_size,
                       seed=t.seed, output_dir=output_path(t.output_dir), save_every=t.save_every, keep=t.keep,
                       sampling_dtype=cfg.model.dtype, eval_every=t.eval_every,
-                      log_samples_every=t.log_samples_every, wandb_project=t.wandb_project)
+                      log_samples_every=t.log_samples_every, wandb_project=t.wandb_project,
+                      filter_groups=cfg.rl.filter_groups, max_refill=cfg.rl.max_refill)
 
 
 def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
@@ -112,6 +117,14 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
     if cfg.train.save_every < 1 or cfg.train.keep < 1:
         problems.append("train.save_every and train.keep must be >= 1")
+    if cfg.rl.filter_groups not in ("none", "zero_std"):
+        problems.append(f"rl.filter_groups must be 'none' or 'zero_std', got {cfg.rl.filter_groups!r}")
+    if cfg.rl.max_refill < 0:
+        problems.append(f"rl.max_refill must be >= 0, got {cfg.rl.max_refill}")
+    try:
+        load_reward_fn(cfg.rl.reward_fn)
+    except TrainConfigError as e:
+        problems.append(str(e))
     for key in ("eval_every", "eval_questions", "eval_per_set", "log_samples_every"):
         if cfg.train[key] < 0:
             problems.append(f"train.{key} must be >= 0, got {cfg.train[key]}")
@@ -140,6 +153,30 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         grpo_config(cfg)
     except (ValueError, TypeError) as e:
         raise TrainConfigError(f"invalid training config: {e}") from e
+
+
+def load_reward_fn(spec: str) -> Callable:
+    """`rl.reward_fn`: "" for the MemSearcher reward, else "module:function" or
+    "path/to/file.py:function", a callable with `compute_reward`'s signature
+    (blocks, ended_with_eos, golds) -> RewardResult."""
+    if not spec:
+        return compute_reward
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise TrainConfigError(f"rl.reward_fn={spec!r}: expected 'module:function' or 'file.py:function'")
+    try:
+        if where.endswith(".py"):
+            loader = importlib.util.spec_from_file_location(f"_reward_{abs(hash(where))}", os.path.expanduser(where))
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (ImportError, FileNotFoundError, SyntaxError) as e:
+        raise TrainConfigError(f"rl.reward_fn={spec!r}: cannot load {where!r}: {e}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise TrainConfigError(f"rl.reward_fn={spec!r}: {where!r} has no callable {name!r}")
+    return fn
 
 
 # ----------------------------------------------------------------------------- data, tokenizer, retriever
@@ -175,7 +212,8 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(os.path.expanduser(tok_dir))
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
-                            stop_ids=stop_token_ids(cfg, tokenizer))
+                            stop_ids=stop_token_ids(cfg, tokenizer),
+                            tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema))
     if world_paths is not None:
         train_q = read_jsonl(world_paths.train)
         eval_sets = {"synthetic-heldout": read_jsonl(world_paths.heldout)}
@@ -286,6 +324,7 @@ def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, po
                               if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
     return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop_config(cfg), mesh=mesh,
                    sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn,
+                   reward_fn=load_reward_fn(cfg.rl.reward_fn),
                    meta={"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))})
 
 

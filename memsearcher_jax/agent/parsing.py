@@ -19,7 +19,8 @@ import json
 import re
 from typing import Any
 
-TOOL_NAME = "wikipedia_search"
+from memsearcher_jax.agent.tools import DEFAULT_TOOL, SearchTool
+
 DEFAULT_TOP_N = 5
 MAX_TOP_N = 10  # the recipe's server returns at most 10 passages
 # A tool-call body longer than this is rejected before json.loads (a query is a few words).
@@ -35,7 +36,7 @@ _BRACE_TOKENS = re.compile(r"\\boxed\{|[{}]")
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-    """One well-formed wikipedia_search call. `top_n` is already clamped to [1, max_top_n]."""
+    """One well-formed search call. `top_n` is already clamped to [1, max_top_n]."""
 
     name: str
     arguments: dict
@@ -159,12 +160,13 @@ def parse_call_body(body: str) -> dict | None:
 
 
 def parse_tool_calls_detailed(
-    text: str, *, default_top_n: int = DEFAULT_TOP_N, max_top_n: int = MAX_TOP_N
+    text: str, *, default_top_n: int = DEFAULT_TOP_N, max_top_n: int = MAX_TOP_N, tool: SearchTool = DEFAULT_TOOL
 ) -> ToolCallParse:
     """All `<tool_call>` spans of `text`, split into executable calls and malformed ones.
 
-    A call is executable when its body is a JSON object with `"name": "wikipedia_search"` and
-    `arguments` holding a non-empty string `query`. `top_n` is optional: a missing or
+    A call is executable when its body is a JSON object with the tool's name (default
+    `"wikipedia_search"`) and `arguments` holding a non-empty string query (`tool.query_arg`).
+    The passage count (`tool.top_n_arg`) is optional: a missing or
     unusable value gives `default_top_n`, and any value is clamped to [1, max_top_n].
     An unclosed `<tool_call>` is reported as malformed.
     """
@@ -178,17 +180,17 @@ def parse_tool_calls_detailed(
             malformed.append(MalformedCall(body[:200], "body is not a JSON object with name and arguments"))
             continue
         name, args = obj["name"], obj["arguments"]
-        if name != TOOL_NAME:
-            malformed.append(MalformedCall(body[:200], f"unknown tool name {str(name)[:50]!r}, expected {TOOL_NAME!r}"))
+        if name != tool.name:
+            malformed.append(MalformedCall(body[:200], f"unknown tool name {str(name)[:50]!r}, expected {tool.name!r}"))
             continue
         if not isinstance(args, dict):
             malformed.append(MalformedCall(body[:200], "arguments is not a JSON object"))
             continue
-        query = args.get("query")
+        query = args.get(tool.query_arg)
         if not isinstance(query, str) or not query.strip():
-            malformed.append(MalformedCall(body[:200], "arguments.query is missing, empty or not a string"))
+            malformed.append(MalformedCall(body[:200], f"arguments.{tool.query_arg} is missing, empty or not a string"))
             continue
-        top_n = _clamp_top_n(args.get("top_n"), default_top_n, max_top_n)
+        top_n = _clamp_top_n(args.get(tool.top_n_arg), default_top_n, max_top_n)
         calls.append(ToolCall(name=name, arguments=args, query=query.strip(), top_n=top_n))
     if unclosed:
         start = text.rfind(TOOL_OPEN) + len(TOOL_OPEN)
@@ -196,9 +198,10 @@ def parse_tool_calls_detailed(
     return ToolCallParse(calls=calls, malformed=malformed)
 
 
-def parse_tool_calls(text: str, *, default_top_n: int = DEFAULT_TOP_N, max_top_n: int = MAX_TOP_N) -> list[ToolCall]:
+def parse_tool_calls(text: str, *, default_top_n: int = DEFAULT_TOP_N, max_top_n: int = MAX_TOP_N,
+                     tool: SearchTool = DEFAULT_TOOL) -> list[ToolCall]:
     """The executable calls of `text` (see `parse_tool_calls_detailed` for the malformed ones)."""
-    return parse_tool_calls_detailed(text, default_top_n=default_top_n, max_top_n=max_top_n).calls
+    return parse_tool_calls_detailed(text, default_top_n=default_top_n, max_top_n=max_top_n, tool=tool).calls
 
 
 def tool_call_bodies_valid(text: str) -> bool:

@@ -23,46 +23,32 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
+from memsearcher_jax.agent.tools import DEFAULT_TOOL, SearchTool
 from retrieval.base import ERROR_HIT_ID, Hit
 
-TOOL_NAME = "wikipedia_search"
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 THINK, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<think>", "<tool_response>", "</tool_response>"
 
 
-def tool_schema(default_top_n: int) -> dict:
-    """The wikipedia_search tool as an OpenAI-style JSON function schema."""
-    return {
-        "type": "function",
-        "function": {
-            "name": TOOL_NAME,
-            "description": "Search Wikipedia and return the most relevant passages.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "The search query."},
-                    "top_n": {"type": "integer", "description": f"Number of passages to return (default {default_top_n})."},
-                },
-                "required": ["query"],
-            },
-        },
-    }
+def tool_schema(default_top_n: int, tool: SearchTool = DEFAULT_TOOL) -> dict:
+    """The search tool as an OpenAI-style JSON function schema."""
+    return tool.schema(default_top_n)
 
 
-def _tool_block(default_top_n: int) -> str:
-    example = json.dumps({"name": TOOL_NAME, "arguments": {"query": "...", "top_n": default_top_n}})
+def _tool_block(default_top_n: int, tool: SearchTool = DEFAULT_TOOL) -> str:
+    example = json.dumps({"name": tool.name, "arguments": {tool.query_arg: "...", tool.top_n_arg: default_top_n}})
     return (
-        "# Tools\n<tools>\n" + json.dumps(tool_schema(default_top_n)) + "\n</tools>\n\n"
+        "# Tools\n<tools>\n" + json.dumps(tool.schema(default_top_n)) + "\n</tools>\n\n"
         "To search, write one or more tool calls, each as\n<tool_call>" + example + "</tool_call>\n"
     )
 
 
-def memsearcher_system_prompt(default_top_n: int = 5) -> str:
+def memsearcher_system_prompt(default_top_n: int = 5, tool: SearchTool = DEFAULT_TOOL) -> str:
     return (
         "You answer questions by searching Wikipedia. Each turn you see the question and your memory: "
         "the notes you kept from earlier searches.\n\n"
-        + _tool_block(default_top_n)
+        + _tool_block(default_top_n, tool)
         + "\n# Steps\n"
         "1. Think inside <think> </think>.\n"
         "2. If your memory is enough, give the final answer as \\boxed{answer}, a few words only. "
@@ -72,10 +58,10 @@ def memsearcher_system_prompt(default_top_n: int = 5) -> str:
     )
 
 
-def react_system_prompt(default_top_n: int = 5) -> str:
+def react_system_prompt(default_top_n: int = 5, tool: SearchTool = DEFAULT_TOOL) -> str:
     return (
         "You answer questions by searching Wikipedia.\n\n"
-        + _tool_block(default_top_n)
+        + _tool_block(default_top_n, tool)
         + "\n# Steps\n"
         "1. Think inside <think> </think>.\n"
         "2. If you know enough, give the final answer as \\boxed{answer}, a few words only. "
@@ -90,8 +76,12 @@ MEMORY_UPDATE_INSTRUCTION = (
 
 # A compact prompt style for tiny models trained from scratch (the embedded default): the same
 # tool, tags and workflow, stated in a few tokens so that short contexts train fast on a CPU.
-COMPACT_SYSTEM_PROMPT = ("Answer by searching. Tool: wikipedia_search(query, top_n). Think in <think></think>, "
-                         "call <tool_call>{json}</tool_call>, answer \\boxed{}.")
+def compact_system_prompt(tool: SearchTool = DEFAULT_TOOL) -> str:
+    return (f"Answer by searching. Tool: {tool.name}({tool.query_arg}, {tool.top_n_arg}). Think in <think></think>, "
+            "call <tool_call>{json}</tool_call>, answer \\boxed{}.")
+
+
+COMPACT_SYSTEM_PROMPT = compact_system_prompt()
 COMPACT_UPDATE_INSTRUCTION = "Update <memory></memory>."
 PROMPT_STYLES = ("full", "compact")
 NO_RESULTS = "No results found."
@@ -116,17 +106,20 @@ class PromptBuilder:
 
     tokenizer: a Hugging Face Qwen tokenizer (chat markup `<|im_start|>`/`<|im_end|>`,
     `<think>` and `<tool_response>` as single tokens).
+    tool: the search tool the prompt describes (`agent.tools`; default wikipedia_search).
     stop_ids: the ids a generation ends on. `<|im_end|>` always; add the model's own
     end-of-sequence ids (Qwen2.5-Instruct's generation_config lists `<|endoftext|>` too): a
     response that ends on any of them is ended, and nothing after it is generated or trained.
     """
 
-    def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full", stop_ids=()):
+    def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full", stop_ids=(),
+                 tool: SearchTool = DEFAULT_TOOL):
         if style not in PROMPT_STYLES:
             raise ValueError(f"prompt style {style!r}; expected one of {PROMPT_STYLES}")
         self.tokenizer = tokenizer
         self.default_top_n = default_top_n
         self.style = style
+        self.tool = tool
         self.im_start_id = self._single_id(IM_START)
         self.eos_id = self._single_id(IM_END)  # the end-of-turn token generation stops on
         self.pad_id = self._single_id(ENDOFTEXT)
@@ -141,8 +134,9 @@ class PromptBuilder:
 
         s, e, nl = self.im_start_id, self.eos_id, self._enc("\n")
         mem_sys, react_sys, update = (
-            (memsearcher_system_prompt(default_top_n), react_system_prompt(default_top_n), MEMORY_UPDATE_INSTRUCTION)
-            if style == "full" else (COMPACT_SYSTEM_PROMPT, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION))
+            (memsearcher_system_prompt(default_top_n, tool), react_system_prompt(default_top_n, tool),
+             MEMORY_UPDATE_INSTRUCTION)
+            if style == "full" else (compact_system_prompt(tool),) * 2 + (COMPACT_UPDATE_INSTRUCTION,))
         self._mem_system = [s, *self._enc("system\n" + mem_sys), e, *nl]
         self._react_system = [s, *self._enc("system\n" + react_sys), e, *nl]
         self._user_header = [s, *self._enc("user\n")]
@@ -169,13 +163,22 @@ class PromptBuilder:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
-    def _tool_responses(self, results: Sequence[Sequence[Hit]]) -> list[int]:
-        """`<tool_response>\\n{docs}\\n</tool_response>` blocks joined by newlines, one per call."""
+    def _tool_responses(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
+        """`<tool_response>\\n{docs}\\n</tool_response>` blocks joined by newlines, one per call.
+
+        max_tokens > 0: each call's documents get an equal share of that many tokens; a longer
+        one is cut and says so (`[truncated to N tokens]`), so one observation never exceeds the
+        cap by more than the tags and notes."""
         ids: list[int] = []
+        share = max_tokens // max(len(results), 1) if max_tokens > 0 else 0
         for k, hits in enumerate(results):
             if k:
                 ids += self._newline
-            ids += [self.tool_response_open_id, *self._enc("\n" + format_hits(hits) + "\n"), self.tool_response_close_id]
+            body = self._enc("\n" + format_hits(hits) + "\n")
+            if share and len(body) > share:
+                note = self._enc(f"\n[truncated to {share} tokens]\n")
+                body = body[:max(share - len(note), 0)] + note
+            ids += [self.tool_response_open_id, *body, self.tool_response_close_id]
         return ids
 
     # ------------------------------------------------------------------ MemSearcher
@@ -186,10 +189,11 @@ class PromptBuilder:
         return [*self._mem_system, *self._user_header, *self._enc(user), *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
-    def observation(self, results: Sequence[Sequence[Hit]]) -> list[int]:
+    def observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
         """Tokens injected after the act (which ended with <|im_end|>): tool responses, the
-        memory-update instruction, and the assistant header. `results`: one hit list per call."""
-        return [*self._obs_user_header, *self._tool_responses(results), *self._newline,
+        memory-update instruction, and the assistant header. `results`: one hit list per call;
+        max_tokens: the documents' token cap (0: none)."""
+        return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *self._newline,
                 *self._update_instruction, *self._turn_end_newline, *self._assistant_header]
 
     # ------------------------------------------------------------------ ReAct baseline
@@ -198,9 +202,9 @@ class PromptBuilder:
         return [*self._react_system, *self._user_header, *self._enc(f"<question> {question.strip()} </question>"),
                 *self._turn_end_newline, *self._assistant_header, self.think_id]
 
-    def react_observation(self, results: Sequence[Sequence[Hit]]) -> list[int]:
+    def react_observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
         """Tokens appended after an act: the tool responses as a user message, then `<think>` again."""
-        return [*self._obs_user_header, *self._tool_responses(results), *self._turn_end_newline,
+        return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
     # ------------------------------------------------------------------ decoding

@@ -38,6 +38,8 @@ class AgentConfig:
     max_top_n: int = 10                 # the recipe's server returns 10 unless asked for fewer
     missing_top_n: int = 0              # passages for a call without top_n; 0: default_top_n (the
                                         # prompt's word). The recipe's server gives 10.
+    max_observation_tokens: int = 0     # documents of one observation cut to this many tokens (0: no cap);
+                                        # a cut observation says so, and no longer ends the trajectory
     sampler_batch_size: int = 0         # rows per sampler call (0: every live row at once); bounds
                                         # the KV cache, and row seeds keep the samples the same
     temperature: float = 1.0
@@ -59,6 +61,8 @@ class AgentConfig:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.sampler_batch_size < 0:
             problems.append(f"sampler_batch_size must be >= 0 (0: all rows), got {self.sampler_batch_size}")
+        if self.max_observation_tokens < 0:
+            problems.append(f"max_observation_tokens must be >= 0 (0: no cap), got {self.max_observation_tokens}")
         if self.missing_top_n < 0:
             problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
         if problems:
@@ -253,7 +257,7 @@ class AgentRunner:
                 # The same text classify_act judged: calls outside every thinking span.
                 calls.append(parse_tool_calls(outside_think(conv.blocks[-1]),
                                               default_top_n=cfg.missing_top_n or cfg.default_top_n,
-                                              max_top_n=cfg.max_top_n))
+                                              max_top_n=cfg.max_top_n, tool=b.tool))
         return searching, calls
 
     # ------------------------------------------------------------------ MemSearcher
@@ -278,7 +282,7 @@ class AgentRunner:
             for t, row_calls, row_results in zip(searching, calls, results):
                 t.num_searches += len(row_calls)
                 conv = t.final
-                conv.add_injected(b.observation(row_results))
+                conv.add_injected(b.observation(row_results, cfg.max_observation_tokens))
                 room = min(cfg.max_new_tokens, cfg.max_response_tokens - len(conv.response_ids),
                            cfg.max_context_tokens - len(conv.prompt_ids) - len(conv.response_ids))
                 if room < 1:
@@ -340,7 +344,7 @@ class AgentRunner:
                 results = _run_searches(self.retriever, calls, self.stats)
                 for t, row_calls, row_results in zip(searching, calls, results):
                     t.num_searches += len(row_calls)
-                    t.final.add_injected(b.react_observation(row_results))
+                    t.final.add_injected(b.react_observation(row_results, cfg.max_observation_tokens))
         for t in trajs:
             if not t.done:
                 t.finish("max_turns")

@@ -25,12 +25,11 @@ Deliberate flaws (seeded, at most one per demo, so GRPO has something to improve
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 from typing import Sequence
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory
-from memsearcher_jax.agent.prompts import TOOL_NAME, PromptBuilder
+from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import Conversation, Trajectory
 from memsearcher_jax.rl.reward import compute_reward, normalize_answer, token_f1
 
@@ -95,11 +94,6 @@ class Demonstration:
     @property
     def conversations(self) -> list[Conversation]:
         return self.trajectory.conversations
-
-
-def tool_call_text(query: str, top_n: int) -> str:
-    body = json.dumps({"name": TOOL_NAME, "arguments": {"query": query, "top_n": top_n}})
-    return f"<tool_call>{body}</tool_call>"
 
 
 def _wrong_answer_pool(rows: Sequence[dict]) -> dict[str, list[str]]:
@@ -250,7 +244,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_rows, cfg: DemoCo
             query = row["queries"][n_found]
             think = THINK_SEARCH if n_found == 0 and not kinds else (
                 THINK_RETRY if n_found == 0 else THINK_NEXT.format(e=row["intermediate"]))
-        tb.act(conv, f"{think}</think>\n{tool_call_text(query, cfg.top_n)}")
+        tb.act(conv, f"{think}</think>\n{builder.tool.call_text(query, cfg.top_n)}")
         kinds.append(ActKind.TOOL_CALLS)
         hits = retriever.search([query], cfg.top_n)[0][: cfg.top_n]
         text = " ".join(h.contents for h in hits)

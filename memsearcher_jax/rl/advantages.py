@@ -102,3 +102,25 @@ def zero_variance_fraction(rewards, group_ids) -> float:
     if not multi.any():
         return 0.0
     return float(np.mean(lo[multi] == hi[multi]))
+
+
+def groups_with_spread(rewards, group_ids) -> np.ndarray:
+    """Per trajectory: True when its group's rewards are not all equal (std > 0).
+
+    Dynamic sampling keeps only these: a group whose rewards tie has advantage 0 everywhere
+    and adds no signal, only tokens. Rewards are continuous (F1), so ties are checked on the
+    values, not on a mean. A group of one has no spread. bool [N].
+    """
+    r = _as_1d("rewards", rewards).astype(np.float64)
+    g = _as_1d("group_ids", group_ids)
+    if r.shape != g.shape:
+        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    if r.size == 0:
+        return np.zeros(0, bool)
+    _, inv = np.unique(g, return_inverse=True)
+    inv = inv.reshape(-1)
+    n = inv.max() + 1
+    lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+    np.minimum.at(lo, inv, r)
+    np.maximum.at(hi, inv, r)
+    return (hi - lo > 0)[inv]

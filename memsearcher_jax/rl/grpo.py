@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -62,9 +62,10 @@ class RowBatch:
         return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
 
 
-def score_trajectories(trajs: Sequence[Trajectory]) -> list[RewardResult]:
-    """docs/method.md §3 reward on each trajectory's final conversation."""
-    return [compute_reward(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
+def score_trajectories(trajs: Sequence[Trajectory], reward_fn: Callable = compute_reward) -> list[RewardResult]:
+    """Each trajectory's reward from its final conversation: reward_fn(blocks, ended_with_eos,
+    golds) -> RewardResult (docs/method.md §3 by default)."""
+    return [reward_fn(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
 
 
 def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: int,

@@ -31,7 +31,9 @@ from tqdm.auto import tqdm
 from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
+from memsearcher_jax.rl.advantages import groups_with_spread
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
+from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.grpo import GRPOLearner, RowBatch, pack_rows, score_trajectories, trajectory_advantages
 
 
@@ -49,6 +51,8 @@ class LoopConfig:
     log_samples_every: int = 0          # steps between sample trajectories logged as text (0: none)
     samples_per_log: int = 4
     wandb_project: str = ""             # also log to Weights & Biases ("" : off)
+    filter_groups: str = "none"         # "zero_std": drop groups whose rewards all tie, refill the batch
+    max_refill: int = 0                 # refill rounds of fresh questions per step (zero_std)
 
 
 def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> tuple[list[dict], int]:
@@ -91,16 +95,17 @@ class Trainer:
     which gets the learner's weights after every update; questions: the training questions;
     evaluate: sampler -> {"em", "f1", "turns", ...} on held-out questions (every
     loop.eval_every steps; the best params by eval/em are kept in best/); meta: extra fields
-    for each checkpoint's metadata (e.g. the tokenizer directory).
+    for each checkpoint's metadata (e.g. the tokenizer directory); reward_fn: the trajectory
+    reward, `compute_reward`'s signature (docs/method.md §3 by default; `rl.reward_fn` plugs in another).
     """
 
     def __init__(self, learner: GRPOLearner, runner: AgentRunner, questions: list[dict], pad_id: int,
                  loop: LoopConfig, mesh=None, sampler_mesh=None, meta: dict | None = None, progress: bool = True,
-                 evaluate: Callable | None = None):
+                 evaluate: Callable | None = None, reward_fn: Callable = compute_reward):
         self.learner, self.runner, self.sampler = learner, runner, runner.sampler
         self.questions, self.pad_id, self.loop = questions, pad_id, loop
         self.mesh, self.sampler_mesh = mesh, sampler_mesh
-        self.meta, self.progress, self.evaluate = dict(meta or {}), progress, evaluate
+        self.meta, self.progress, self.evaluate, self.reward_fn = dict(meta or {}), progress, evaluate, reward_fn
         self.num_hosts = jax.process_count()
         self.out_dir = epath.Path(loop.output_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -163,24 +168,45 @@ class Trainer:
         return True
 
     # --- one step ---
-    def train_step(self) -> dict:
+    def _rollout(self, refill: int = 0):
+        """Roll out this host's slice of the step's questions (refill > 0: the refill round's
+        fresh questions) and score them. Returns (trajectories, reward results, #questions)."""
         loop = self.loop
-        t0 = time.perf_counter()
-        questions, _ = batch_for_step(self.questions, self.step, loop.batch_questions, loop.seed)
+        seed = loop.seed if refill == 0 else loop.seed + 7919 * refill
+        questions, _ = batch_for_step(self.questions, self.step, loop.batch_questions, seed)
         # This host's contiguous slice (all of it on one host): a group's G samples stay
         # together, so rewards and advantages need nothing from the other hosts.
-        first_q = jax.process_index() * (len(questions) // self.num_hosts)
+        first_q = jax.process_index() * (len(questions) // self.num_hosts) + refill * loop.batch_questions
         questions = distributed.host_shard(questions, jax.process_index(), self.num_hosts)
-        self.runner.stats = type(self.runner.stats)()
         # Global ids: group ids for the advantages, trajectory ids for the rows and the seeds.
         trajs = self.runner.run(questions, group_size=loop.group_size, seed=_step_seed(loop.seed, self.step),
                                 first_group_id=self.step * loop.batch_questions + first_q,
                                 first_traj_id=first_q * loop.group_size)
+        return trajs, score_trajectories(trajs, self.reward_fn), len(questions)
+
+    def train_step(self) -> dict:
+        loop = self.loop
+        t0 = time.perf_counter()
+        self.runner.stats = type(self.runner.stats)()
+        trajs, results, n_groups = self._rollout()
+        kept, kept_results, dropped, refills = trajs, results, 0, 0
+        if loop.filter_groups == "zero_std":  # dynamic sampling: drop groups whose rewards all tie
+            keep = groups_with_spread([r.reward for r in results], [t.group_id for t in trajs])
+            kept, kept_results = [t for t, k in zip(trajs, keep) if k], [r for r, k in zip(results, keep) if k]
+            dropped = n_groups - len(kept) // loop.group_size
+            while len(kept) < n_groups * loop.group_size and refills < loop.max_refill:
+                refills += 1
+                more, more_results, _ = self._rollout(refills)
+                keep = groups_with_spread([r.reward for r in more_results], [t.group_id for t in more])
+                kept += [t for t, k in zip(more, keep) if k]
+                kept_results += [r for r, k in zip(more_results, keep) if k]
+            kept, kept_results = kept[:n_groups * loop.group_size], kept_results[:n_groups * loop.group_size]
         t_rollout = time.perf_counter() - t0
-        results = score_trajectories(trajs)
-        adv = trajectory_advantages(trajs, [r.reward for r in results])
+        if not kept:  # every group tied: nothing to learn from this step
+            kept, kept_results = trajs, results
+        adv = trajectory_advantages(kept, [r.reward for r in kept_results])
         grpo = self.learner.config
-        rows = pack_rows(trajs, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
+        rows = pack_rows(kept, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
         if self.num_hosts > 1:
             rows = gather_rows(rows, self.pad_id)
         t1 = time.perf_counter()
@@ -193,6 +219,7 @@ class Trainer:
         # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
         # "rows" and the update's metrics are global.
         metrics = rollout_metrics(trajs, results, rows.num_rows)
+        metrics.update(filtered_groups=dropped, refill_rounds=refills)
         if self.loop.log_samples_every and self.step % self.loop.log_samples_every == 0:
             self._last_samples = sample_records(trajs, results, self.runner.builder.decode, self.loop.samples_per_log)
         metrics.update(update)
