@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -113,10 +113,12 @@ def _write_dense_manifest(out_dir: str, enc: EncoderConfig, cfg: IndexConfig, co
 
 def build_dense_index(passages: Iterable[dict], encoder: DenseEncoder, out_dir: str,
                       index_config: IndexConfig | None = None, chunk_size: int = 8192,
-                      progress: bool = True) -> int:
+                      progress: bool = True, callback: Callable[[int], object] | None = None) -> int:
     """Stream a corpus once: write the doc store, encode in chunks, add to FAISS, save. Returns the count.
 
     Memory is one chunk of text plus the index itself (plus `train_size` vectors for IVF types).
+    The progress bar (passages, passages/s) and `callback(n)` advance after every encoder batch,
+    not per chunk; a chunk is sorted by length as a whole, so its batches are homogeneous.
     """
     import faiss
 
@@ -131,10 +133,14 @@ def build_dense_index(passages: Iterable[dict], encoder: DenseEncoder, out_dir: 
         bar = tqdm(desc="index", unit="psg")
     chunk: list[str] = []
 
-    def flush():
-        builder.add(encoder.encode_passages(chunk))
+    def on_batch(n: int) -> None:
         if bar is not None:
-            bar.update(len(chunk))
+            bar.update(n)
+        if callback is not None:
+            callback(n)
+
+    def flush():
+        builder.add(encoder.encode_passages(chunk, callback=on_batch))
         chunk.clear()
 
     for p in passages:

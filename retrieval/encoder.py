@@ -3,6 +3,7 @@
     enc = DenseEncoder.from_pretrained(minilm_encoder_dir())          # convention="auto"
     q = enc.encode_queries(["who wrote hamlet"])                       # [1, 384] float32, unit norm
     p = enc.encode_passages(texts, progress=True)                      # [N, 384]
+    p = enc.encode_passages(texts, callback=bar.update)                # callback(n) after every batch
 
 Conventions:
 - "e5": "query: " / "passage: " prefixes, mean pooling over the attention mask, L2 norm
@@ -11,15 +12,26 @@ Conventions:
   modules.json lists a Normalize module (all-MiniLM-L6-v2 does).
 - "auto": sentence-transformers when modules.json exists, e5 when the directory name has "e5".
 
-Shapes are bucketed (batch to a power of two up to `batch_size`, length to the next of
-16/32/.../max_length) so the jitted forward compiles a handful of times, not per batch.
+Throughput (XLA CPU, MiniLM-L6, passages of 100-200 tokens; `python bench/retriever.py`):
+- encode() sorts a call's texts by token count, so each batch holds passages of similar length
+  (build_dense_index passes a whole --chunk-size chunk per call).
+- Lengths pad to a multiple of 16 up to 256 tokens, 32 up to 512 (at most 1/8 above 128
+  tokens): 16, 32, ..., 256, 288, ... The old powers of two padded a 130-token batch to 256.
+- A batch of `batch_size` texts runs as micro-batches of at most `max_batch_tokens` padded
+  tokens (on CPU by default 256 per core, at least 512; unlimited elsewhere): on a 2-core CPU
+  a [4, 144] forward ran 1.4x the passages/s of a [64, 144] one (the [tokens, 1536] FFN
+  activations stay in cache), and a 512-token budget beat 1024 and 2048 end to end. More
+  cores split the rows of each matmul, hence the per-core scaling (not measured beyond 2 cores).
+Shapes are bucketed (micro-batch rows to a power of two, length as above) so the jitted
+forward compiles a few dozen times at most, not per batch; `warmup()` compiles query shapes.
+The progress callback and bar still advance per `batch_size` batch.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +41,9 @@ from flax import nnx
 from retrieval.bert import load_bert
 
 CONVENTIONS = ("e5", "sentence-transformers", "auto")
+# Micro-batch budget on CPU (padded tokens per forward call, per core); see the module docstring.
+CPU_BATCH_TOKENS_PER_CORE = 256
+CPU_MIN_BATCH_TOKENS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +99,21 @@ def resolve_config(model_dir: str, convention: str = "auto", **overrides) -> Enc
 
 
 def _buckets(limit: int, start: int) -> list[int]:
+    """Powers of two from `start`, then `limit` (batch buckets)."""
     out, b = [], start
     while b < limit:
         out.append(b)
         b *= 2
+    return out + [limit]
+
+
+def _length_buckets(limit: int, step: int = 16) -> list[int]:
+    """Padded lengths: multiples of `step` up to 8 * step, then steps of 1/8 of the octave
+    (multiples of 16 up to 256, of 32 up to 512, ...), then `limit`."""
+    out, b = [], step
+    while b < limit:
+        out.append(b)
+        b += max(step, (1 << (b.bit_length() - 1)) // 8)
     return out + [limit]
 
 
@@ -101,7 +127,11 @@ def _pick(buckets: list[int], n: int) -> int:
 class DenseEncoder:
     """Batched, jitted text -> unit vectors. Thread-compatible (one search thread at a time)."""
 
-    def __init__(self, config: EncoderConfig):
+    def __init__(self, config: EncoderConfig, max_batch_tokens: int | None = None):
+        """max_batch_tokens: padded tokens per forward call (a batch runs as micro-batches of at
+        most this many rows x padded length, at least one row); None = 256 per CPU core (at least
+        512) on CPU, no limit on other backends; 0 = no limit. A speed knob only: outputs do not
+        change, and it is not part of `config` (nor of an index manifest)."""
         from tokenizers import Tokenizer
 
         self.config = config
@@ -134,18 +164,33 @@ class DenseEncoder:
             return pooled
 
         self._forward = forward
-        self._len_buckets = _buckets(config.max_length, 16)
+        self._len_buckets = _length_buckets(config.max_length)
         self._batch_buckets = _buckets(config.batch_size, 1)
+        if max_batch_tokens is None:
+            max_batch_tokens = 0
+            if jax.default_backend() == "cpu":
+                max_batch_tokens = max(CPU_MIN_BATCH_TOKENS, CPU_BATCH_TOKENS_PER_CORE * (os.cpu_count() or 1))
+        if max_batch_tokens < 0:
+            raise ValueError(f"max_batch_tokens={max_batch_tokens}; expected >= 0 (0 = no limit)")
+        self.max_batch_tokens = max_batch_tokens
 
     @classmethod
-    def from_pretrained(cls, model_dir: str, convention: str = "auto", **overrides) -> "DenseEncoder":
-        return cls(resolve_config(model_dir, convention, **overrides))
+    def from_pretrained(cls, model_dir: str, convention: str = "auto", *, max_batch_tokens: int | None = None,
+                        **overrides) -> "DenseEncoder":
+        return cls(resolve_config(model_dir, convention, **overrides), max_batch_tokens=max_batch_tokens)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
-    def _encode_ids(self, ids: list[list[int]]) -> np.ndarray:
-        """One bucketed batch: ids (len <= batch_size) -> [len(ids), D]."""
+    def _max_rows(self, t: int) -> int:
+        """Rows per forward call at padded length t: the largest batch bucket within the token budget."""
+        if not self.max_batch_tokens:
+            return self._batch_buckets[-1]
+        fit = [b for b in self._batch_buckets if b * t <= self.max_batch_tokens]
+        return fit[-1] if fit else 1
+
+    def _forward_rows(self, ids: list[list[int]]):
+        """One forward call: ids (len <= a batch bucket) -> ([bucket, D] device array, n)."""
         n = len(ids)
         b = _pick(self._batch_buckets, n)
         t = _pick(self._len_buckets, max(len(x) for x in ids))
@@ -154,11 +199,28 @@ class DenseEncoder:
         for i, x in enumerate(ids):
             arr[i, : len(x)] = x
             mask[i, : len(x)] = 1
-        out = self._forward(self._state, jnp.asarray(arr), jnp.asarray(mask))
-        return np.asarray(out[:n], dtype=np.float32)
+        return self._forward(self._state, jnp.asarray(arr), jnp.asarray(mask)), n
 
-    def encode(self, texts: Sequence[str], *, prefix: str = "", progress: bool = False) -> np.ndarray:
-        """texts -> [N, D] float32. Sorted by length internally so buckets stay tight."""
+    def _encode_ids(self, ids: list[list[int]]) -> np.ndarray:
+        """One batch (len <= batch_size, ideally sorted by length) -> [len(ids), D], as micro-batches
+        of at most `_max_rows(padded length)` rows, each padded to its own length bucket."""
+        outs, s = [], 0
+        while s < len(ids):
+            rows = self._max_rows(_pick(self._len_buckets, len(ids[s])))
+            # Shrink until the micro-batch's own longest text fits the budget too.
+            while rows > 1 and rows > self._max_rows(_pick(self._len_buckets, max(len(x) for x in ids[s: s + rows]))):
+                rows //= 2
+            outs.append(self._forward_rows(ids[s: s + rows]))  # dispatched asynchronously
+            s += rows
+        return np.concatenate([np.asarray(o[:n], dtype=np.float32) for o, n in outs])
+
+    def encode(self, texts: Sequence[str], *, prefix: str = "", progress: bool = False,
+               callback: Callable[[int], object] | None = None) -> np.ndarray:
+        """texts -> [N, D] float32. Sorted by token count internally so batches stay homogeneous.
+
+        progress: a tqdm bar of its own; callback(n): called after every batch with the number of
+        texts it held (the counts sum to N), e.g. an outer bar's `update`.
+        """
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         ids = self.tokenize([prefix + t for t in texts])
@@ -175,16 +237,18 @@ class DenseEncoder:
             out[rows] = self._encode_ids([ids[i] for i in rows])
             if bar is not None:
                 bar.update(len(rows))
+            if callback is not None:
+                callback(len(rows))
         if bar is not None:
             bar.close()
         return out
 
     def warmup(self, max_tokens: int = 64) -> int:
-        """Compile every batch bucket for the length buckets up to `max_tokens` (query-sized inputs),
-        so a server's first requests do not pay XLA compile time. Returns how many shapes compiled."""
+        """Compile the shapes encode() uses for inputs of up to `max_tokens` tokens (query-sized),
+        so a server's first requests do not pay XLA compile time. Returns how many shapes ran."""
         n = 0
         for t in (b for b in self._len_buckets if b <= max(max_tokens, self._len_buckets[0])):
-            for b in self._batch_buckets:
+            for b in (b for b in self._batch_buckets if b <= self._max_rows(t)):
                 ids = np.zeros((b, t), np.int32)
                 self._forward(self._state, jnp.asarray(ids), jnp.asarray(np.ones_like(ids))).block_until_ready()
                 n += 1
@@ -193,5 +257,6 @@ class DenseEncoder:
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         return self.encode(queries, prefix=self.config.query_prefix)
 
-    def encode_passages(self, passages: Sequence[str], progress: bool = False) -> np.ndarray:
-        return self.encode(passages, prefix=self.config.passage_prefix, progress=progress)
+    def encode_passages(self, passages: Sequence[str], progress: bool = False,
+                        callback: Callable[[int], object] | None = None) -> np.ndarray:
+        return self.encode(passages, prefix=self.config.passage_prefix, progress=progress, callback=callback)
