@@ -1,8 +1,13 @@
-"""ModelConfig: the static description of a Qwen2 / Qwen2.5 decoder.
+"""ModelConfig: the static description of a Qwen2 / Qwen2.5 or Qwen3 (dense) decoder.
 
-One named constructor per released Qwen2.5 Instruct checkpoint (values from the public
-Hugging Face `config.json` files), tiny presets for tests, and a round trip to and from
-a Hugging Face `config.json`.
+One named constructor per released Qwen2.5 Instruct and Qwen3 dense checkpoint (values from
+the public Hugging Face `config.json` files), tiny presets for tests, and a round trip to and
+from a Hugging Face `config.json`.
+
+The two families differ only in the attention block: Qwen2 has biases on the q/k/v
+projections; Qwen3 has none and instead RMS-normalises each query and key head (weights
+[head_dim], before rope). `model_type` selects the family; `attention_bias` and `qk_norm`
+follow from it.
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen2",)
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")  # accepted for param_dtype and dtype
 
 
@@ -38,6 +43,8 @@ class ModelConfig:
     scan_layers: bool = False
     # Rematerialise each layer in the backward pass (activation memory ~ one layer).
     remat: bool = False
+    # "qwen2" (Qwen2 / Qwen2.5: q/k/v biases) or "qwen3" (Qwen3 dense: per-head q/k RMSNorm, no biases).
+    model_type: str = "qwen2"
 
     def __post_init__(self):
         problems = []
@@ -50,6 +57,8 @@ class ModelConfig:
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            problems.append(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 problems.append(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
@@ -60,12 +69,26 @@ class ModelConfig:
     def num_query_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def attention_bias(self) -> bool:
+        """Biases on the q, k and v projections (Qwen2; Qwen3 has none)."""
+        return self.model_type == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """RMSNorm on each query and key head before rope (Qwen3)."""
+        return self.model_type == "qwen3"
+
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
     def num_params(self) -> int:
         d, f, h, k, hd = self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads, self.head_dim
-        per_layer = 2 * d + d * h * hd + h * hd + 2 * (d * k * hd + k * hd) + h * hd * d + 3 * d * f
+        per_layer = 2 * d + d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * f
+        if self.attention_bias:
+            per_layer += h * hd + 2 * k * hd
+        if self.qk_norm:
+            per_layer += 2 * hd
         head = 0 if self.tie_word_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.num_layers * per_layer + d + head
 
@@ -96,6 +119,40 @@ class ModelConfig:
                    num_heads=40, num_kv_heads=8, head_dim=128, tie_word_embeddings=False,
                    rms_norm_eps=1e-5, **kw)
 
+    # ----- Qwen3 dense presets (public Hugging Face config values) -----
+    @classmethod
+    def _qwen3(cls, **kw) -> "ModelConfig":
+        base = dict(vocab_size=151936, head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                    max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645,
+                    model_type="qwen3")
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def qwen3_0_6b(cls, **kw) -> "ModelConfig":
+        return cls._qwen3(**{**dict(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                                    num_kv_heads=8, tie_word_embeddings=True), **kw})
+
+    @classmethod
+    def qwen3_1_7b(cls, **kw) -> "ModelConfig":
+        return cls._qwen3(**{**dict(hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16,
+                                    num_kv_heads=8, tie_word_embeddings=True), **kw})
+
+    @classmethod
+    def qwen3_4b(cls, **kw) -> "ModelConfig":
+        return cls._qwen3(**{**dict(hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
+                                    num_kv_heads=8, tie_word_embeddings=True), **kw})
+
+    @classmethod
+    def qwen3_8b(cls, **kw) -> "ModelConfig":
+        return cls._qwen3(**{**dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
+                                    num_kv_heads=8, tie_word_embeddings=False), **kw})
+
+    @classmethod
+    def qwen3_14b(cls, **kw) -> "ModelConfig":
+        return cls._qwen3(**{**dict(hidden_size=5120, intermediate_size=17408, num_layers=40, num_heads=40,
+                                    num_kv_heads=8, tie_word_embeddings=False), **kw})
+
     # ----- tiny presets for tests and the embedded default -----
     @classmethod
     def tiny(cls, **kw) -> "ModelConfig":
@@ -109,7 +166,8 @@ class ModelConfig:
     def tiny_untied(cls, **kw) -> "ModelConfig":
         return cls.tiny(**{"tie_word_embeddings": False, **kw})
 
-    PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b", "tiny", "tiny_untied")
+    PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b",
+               "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b", "tiny", "tiny_untied")
 
     @classmethod
     def from_preset(cls, name: str, **kw) -> "ModelConfig":
@@ -140,7 +198,10 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model_type {model_type!r} in {source}; memsearcher-jax supports {SUPPORTED_MODEL_TYPES}")
         if hf.get("use_sliding_window"):
-            raise ValueError(f"{source}: use_sliding_window=true is not supported (Qwen2.5 ships it disabled)")
+            raise ValueError(f"{source}: use_sliding_window=true is not supported (Qwen2.5 and Qwen3 ship it disabled)")
+        if model_type == "qwen3" and hf.get("attention_bias"):
+            raise ValueError(f"{source}: attention_bias=true is not supported for qwen3 (the released Qwen3 "
+                             "dense checkpoints have no attention biases)")
         if hf.get("rope_scaling"):
             raise ValueError(f"{source}: rope_scaling {hf['rope_scaling']!r} is not supported")
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -168,16 +229,18 @@ class ModelConfig:
             max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
             bos_token_id=int(hf.get("bos_token_id") if hf.get("bos_token_id") is not None else 151643),
             eos_token_id=int(eos),
+            model_type=model_type,
         )
         fields.update(kw)
         return cls(**fields)
 
     def to_hf_config(self, torch_dtype: str | None = None) -> dict[str, Any]:
-        """A `config.json` that transformers' Qwen2ForCausalLM (and vLLM-style loaders) accept."""
+        """A `config.json` that transformers' Qwen2ForCausalLM or Qwen3ForCausalLM (by model_type)
+        and vLLM-style loaders accept."""
         dtype = torch_dtype or self.param_dtype
-        return {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
+        out = {
+            "architectures": ["Qwen3ForCausalLM" if self.model_type == "qwen3" else "Qwen2ForCausalLM"],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -200,3 +263,6 @@ class ModelConfig:
             "eos_token_id": self.eos_token_id,
             "torch_dtype": dtype,
         }
+        if self.model_type == "qwen3":
+            out["attention_bias"] = False
+        return out

@@ -1,4 +1,4 @@
-"""Hugging Face import and export for Qwen2, driven by ONE key table.
+"""Hugging Face import and export for Qwen2 and Qwen3 (dense), driven by ONE key table.
 
 `from_pretrained(path)` streams tensors straight from memory-mapped safetensors onto their
 `NamedSharding`s: each device's shard is read by `jax.make_array_from_callback`, so a 14B
@@ -53,6 +53,7 @@ class KeyRule:
     to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
     stacked: bool = True
     tied_only: bool | None = None  # None: always; False: only when untied
+    when: str | None = None  # a ModelConfig flag the row needs ("attention_bias", "qk_norm"); None: always
 
 
 def _same(w, c):
@@ -95,11 +96,15 @@ KEY_TABLE: tuple[KeyRule, ...] = (
     KeyRule(_L + "input_layernorm.weight", "layers.attn_norm", _same, _same),
     KeyRule(_L + "post_attention_layernorm.weight", "layers.mlp_norm", _same, _same),
     KeyRule(_L + "self_attn.q_proj.weight", "layers.q_kernel", _heads_in("num_heads"), _heads_in_inv),
-    KeyRule(_L + "self_attn.q_proj.bias", "layers.q_bias", _bias_in("num_heads"), _bias_inv),
+    KeyRule(_L + "self_attn.q_proj.bias", "layers.q_bias", _bias_in("num_heads"), _bias_inv, when="attention_bias"),
     KeyRule(_L + "self_attn.k_proj.weight", "layers.k_kernel", _heads_in("num_kv_heads"), _heads_in_inv),
-    KeyRule(_L + "self_attn.k_proj.bias", "layers.k_bias", _bias_in("num_kv_heads"), _bias_inv),
+    KeyRule(_L + "self_attn.k_proj.bias", "layers.k_bias", _bias_in("num_kv_heads"), _bias_inv,
+            when="attention_bias"),
     KeyRule(_L + "self_attn.v_proj.weight", "layers.v_kernel", _heads_in("num_kv_heads"), _heads_in_inv),
-    KeyRule(_L + "self_attn.v_proj.bias", "layers.v_bias", _bias_in("num_kv_heads"), _bias_inv),
+    KeyRule(_L + "self_attn.v_proj.bias", "layers.v_bias", _bias_in("num_kv_heads"), _bias_inv,
+            when="attention_bias"),
+    KeyRule(_L + "self_attn.q_norm.weight", "layers.q_norm", _same, _same, when="qk_norm"),
+    KeyRule(_L + "self_attn.k_norm.weight", "layers.k_norm", _same, _same, when="qk_norm"),
     KeyRule(_L + "self_attn.o_proj.weight", "layers.o_kernel", _o_in, _o_inv),
     KeyRule(_L + "mlp.gate_proj.weight", "layers.gate_kernel", _t, _t),
     KeyRule(_L + "mlp.up_proj.weight", "layers.up_kernel", _t, _t),
@@ -108,7 +113,8 @@ KEY_TABLE: tuple[KeyRule, ...] = (
 
 
 def active_rules(cfg: ModelConfig) -> list[KeyRule]:
-    return [r for r in KEY_TABLE if r.tied_only is None or r.tied_only == cfg.tie_word_embeddings]
+    return [r for r in KEY_TABLE if (r.tied_only is None or r.tied_only == cfg.tie_word_embeddings)
+            and (r.when is None or getattr(cfg, r.when))]
 
 
 def hf_shape(rule: KeyRule, cfg: ModelConfig) -> tuple[int, ...]:
@@ -120,7 +126,7 @@ def hf_shape(rule: KeyRule, cfg: ModelConfig) -> tuple[int, ...]:
         "layers.mlp_norm": (D,), "layers.q_kernel": (H * Dh, D), "layers.q_bias": (H * Dh,),
         "layers.k_kernel": (K * Dh, D), "layers.k_bias": (K * Dh,), "layers.v_kernel": (K * Dh, D),
         "layers.v_bias": (K * Dh,), "layers.o_kernel": (D, H * Dh), "layers.gate_kernel": (F, D),
-        "layers.up_kernel": (F, D), "layers.down_kernel": (D, F),
+        "layers.up_kernel": (F, D), "layers.down_kernel": (D, F), "layers.q_norm": (Dh,), "layers.k_norm": (Dh,),
     }[rule.ours]
 
 
@@ -191,7 +197,8 @@ def eos_token_ids(model_dir: str | os.PathLike) -> list[int]:
 def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
                     mesh: Mesh | None = None, sharding: ShardingConfig | None = None,
                     **config_overrides) -> Qwen2:
-    """Load a local Hugging Face Qwen2 directory into a (sharded) Qwen2 module.
+    """Load a local Hugging Face Qwen2 / Qwen3 directory into a (sharded) Qwen2 module (which
+    serves both families; config.json's model_type picks).
 
     dtype: compute dtype; param_dtype: storage dtype (defaults to `dtype`).
     mesh/sharding: place each parameter on `NamedSharding(mesh, spec)`; without a mesh the

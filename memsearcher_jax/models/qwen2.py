@@ -1,4 +1,9 @@
-"""Qwen2 / Qwen2.5 decoder as a Flax NNX module.
+"""Qwen2 / Qwen2.5 and Qwen3 (dense) decoder as a Flax NNX module.
+
+One module serves both families (`ModelConfig.model_type`): Qwen2 adds biases to the q/k/v
+projections (`config.attention_bias`); Qwen3 has none and RMS-normalises every query and
+key head before rope (`config.qk_norm`, weights `q_norm`/`k_norm` [L, Dh]). Parameters a
+family lacks do not exist in its module.
 
 Layer parameters are stacked along a leading [L] axis, so the same parameter layout
 serves a Python loop over layers and `lax.scan` (`ModelConfig.scan_layers`), and the
@@ -100,26 +105,32 @@ class DecoderLayers(nnx.Module):
         pd = jnp.dtype(cfg.param_dtype)
         self.attn_norm = nnx.Param(jnp.ones((L, D), pd))
         self.q_kernel = nnx.Param(_init(rngs, (L, D, H, Dh), pd))
-        self.q_bias = nnx.Param(jnp.zeros((L, H, Dh), pd))
         self.k_kernel = nnx.Param(_init(rngs, (L, D, K, Dh), pd))
-        self.k_bias = nnx.Param(jnp.zeros((L, K, Dh), pd))
         self.v_kernel = nnx.Param(_init(rngs, (L, D, K, Dh), pd))
-        self.v_bias = nnx.Param(jnp.zeros((L, K, Dh), pd))
+        if cfg.attention_bias:
+            self.q_bias = nnx.Param(jnp.zeros((L, H, Dh), pd))
+            self.k_bias = nnx.Param(jnp.zeros((L, K, Dh), pd))
+            self.v_bias = nnx.Param(jnp.zeros((L, K, Dh), pd))
+        if cfg.qk_norm:
+            self.q_norm = nnx.Param(jnp.ones((L, Dh), pd))
+            self.k_norm = nnx.Param(jnp.ones((L, Dh), pd))
         self.o_kernel = nnx.Param(_init(rngs, (L, H, Dh, D), pd))
         self.mlp_norm = nnx.Param(jnp.ones((L, D), pd))
         self.gate_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
         self.up_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
         self.down_kernel = nnx.Param(_init(rngs, (L, F, D), pd))
 
+    # Every parameter either family may have; a module holds those its config asks for.
     PARAM_NAMES = ("attn_norm", "q_kernel", "q_bias", "k_kernel", "k_bias", "v_kernel", "v_bias",
-                   "o_kernel", "mlp_norm", "gate_kernel", "up_kernel", "down_kernel")
+                   "q_norm", "k_norm", "o_kernel", "mlp_norm", "gate_kernel", "up_kernel", "down_kernel")
 
     def stacked(self) -> dict[str, jax.Array]:
-        return {n: getattr(self, n)[...] for n in self.PARAM_NAMES}
+        """{name: [L, ...] array} for the parameters this module has."""
+        return {n: getattr(self, n)[...] for n in self.PARAM_NAMES if hasattr(self, n)}
 
 
 class Qwen2(nnx.Module):
-    """Qwen2.5 causal LM. `model(input_ids)` -> logits [B, T, V] (float32)."""
+    """Qwen2.5 or Qwen3 (by `config.model_type`) causal LM. `model(input_ids)` -> logits [B, T, V] (float32)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None,
                  mesh: Mesh | None = None, sharding: ShardingConfig | None = None):
@@ -139,9 +150,13 @@ class Qwen2(nnx.Module):
         cfg, sh, mesh = self.config, self.sharding, self.mesh
         dt = jnp.dtype(cfg.dtype)
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt)) + p["q_bias"].astype(dt)
-        k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt)) + p["k_bias"].astype(dt)
-        v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt)) + p["v_bias"].astype(dt)
+        q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt))
+        if cfg.attention_bias:
+            q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
+        if cfg.qk_norm:  # per head, over head_dim, before rope
+            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
         k = apply_rope(k, cos, sin)
         attn = constrain(attention(q, k, v, mask), sh.act_bthd, mesh)

@@ -26,7 +26,7 @@ class ShardingConfig:
     # Parameters (stacked layer params carry a leading [L] dimension, never sharded).
     embed: P          # [V, D]
     lm_head: P        # [D, V]
-    norm: P           # [D]; layer norms are [L, D]
+    norm: P           # [D]; layer norms are [L, D]; Qwen3's q/k head norms [L, Dh] (replicated)
     q_kernel: P       # [L, D, H, Dh]
     q_bias: P         # [L, H, Dh]
     kv_kernel: P      # [L, D, K, Dh]
@@ -80,13 +80,16 @@ class ShardingConfig:
         )
 
 
-# Which ShardingConfig field lays out each parameter of the Qwen2 module (state path names).
+# Which ShardingConfig field lays out each parameter of the Qwen2 module (state path names);
+# q_norm / k_norm (Qwen3) are [L, Dh] vectors like the other norms: replicated.
 PARAM_SPEC_FIELD = {
     "embed": "embed",
     "lm_head": "lm_head",
     "final_norm": "norm",
     "layers.attn_norm": "norm",
     "layers.mlp_norm": "norm",
+    "layers.q_norm": "norm",
+    "layers.k_norm": "norm",
     "layers.q_kernel": "q_kernel",
     "layers.q_bias": "q_bias",
     "layers.k_kernel": "kv_kernel",

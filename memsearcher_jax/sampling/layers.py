@@ -11,6 +11,8 @@ while decoding). Every matrix is stored output-major, [out..., in...]:
     qkv       [K, G + 2, Dh, D]  per KV head k: its G query heads, then its key and its value head
     qkv_bias  [K, G + 2, Dh]        (or q [H, Dh, D] + kv [K, 2, Dh, D] when a tensor-parallel
                                      mesh splits the query heads but not the KV heads; see fuse_qkv)
+                                     biases only for Qwen2 (config.attention_bias)
+    q_norm, k_norm  [Dh]         Qwen3's per-head RMSNorm weights (config.qk_norm), replicated
     o         [D, H, Dh]
     gate_up   [2, F, D]
     down      [D, F]
@@ -91,14 +93,20 @@ def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig
         q = s["q_kernel"].transpose(1, 2, 0)  # [H, Dh, D]
         k, v = s["k_kernel"].transpose(1, 2, 0), s["v_kernel"].transpose(1, 2, 0)  # [K, Dh, D]
         layer = {"attn_norm": s["attn_norm"], "mlp_norm": s["mlp_norm"]}
+        if c.qk_norm:
+            layer["q_norm"], layer["k_norm"] = s["q_norm"], s["k_norm"]
         if fused_qkv:
             qkv = jnp.concatenate([q.reshape(K, G, Dh, D), k[:, None], v[:, None]], axis=1)
-            bias = jnp.concatenate([s["q_bias"].reshape(K, G, Dh), s["k_bias"][:, None], s["v_bias"][:, None]], 1)
-            layer["qkv"], layer["qkv_bias"] = put(qkv, P(kv_heads)), put(bias, P(kv_heads))
+            layer["qkv"] = put(qkv, P(kv_heads))
+            if c.attention_bias:
+                bias = jnp.concatenate([s["q_bias"].reshape(K, G, Dh), s["k_bias"][:, None], s["v_bias"][:, None]], 1)
+                layer["qkv_bias"] = put(bias, P(kv_heads))
         else:
-            layer["q"], layer["q_bias"] = put(q, P(heads)), put(s["q_bias"], P(heads))
+            layer["q"] = put(q, P(heads))
             layer["kv"] = put(jnp.stack([k, v], axis=1), P(kv_heads))
-            layer["kv_bias"] = put(jnp.stack([s["k_bias"], s["v_bias"]], axis=1), P(kv_heads))
+            if c.attention_bias:
+                layer["q_bias"] = put(s["q_bias"], P(heads))
+                layer["kv_bias"] = put(jnp.stack([s["k_bias"], s["v_bias"]], axis=1), P(kv_heads))
         layer["o"] = put(s["o_kernel"].transpose(2, 0, 1), P(None, ax("layers.o_kernel", 1)))  # [D, H, Dh]
         layer["gate_up"] = put(jnp.stack([s["gate_kernel"].T, s["up_kernel"].T]), P(None, ff))  # [2, F, D]
         layer["down"] = put(s["down_kernel"].T, P(None, ax("layers.down_kernel", 1)))  # [D, F]
@@ -238,12 +246,17 @@ class LayerMath:
         H, Dh = cfg.num_heads, cfg.head_dim
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
         if "qkv" in p:
-            y = self._proj(h, p["qkv"]) + p["qkv_bias"].astype(dt)  # [B, T, K, G + 2, Dh]
+            y = self._proj(h, p["qkv"])  # [B, T, K, G + 2, Dh]
+            if cfg.attention_bias:
+                y = y + p["qkv_bias"].astype(dt)
             q, k, v = y[:, :, :, :-2].reshape(b, t, H, Dh), y[:, :, :, -2], y[:, :, :, -1]
         else:
-            q = self._proj(h, p["q"]) + p["q_bias"].astype(dt)
-            kv_ = self._proj(h, p["kv"]) + p["kv_bias"].astype(dt)  # [B, T, K, 2, Dh]
+            q, kv_ = self._proj(h, p["q"]), self._proj(h, p["kv"])  # kv_ [B, T, K, 2, Dh]
+            if cfg.attention_bias:
+                q, kv_ = q + p["q_bias"].astype(dt), kv_ + p["kv_bias"].astype(dt)
             k, v = kv_[:, :, :, 0], kv_[:, :, :, 1]
+        if cfg.qk_norm:  # Qwen3: per head, before rope (as Qwen2._layer)
+            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
         k = apply_rope(k, cos, sin)
         ck, cv = kv
