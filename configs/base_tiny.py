@@ -32,6 +32,12 @@ def get_config() -> ml_collections.ConfigDict:
     # reserved name, never seen in pretraining, so looks exactly like the names the model
     # learnt to copy (same type vector, a code from the same distribution).
     c.model.tie_names = True
+    # The attribute values (years, occupations, colours, products, landmarks) the same way: a
+    # vector per kind + a fixed code each. Trained one by one, their embeddings filled up with
+    # priors and the copy circuit learnt on names did not reach them (years: 5% with one
+    # passage shown, at step 1500 of the shipped run, which then switched: docs/experiments.md).
+    c.model.tie_values = True
+    c.model.recode_values_on_resume = False  # the one-off switch of that run
 
     c.curriculum = ml_collections.ConfigDict()
     c.curriculum.repeat = 0.3        # mix weights of the row kinds (data/curriculum.py)

@@ -62,15 +62,22 @@ def name_groups(vocab: ReadingVocab) -> list[list[int]]:
             for kind in NAME_TYPES]
 
 
-def set_name_codes(model: Qwen2, vocab: ReadingVocab, seed: int) -> None:
-    """Give every name token its own random code of norm ~1 (std 1/sqrt(d) per entry, the scale
-    trained embeddings reach); the part shared by a type starts at 0 and is learnt."""
-    emb = np.asarray(model.embed[...], np.float32).copy()
+def value_groups(vocab: ReadingVocab) -> list[list[int]]:
+    """Token ids of the attribute values, one group per kind (years, occupations, ...)."""
+    return [[vocab.ids[v] for v in values] for values in vocab.values.values()]
+
+
+def set_codes(embed: np.ndarray, groups: list[list[int]], seed: int) -> np.ndarray:
+    """Each row of a group becomes the group's current mean + its own random code of norm ~1
+    (std 1/sqrt(d) per entry, the scale trained embeddings reach). With tied updates the mean
+    is then learnt for the group and the codes stay fixed: every member looks alike but for
+    its code, which is what copying reads."""
+    emb = np.asarray(embed, np.float32).copy()
     rng = np.random.default_rng(seed)
     d = emb.shape[1]
-    for ids in name_groups(vocab):
-        emb[ids] = rng.normal(0.0, 1.0 / np.sqrt(d), (len(ids), d))
-    model.embed[...] = jnp.asarray(emb, model.embed[...].dtype)
+    for ids in groups:
+        emb[ids] = emb[ids].mean(axis=0) + rng.normal(0.0, 1.0 / np.sqrt(d), (len(ids), d))
+    return emb
 
 
 # ----------------------------------------------------------------------------- the probe
@@ -167,17 +174,16 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
     mc = base_model_config(cfg, len(tokenizer), builder.eos_id, builder.pad_id)
     model = Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
-    tied = None
-    if cfg.model.tie_names:
-        set_name_codes(model, vocab, cfg.model.init_seed)
-        tied = name_groups(vocab)
+    tied = (name_groups(vocab) if cfg.model.tie_names else []) + (value_groups(vocab) if cfg.model.tie_values else [])
+    if tied:
+        model.embed[...] = jnp.asarray(set_codes(model.embed[...], tied, cfg.model.init_seed), model.embed[...].dtype)
     _log(f"model: {mc.num_params() - mc.vocab_size * mc.hidden_size:,} parameters besides the "
-         f"{mc.vocab_size}x{mc.hidden_size} embedding ({len(vocab.name_ids())} name rows, "
+         f"{mc.vocab_size}x{mc.hidden_size} embedding ({sum(map(len, tied))} name/value rows as "
          f"{'a shared vector per type + a fixed code each' if tied else 'trained one by one'}); "
          f"vocabulary {len(tokenizer)}")
     sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed, warmup=min(t.warmup, t.steps),
                         max_len=t.max_len, min_len=t.min_len, progress=False)
-    trainer = SFTTrainer(model, sft_cfg, tied_rows=tied, optim=_optim(cfg))
+    trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
     curriculum = Curriculum(vocab, builder, _curriculum_config(cfg))
     probe = probe_items(vocab, builder, t.probe_items, seed=t.seed + 1000, pool="reserved")
     probe_seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
@@ -192,6 +198,10 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
             opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state))))
         trainer.params, trainer.opt_state, step = got["params"], got["opt_state"], manager.latest_step()
         _log(f"resumed at step {step}")
+        if cfg.model.recode_values_on_resume:  # a run begun without tied values switches to them
+            emb = trainer.params["embed"]
+            emb[...] = jnp.asarray(set_codes(emb[...], value_groups(vocab), cfg.model.init_seed + 1), emb[...].dtype)
+            _log("value rows re-coded: each kind's mean + a fixed code per value, tied from now on")
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
     prefetch = _Prefetch(lambda s: curriculum.rows_for_step(s, t.batch_size), step, t.steps)
     summary_path = os.path.join(out, "summary.json")

@@ -55,7 +55,7 @@ def _truncate_jsonl(path: epath.Path, resume_step: int) -> None:
         kept = [line + "\n" for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
         tmp = path.parent / (path.name + ".tmp")
         tmp.write_text("".join(kept))
-        tmp.rename(path)
+        tmp.replace(path)
 
 
 class MetricsWriter:
