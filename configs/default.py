@@ -27,6 +27,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.scan_layers = False
     c.model.remat = False
     c.model.init_seed = 0
+    c.model.lora_rank = 0            # 0: full fine-tuning; r > 0: train rank-r LoRA adapters over a frozen base
+    c.model.lora_alpha = 16.0        # the adapters' scale is lora_alpha / lora_rank
+    c.model.lora_targets = ("q", "k", "v", "o", "gate", "up", "down")  # projections that get adapters
 
     c.world = ml_collections.ConfigDict()
     c.world.enabled = True           # the synthetic world supplies data, corpus and tokenizer

@@ -6,7 +6,9 @@ chosen with the ml-collections config string `MODEL,POD`:
 Models: qwen2_5_3b, qwen2_5_7b, qwen2_5_14b. Pods: v4_32, v5e_64, v5p_128, h100_8.
 RECIPES below gives each pair's mesh, micro-batch sizes and rows per sampler call, with the reason;
 `memsearcher-jax plan --config configs/recipe.py:MODEL,POD` prints the per-device memory table
-behind it. Percentages are of usable memory (90% of the chip).
+behind it (and exits non-zero when it does not fit). Percentages are of usable memory (90% of the
+chip). Every pair fits: where full fine-tuning cannot (7B on v5e-64, 14B on v4-32 and v5e-64),
+the recipe trains LoRA adapters instead, and says so in its `why`.
 """
 from __future__ import annotations
 
@@ -40,7 +42,15 @@ class Recipe(NamedTuple):
     logprob_batch_size: int     # shard, since an 8K-token row is the activation unit
     sampler_batch_size: int     # rows per sampler call; a power of two (the sampler's own bucket)
     why: str
-    fits: bool = True           # False: the planner says it does not fit; hardware.fits_expected = False
+    lora_rank: int = 0          # > 0: LoRA where full fine-tuning cannot fit (see LORA below)
+    logits_chunk: int = 0       # rl.logits_chunk: the loss's logits this many positions at a time (0: all)
+    context: int = 8192         # agent.max_context_tokens: a training row's longest conversation
+
+
+# Where full fine-tuning cannot fit, the recipe trains LoRA adapters instead: rank 32 (alpha 64)
+# on every projection over a frozen bf16 base, which is also the KL reference (no copy). The
+# learning rate goes from the recipe's 1e-6 to 1e-5, LoRA's usual ~10x of full fine-tuning's.
+LORA = dict(lora_alpha=64.0, param_dtype="bfloat16", learning_rate=1e-5)
 
 
 # Rollout rows per call: the largest power of two that keeps the rollout below the update's peak, or
@@ -69,10 +79,12 @@ RECIPES = {
         "~10.6 GiB/chip before the update's ~18 GiB; watch step 1 (a bf16 reference or v4-64 gives room). "
         "Host-local 1x1x4: ~0.12 GiB cache + ~0.55 GiB prefill per row: 16 rows per call; 32 make the rollout "
         "the peak at ~111%."),
-    ("qwen2_5_7b", "v5e_64"): R((1, 16, 4), 16, 16, 16,
-        "does NOT fit even at one row per call (~1.3x): the bf16 sampler copy (~3.5 GiB at tp=4, a host's most) + "
-        "~1.8 GiB of f32 state, then the update's ~14 GiB at 8K tokens. Use v5p. More rows make the rollout the peak.",
-        fits=False),
+    ("qwen2_5_7b", "v5e_64"): R((1, 16, 4), 16, 16, 8,
+        "LoRA: full fine-tuning does not fit (~1.3x even at one row per call: the bf16 sampler copy, ~3.5 GiB "
+        "at tp=4, + f32 state, then the update's ~14 GiB at 8K tokens). Rank-32 adapters over a frozen bf16 base "
+        "(no reference copy, optimizer state for the adapters alone) and the loss logits in 1024-position chunks: "
+        "~88%, peak update. Host-local 1x1x4: 8 rows per call; 16 make the rollout the peak at ~102%.",
+        lora_rank=32, logits_chunk=1024),
     ("qwen2_5_7b", "v5p_128"): R((1, 16, 4), 16, 16, 64,
         "tp=4 (4 KV heads; a host's chips), fsdp=16; ~56%, peak rollout. Host-local 1x1x4: ~0.12 GiB cache + "
         "~0.55 GiB prefill per row: 64 rows per call (2 calls per generation phase); 128 need ~106%."),
@@ -80,14 +92,20 @@ RECIPES = {
         "tp=4 within NVLink (4 KV heads), fsdp=2; ~57%, peak update. ~0.12 GiB cache + ~0.55 GiB prefill per row "
         "per GPU: 64 rows per call; 128 plan at ~84%, over the ~80% the prefill estimate's error allows."),
     # Qwen2.5-14B (8 KV heads, 40 heads)
-    ("qwen2_5_14b", "v4_32"): R((1, 4, 4), 4, 4, 16,
-        "does NOT fit even at one row per call (~1.7x): tp capped at 4, ~14 GiB/chip of f32 weights, reference "
-        "and moments next to the ~7 GiB bf16 sampler copy, before the update's ~27 GiB. Needs a v4-64 or larger.",
-        fits=False),
-    ("qwen2_5_14b", "v5e_64"): R((1, 16, 4), 16, 16, 8,
-        "does NOT fit even at one row per call (~2.1x): tp capped at 4, the bf16 sampler copy alone is ~7 GiB/chip "
-        "next to ~3.4 GiB of f32 state, and the update adds ~20 GiB at 8K tokens. Use v5p-128.",
-        fits=False),
+    ("qwen2_5_14b", "v4_32"): R((1, 4, 4), 4, 4, 8,
+        "LoRA: full fine-tuning does not fit (~1.7x: tp capped at 4, ~14 GiB/chip of f32 weights, reference "
+        "and moments next to the ~7 GiB bf16 sampler copy, before the update's ~27 GiB). Rank-32 adapters over "
+        "a frozen bf16 base (~1.7 GiB/chip), loss logits in 1024-position chunks: ~78%, peak update. "
+        "Host-local 1x1x4: ~0.40 GiB cache + ~0.9 GiB prefill per row: 8 rows per call; 16 need ~104%.",
+        lora_rank=32, logits_chunk=1024),
+    ("qwen2_5_14b", "v5e_64"): R((1, 16, 4), 16, 16, 4,
+        "LoRA and 4K-token conversations: even LoRA does not fit 8K rows on 16 GiB chips (the bf16 sampler copy "
+        "alone is ~6.9 GiB/chip at tp=4, a host's most, and remat still keeps 48 layer inputs of an 8K row). "
+        "Rank-32 adapters over a frozen bf16 base, loss logits in 1024-position chunks, "
+        "agent.max_context_tokens=4096 (MemSearcher's contexts mostly stay under 4K, docs/method.md §5; longer "
+        "conversations end at the cap): ~89%, peak update. Host-local 1x1x4: 4 rows per call; 8 make the "
+        "rollout the peak at ~90%.",
+        lora_rank=32, logits_chunk=1024, context=4096),
     ("qwen2_5_14b", "v5p_128"): R((1, 16, 4), 16, 16, 32,
         "tp=4, a host's most (40 heads and 8 KV heads divide by 4), fsdp=16; ~61%, peak rollout. Host-local "
         "1x1x4: ~0.40 GiB cache + ~0.9 GiB prefill per row: 32 rows per call (3 per phase); 64 need ~110%."),
@@ -136,14 +154,18 @@ def get_config(config_string: str | None = None):
     c.model.scan_layers = True
     # MemSearcher's per-call context stays under ~4K (docs/method.md §5): 8K slots cover act + up to
     # 10 passages + the memory update with room, and halve the cache of the 16K default.
-    c.agent.max_context_tokens = 8192
+    c.agent.max_context_tokens = r.context
     c.agent.max_response_tokens = 6144
     c.rl.micro_batch_size = r.micro_batch_size
     c.rl.logprob_batch_size = r.logprob_batch_size
+    c.rl.logits_chunk = r.logits_chunk
+    if r.lora_rank:
+        c.model.lora_rank = r.lora_rank
+        c.model.lora_alpha = LORA["lora_alpha"]
+        c.model.param_dtype = LORA["param_dtype"]  # the frozen base: the bf16 matmuls read it as it is
+        c.optim.learning_rate = LORA["learning_rate"]
     c.mesh.data, c.mesh.fsdp, c.mesh.tp = r.mesh
     c.sampler.batch_size = r.sampler_batch_size
     c.train.output_dir = f"runs/{model}_{pod}"
     c.hardware = ml_collections.ConfigDict(dict(PODS[pod], usable_fraction=0.9))
-    if not r.fits:
-        c.hardware.fits_expected = False  # the planner says so; kept to show why (see `why`)
     return c

@@ -62,8 +62,9 @@ def cmd_eval(args) -> int:
 def cmd_export(args) -> int:
     from memsearcher_jax.jobs import export_checkpoint
 
-    path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype, best=args.best)
-    print(f"wrote Hugging Face model to {path}")
+    path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype, best=args.best,
+                             adapters_only=args.adapters_only)
+    print(f"wrote {'PEFT LoRA adapters' if args.adapters_only else 'Hugging Face model'} to {path}")
     return 0
 
 
@@ -118,14 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export-hf", help="write a Hugging Face model directory from a checkpoint",
                        description="Convert an Orbax training checkpoint to a Hugging Face Qwen2 directory "
-                                   "(config.json, safetensors, tokenizer) loadable by transformers and vLLM.")
+                                   "(config.json, safetensors, tokenizer) loadable by transformers and vLLM. A LoRA "
+                                   "run's adapters are merged into the weights (or, with --adapters-only, written "
+                                   "alone for PEFT).")
     p.add_argument("--checkpoint", required=True, help="training output dir or its checkpoints/ dir")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--best", action="store_true",
                    help="the params with the highest held-out eval/em (kept in OUTPUT/best/ when train.eval_every > 0)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
-                   help="tensor dtype to write (default: the parameter dtype)")
+                   help="tensor dtype to write (default: the parameter dtype; float32 for --adapters-only)")
+    p.add_argument("--adapters-only", action="store_true",
+                   help="a LoRA run: write only its adapters, in PEFT's format (adapter_model.safetensors + "
+                        "adapter_config.json), instead of the merged full weights")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("plan", help="per-device memory plan for a config (does it fit?)")

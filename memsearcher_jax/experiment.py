@@ -40,10 +40,11 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, shard_model
-from memsearcher_jax.models.config import DTYPES
+from memsearcher_jax.models import (ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, save_pretrained,
+                                    shard_model)
+from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
-from memsearcher_jax.planner import check_fits
+from memsearcher_jax.planner import check_fits, lora_fields
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.reward import compute_reward
@@ -75,7 +76,7 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
                       log_ratio_clamp=rl.log_ratio_clamp, kl_estimator=rl.kl_estimator, tis_cap=rl.tis_cap)
     return GRPOConfig(optimizer_steps=rl.optimizer_steps, micro_batch_size=rl.micro_batch_size,
                       logprob_batch_size=rl.logprob_batch_size, shuffle_rows=rl.shuffle_rows,
-                      min_seq_len=rl.min_seq_len, loss=loss,
+                      min_seq_len=rl.min_seq_len, loss=loss, logits_chunk=int(rl.get("logits_chunk", 0)),
                       optim=OptimConfig(**cfg.optim.to_dict(), total_steps=cfg.train.steps * rl.optimizer_steps))
 
 
@@ -144,6 +145,16 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
         if cfg.model[key] not in DTYPES:
             problems.append(f"model.{key} must be one of {DTYPES}, got {cfg.model[key]!r}")
+    lora = lora_fields(cfg)
+    if lora["lora_rank"] < 0:
+        problems.append(f"model.lora_rank must be >= 0 (0 = full fine-tuning), got {lora['lora_rank']}")
+    elif lora["lora_rank"] > 0:
+        bad = [t for t in lora["lora_targets"] if t not in LORA_TARGETS]
+        if bad or not lora["lora_targets"]:
+            problems.append(f"model.lora_targets must name some of {', '.join(LORA_TARGETS)}, got "
+                            f"{cfg.model.lora_targets!r}")
+        if not lora["lora_alpha"] > 0:
+            problems.append(f"model.lora_alpha must be > 0, got {lora['lora_alpha']}")
     if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
         problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
     if problems:
@@ -261,29 +272,35 @@ def build_retriever(cfg: ml_collections.ConfigDict, world_paths=None):
 
 # ----------------------------------------------------------------------------- model, meshes, sampler
 
-def model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: int, pad_id: int) -> ModelConfig:
+def model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: int, pad_id: int,
+                 lora: bool = True) -> ModelConfig:
     m = cfg.model
     return ModelConfig.from_preset(
         m.preset, vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
         num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
         rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers,
-        remat=m.remat, eos_token_id=eos_id, bos_token_id=pad_id)
+        remat=m.remat, eos_token_id=eos_id, bos_token_id=pad_id, **(lora_fields(cfg) if lora else {}))
 
 
-def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None) -> Qwen2:
+def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None, lora: bool = True) -> Qwen2:
+    """The policy model.source (or `source`) gives, with fresh LoRA adapters when model.lora_rank > 0
+    (lora=False: without them, e.g. for the supervised warm start, which trains every weight)."""
     source = source or cfg.model.source
     if source == "init":
         vocab = -(-len(setup.tokenizer) // 64) * 64  # pad the vocabulary to a multiple of 64
-        mc = model_config(cfg, vocab, setup.builder.eos_id, setup.builder.pad_id)
+        mc = model_config(cfg, vocab, setup.builder.eos_id, setup.builder.pad_id, lora=lora)
         return Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
     return from_pretrained(os.path.expanduser(source), dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                           scan_layers=cfg.model.scan_layers, remat=cfg.model.remat)
+                           scan_layers=cfg.model.scan_layers, remat=cfg.model.remat,
+                           **(lora_fields(cfg) if lora else {}))
 
 
-def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh) -> Sampler:
-    """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`."""
+def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh, layer_by_layer: bool = False,
+                  to_local=None) -> Sampler:
+    """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
+    layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler)."""
     return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
-                   prefill_query_block=prefill_query_block(cfg))
+                   prefill_query_block=prefill_query_block(cfg), layer_by_layer=layer_by_layer, to_local=to_local)
 
 
 def learner_and_sampler_meshes(cfg: ml_collections.ConfigDict):
@@ -303,9 +320,26 @@ def sampling_mesh(cfg: ml_collections.ConfigDict):
     return learner_and_sampler_meshes(cfg)[1]
 
 
+def lora_base_dir(cfg: ml_collections.ConfigDict, policy: Qwen2, base_dir: str | None) -> str:
+    """The Hugging Face directory of a LoRA run's frozen base, recorded in its checkpoints (which
+    hold the adapters alone; export and evaluation load the base from here): `base_dir`, else
+    model.source when it is a directory, else the base written once to OUTPUT/lora_base."""
+    if base_dir:
+        return os.path.abspath(os.path.expanduser(base_dir))
+    if cfg.model.source != "init":
+        return os.path.abspath(os.path.expanduser(cfg.model.source))
+    out = os.path.join(output_path(cfg.train.output_dir), "lora_base")
+    if not os.path.isfile(os.path.join(out, "config.json")) and jax.process_index() == 0:
+        save_pretrained(policy, out)  # adapters merged: B is zero, so these are the base weights exactly
+    return out
+
+
 def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: Qwen2 | None = None,
-                  progress: bool = True) -> Trainer:
-    """Validate, check the plan fits, then build the learner, the sampler and the turn loop."""
+                  progress: bool = True, base_dir: str | None = None) -> Trainer:
+    """Validate, check the plan fits, then build the learner, the sampler and the turn loop.
+
+    base_dir: for LoRA (model.lora_rank > 0), the directory `policy`'s base weights came from
+    (the warm start's); see lora_base_dir."""
     validate(cfg)
     check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
     if jax.process_count() > 1 and cfg.rl.batch_questions % jax.process_count():
@@ -314,18 +348,26 @@ def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, po
     mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
     setup = setup or build_setup(cfg)
     policy = policy if policy is not None else load_policy(cfg, setup)
+    meta = {"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))}
+    lora = policy.config.lora
+    if lora:
+        meta["lora_base"] = lora_base_dir(cfg, policy, base_dir)
     if mesh is not None:
         policy = shard_model(policy, mesh, ShardingConfig.training())
     learner = GRPOLearner(policy, grpo_config(cfg), mesh=mesh)
-    sampler = build_sampler(cfg, sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype), sampler_mesh)
+    # LoRA: the sampler merges the adapters into its own copy one layer at a time, straight from
+    # the learner's frozen FSDP base (on several hosts, each piece is then made host-local).
+    to_local = ((lambda tree: distributed.to_local_arrays(tree, sampler_mesh))
+                if lora and jax.process_count() > 1 else None)
+    sampler = build_sampler(cfg, sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype), sampler_mesh,
+                            layer_by_layer=lora, to_local=to_local)
     runner = AgentRunner(setup.builder, sampler, setup.retriever, agent_config(cfg))
     held_out = eval_questions(cfg, setup)
     evaluate_fn = (lambda s: {k: v for k, v in evaluate(eval_runner(cfg, setup, s), held_out).items()
                               if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
     return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop_config(cfg), mesh=mesh,
                    sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn,
-                   reward_fn=load_reward_fn(cfg.rl.reward_fn),
-                   meta={"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))})
+                   reward_fn=load_reward_fn(cfg.rl.reward_fn), meta=meta)
 
 
 # ----------------------------------------------------------------------------- evaluation

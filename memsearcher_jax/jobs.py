@@ -17,8 +17,11 @@ from flax import nnx
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
-                                        eval_questions, eval_runner, evaluate, load_policy, sampling_mesh, validate)
+                                        eval_questions, eval_runner, evaluate, load_policy, lora_fields,
+                                        sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
+from memsearcher_jax.models.hf_io import save_adapters
+from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
@@ -54,7 +57,7 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> st
     stats = demo_stats(demos)
     _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
          f"{cfg.sft.steps} SFT steps")
-    policy = load_policy(cfg, setup)
+    policy = load_policy(cfg, setup, lora=False)  # SFT trains every weight; GRPO adds adapters after
     policy, history = sft_train(policy, demo_conversations(demos), _sft_config(cfg, cfg.sft.steps),
                                 pad_id=setup.builder.pad_id)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
@@ -106,8 +109,8 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     if cfg.sft.steps > 0:
         ws = warm_start(cfg, setup, os.path.join(out, "warmstart"))
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                                 scan_layers=cfg.model.scan_layers, remat=cfg.model.remat)
-    trainer = build_trainer(cfg, setup, policy)
+                                 scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
+    trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None)
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
     summary_path = os.path.join(out, "summary.json")
@@ -159,23 +162,46 @@ def _checkpoint_manager(path: str, best: bool = False):
 
 def restore_policy(checkpoint: str, step: int | None = None, best: bool = False) -> tuple[Qwen2, dict]:
     """A Qwen2 with the params of a training checkpoint (latest step by default; best=True: the
-    params with the highest eval/em, kept in best/), and its metadata."""
+    params with the highest eval/em, kept in best/), and its metadata.
+
+    A LoRA run's checkpoint holds the adapters alone: the frozen base is read from the
+    Hugging Face directory its metadata names (`lora_base`) and the adapters are put on it."""
     mngr = _checkpoint_manager(checkpoint, best)
     step = mngr.latest_step() if step is None else step
     if step not in mngr.all_steps():
         raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
     meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     mc = ModelConfig(**meta["model_config"])
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0))), nnx.Param)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if mc.lora:
+        base_dir = meta.get("lora_base")
+        if not base_dir or not os.path.isfile(os.path.join(base_dir, "config.json")):
+            raise FileNotFoundError(f"{checkpoint} holds LoRA adapters whose base model directory {base_dir!r} "
+                                    "is missing (its metadata's lora_base)")
+        fields = {f: getattr(mc, f) for f in ("scan_layers", "remat", "lora_rank", "lora_alpha", "lora_targets")}
+        base = from_pretrained(base_dir, dtype=mc.dtype, param_dtype=mc.param_dtype, **fields)
+        if base.config != mc:
+            raise ValueError(f"the base in {base_dir} does not match the checkpoint's model config: "
+                             f"{base.config} vs {mc}")
+        graphdef, adapters, frozen = nnx.split(base, LoRAParam, nnx.Param)
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), adapters)
+        adapters = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+        return nnx.merge(graphdef, adapters, frozen), meta
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0))), nnx.Param)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
     params = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
     return nnx.merge(graphdef, params), meta
 
 
 def export_checkpoint(checkpoint: str, out: str, step: int | None = None, dtype: str | None = None,
-                      best: bool = False) -> str:
+                      best: bool = False, adapters_only: bool = False) -> str:
+    """A Hugging Face model directory from a checkpoint (a LoRA run's adapters merged into the
+    weights), or with adapters_only its LoRA adapters in PEFT's format."""
     model, meta = restore_policy(checkpoint, step, best)
+    if adapters_only:
+        if not model.config.lora:
+            raise TrainConfigError(f"--adapters-only: {checkpoint} is a full fine-tuning checkpoint (no LoRA adapters)")
+        return save_adapters(model, out, base_model_name_or_path=meta.get("lora_base"), dtype=dtype)
     tok = meta.get("tokenizer_dir")
     return save_pretrained(model, out, tokenizer_dir=tok if tok and os.path.isdir(tok) else None, dtype=dtype)
 

@@ -20,6 +20,12 @@ The phases never overlap in time, so the total is NOT the sum of all rows:
                   per-layer copy, built while the old one is still held (`update_params`)
     total = persistent + max(rollout, scoring, update, refresh)
 
+LoRA (model.lora_rank > 0) changes the rows: "params" is the frozen base (also the KL
+reference: there is no reference row), "LoRA adapters" the float32 adapters and the zero copy
+that scores the reference, the optimizer state, gradients and update temporaries cover the
+adapters alone, and the sampler refresh is one piece (a layer, the head) at a time, since a
+LoRA trainer's Sampler rebuilds its merged copy layer by layer in place.
+
     memsearcher-jax plan --config configs/recipe.py:qwen2_5_3b,v5e_64
 """
 from __future__ import annotations
@@ -120,7 +126,8 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
     from memsearcher_jax.models import ModelConfig
 
     m = cfg.model
-    common = dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers, remat=m.remat)
+    common = dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers, remat=m.remat,
+                  **lora_fields(cfg))
     source = os.path.expanduser(str(m.source))
     if m.source != "init" and os.path.isfile(os.path.join(source, "config.json")):
         return ModelConfig.from_hf_config(source, **common)
@@ -142,6 +149,16 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
         m.preset, vocab_size=int(vocab), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
         num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
         rope_theta=m.rope_theta, **common)
+
+
+def lora_fields(cfg) -> dict:
+    """model.lora_* as ModelConfig fields (absent keys: full fine-tuning), as the trainer reads them."""
+    m = cfg.model
+    targets = m.get("lora_targets", ("q", "k", "v", "o", "gate", "up", "down"))
+    if isinstance(targets, str):
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    return dict(lora_rank=int(m.get("lora_rank", 0)), lora_alpha=float(m.get("lora_alpha", 16.0)),
+                lora_targets=tuple(targets))
 
 
 def _preset_from_name(path: str) -> str | None:
@@ -313,7 +330,14 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     pbytes = _ITEMSIZE[mc.param_dtype]
     abytes = _ITEMSIZE[mc.dtype]
     cbytes = _ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))]
-    shapes = param_shapes(mc)
+    from memsearcher_jax.models.qwen2 import is_lora_name
+
+    all_shapes = param_shapes(mc)
+    # LoRA: the adapters are their own rows; every other row is about the base weights (the
+    # sampler's copy has the adapters merged in, so it is base-shaped).
+    shapes = {n: s for n, s in all_shapes.items() if not is_lora_name(n)}
+    adapter_el = sum(_layout_elems({n: s for n, s in all_shapes.items() if is_lora_name(n)}, mesh,
+                                   ShardingConfig.training()).values())
     train_el = _layout_elems(shapes, mesh, ShardingConfig.training())
     samp_el = _layout_elems(shapes, mesh, ShardingConfig.sampling())
     p_el = sum(train_el.values())
@@ -338,14 +362,28 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     relaid_el = sum(samp_el[n] for n in differs)
     sampler_el = sum(samp_el.values())
 
-    rows = [
-        PlanRow("params", "persistent", p_el * pbytes, f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
-        PlanRow("reference params", "persistent", p_el * pbytes, "frozen copy for the KL term"),
-        # optax.adamw keeps mu and nu in the parameter dtype and layout.
-        PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
-        PlanRow("sampler weights", "persistent", sampler_el * abytes,
-                f"the Sampler's per-layer copy of all {len(shapes)} tensors, {mc.dtype}, TP-only"),
-    ]
+    if mc.lora:
+        # The optimizer, gradients and update cover the float32 adapters alone; the frozen base is
+        # the KL reference, scored with an all-zero copy of the adapters (no copy of the weights).
+        rows = [
+            PlanRow("params", "persistent", p_el * pbytes,
+                    f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP, frozen base (the KL reference)"),
+            PlanRow("LoRA adapters", "persistent", 2 * adapter_el * 4,
+                    f"{mc.num_lora_params() / 1e6:.1f}M x float32 (rank {mc.lora_rank}, "
+                    f"{','.join(mc.lora_targets)}) + the zero copy that scores the reference"),
+            PlanRow("optimizer state", "persistent", 2 * adapter_el * 4, "AdamW mu + nu of the adapters"),
+            PlanRow("sampler weights", "persistent", sampler_el * abytes,
+                    f"the Sampler's per-layer copy of all {len(shapes)} tensors, adapters merged, {mc.dtype}, TP-only"),
+        ]
+    else:
+        rows = [
+            PlanRow("params", "persistent", p_el * pbytes, f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
+            PlanRow("reference params", "persistent", p_el * pbytes, "frozen copy for the KL term"),
+            # optax.adamw keeps mu and nu in the parameter dtype and layout.
+            PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
+            PlanRow("sampler weights", "persistent", sampler_el * abytes,
+                    f"the Sampler's per-layer copy of all {len(shapes)} tensors, {mc.dtype}, TP-only"),
+        ]
 
     batch_ways = mesh[0] * mesh[1]
     tp = mesh[2]
@@ -413,21 +451,33 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         mask = mb * seq * seq                                            # bool [B, T, S]
         mlp = 3 * mb * seq * f_loc * abytes                              # gate, up, silu*up
         resid = 4 * mb * seq * D * abytes                                # x, norms, attention out
-        return qkv + scores + mask + mlp + resid
+        lora = mb * seq * mc.lora_rank * len(mc.lora_targets) * abytes if mc.lora else 0  # x A per target
+        return qkv + scores + mask + mlp + resid + lora
+
+    # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
+    # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
+    chunk = int(cfg.rl.get("logits_chunk", 0) or 0)
+    logit_positions = min(chunk, seq) if chunk > 0 else seq
 
     def logits_bytes(mb: int, copies: int) -> int:
         v_loc = _split(V, tp)
-        return copies * mb * seq * v_loc * 4
+        return copies * mb * logit_positions * v_loc * 4
 
     mb_t = local_rows(int(cfg.rl.micro_batch_size))
     mb_s = local_rows(int(cfg.rl.logprob_batch_size))
     # Scoring is a forward pass: one layer live at a time, plus logits and softmax.
     rows.append(PlanRow("log-prob activations", "scoring", fwd_layer_bytes(mb_s) + logits_bytes(mb_s, 2),
                         f"{mb_s} rows/device x {seq} tokens, forward only"))
-    rows.append(PlanRow("gradients", "update", 2 * p_el * 4, "f32 accumulator + one micro-batch's"))
-    # GRPOLearner donates params and optimizer state: they are updated in place, and what the
-    # step adds is the optimizer's update tree (one params-shaped temporary).
-    rows.append(PlanRow("update temporaries", "update", p_el * pbytes, "AdamW update tree (params, moments donated)"))
+    if mc.lora:
+        rows.append(PlanRow("gradients", "update", 2 * adapter_el * 4, "f32 accumulator + one micro-batch's, adapters"))
+        rows.append(PlanRow("update temporaries", "update", adapter_el * 4,
+                            "AdamW update tree of the adapters (adapters, moments donated)"))
+    else:
+        rows.append(PlanRow("gradients", "update", 2 * p_el * 4, "f32 accumulator + one micro-batch's"))
+        # GRPOLearner donates params and optimizer state: they are updated in place, and what the
+        # step adds is the optimizer's update tree (one params-shaped temporary).
+        rows.append(PlanRow("update temporaries", "update", p_el * pbytes,
+                            "AdamW update tree (params, moments donated)"))
     if mc.remat:
         # Per-layer checkpointing keeps only each layer's input; one layer is recomputed at a time
         # and its backward roughly doubles that layer's working set.
@@ -438,14 +488,53 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         how = "no remat: every layer's activations saved"
     rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
     # Logits and softmax saved for the backward, their cotangent and one temporary: f32, vocab over tp.
-    rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4), f"[{mb_t}, {seq}, V/{tp}] f32 x 4"))
-    rows.append(PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * abytes,
-                        f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"))
+    rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4),
+                        f"[{mb_t}, {logit_positions}, V/{tp}] f32 x 4"
+                        + (f" (chunks of {logit_positions} of {seq} positions)" if logit_positions < seq else "")))
+    if mc.lora:
+        rows.append(PlanRow("sampler refresh", "refresh", piece_refresh_bytes(mc, shapes, mesh, pbytes, abytes),
+                            "layer by layer in place (Sampler layer_by_layer): one piece's gathered base, "
+                            "f32 merge and new arrays"))
+    else:
+        rows.append(PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * abytes,
+                            f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"))
 
     name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
     kind = (hw.get("device_kind", None) if hw else None) or "device"
     return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),
                       device_kind=str(kind), model_name=str(name), sampler_call=call)
+
+
+def piece_refresh_bytes(mc, shapes: dict, mesh: tuple[int, int, int], pbytes: int, abytes: int) -> int:
+    """What a layer_by_layer Sampler holds beyond its weights while it rebuilds them, per device:
+    the largest piece (one layer, the head, the untied embedding table) as its program makes it:
+    the piece's base gathered into the TP-only layout (parameter dtype), its new arrays (compute
+    dtype; the old ones are let go only once these exist) and, for a layer, the float32
+    W + scale A B of its two largest adapted kernels at once."""
+    from memsearcher_jax.models import ShardingConfig
+    from memsearcher_jax.models.config import LORA_KERNELS
+
+    el = _layout_elems(shapes, mesh, ShardingConfig.sampling())
+    L = mc.num_layers
+    layer = sum(n for name, n in el.items() if name.startswith("layers.")) // L
+    kernels = sorted((el[f"layers.{LORA_KERNELS[t][0]}"] // L for t in mc.lora_targets), reverse=True)
+    merge = 2 * 4 * sum(kernels[:2])  # the f32 product and the f32 sum of a kernel, two kernels in flight
+    pieces = [layer * (pbytes + abytes) + merge, el["embed"] * (pbytes + abytes)]
+    if "lm_head" in el:
+        pieces.append(el["lm_head"] * (pbytes + abytes))
+    return max(pieces)
+
+
+def why_not(plan: MemoryPlan) -> str:
+    """The reason a plan that does not fit gives: how much over, in which phase, and what to change."""
+    over = plan.total_bytes - plan.capacity_bytes
+    lora = any(r.name == "LoRA adapters" for r in plan.rows)
+    return (f"config does not fit: needs {plan.total_bytes / GIB:.2f} GiB per device (peak: {plan.peak_phase}), "
+            f"{over / GIB:.2f} GiB over the usable {plan.capacity_bytes / GIB:.2f} GiB. "
+            "Shard more (mesh.fsdp / mesh.tp), lower rl.micro_batch_size, rl.logprob_batch_size or "
+            "sampler.batch_size, enable model.remat, chunk the loss's logits (rl.logits_chunk), "
+            + ("" if lora else "train LoRA adapters instead of every weight (model.lora_rank), ")
+            + "or shorten agent.max_context_tokens.")
 
 
 def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
@@ -455,21 +544,20 @@ def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None =
     """
     plan = plan_memory(cfg, device_memory_gib)
     if plan.fits is False:
-        over = plan.total_bytes - plan.capacity_bytes
-        raise PlanError(f"config does not fit: needs {plan.total_bytes / GIB:.2f} GiB per device, "
-                        f"{over / GIB:.2f} GiB over the usable {plan.capacity_bytes / GIB:.2f} GiB. "
-                        "Shard more (mesh.fsdp / mesh.tp), lower rl.micro_batch_size or "
-                        "rl.logprob_batch_size, enable model.remat, or shorten agent.max_context_tokens.\n"
-                        + plan.table())
+        raise PlanError(why_not(plan) + "\n" + plan.table())
     return plan
 
 
 def main(cfg: ml_collections.ConfigDict, args) -> int:
-    """`memsearcher-jax plan`: print the table; exit 1 when it does not fit, 2 when it cannot plan."""
+    """`memsearcher-jax plan`: print the table; exit 0 when it fits (or the capacity is unknown),
+    1 with the reason when it does not, 2 when it cannot plan."""
     try:
         plan = plan_memory(cfg, getattr(args, "device_memory_gib", None))
     except PlanError as e:
         print(f"memsearcher-jax plan: {e}")
         return 2
     print(plan.table())
-    return 1 if plan.fits is False else 0
+    if plan.fits is False:
+        print(f"memsearcher-jax plan: {why_not(plan)}")
+        return 1
+    return 0

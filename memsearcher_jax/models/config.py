@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")  # accepted for param_dtype and dtype
+# The projections LoRA may adapt, by their short names (PEFT's target_modules add "_proj").
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# (kernel name, number of input dims) of each LoRA target, as the module stores the kernels.
+LORA_KERNELS = {"q": ("q_kernel", 1), "k": ("k_kernel", 1), "v": ("v_kernel", 1), "o": ("o_kernel", 2),
+                "gate": ("gate_kernel", 1), "up": ("up_kernel", 1), "down": ("down_kernel", 1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +51,16 @@ class ModelConfig:
     remat: bool = False
     # "qwen2" (Qwen2 / Qwen2.5: q/k/v biases) or "qwen3" (Qwen3 dense: per-head q/k RMSNorm, no biases).
     model_type: str = "qwen2"
+    # LoRA: rank 0 trains every weight (full fine-tuning). Rank r > 0 adds, to each target
+    # projection W, float32 adapters A [in, r] and B [r, out] (B starts at zero) so the layer
+    # computes x W + (alpha / r) x A B; only the adapters train and the base is frozen.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
+        # A JSON round trip (checkpoint metadata) gives a list; the config must stay hashable.
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         problems = []
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim"):
@@ -62,8 +76,28 @@ class ModelConfig:
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 problems.append(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        if self.lora_rank < 0:
+            problems.append(f"lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if self.lora_rank > 0:
+            unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
+            if unknown or not self.lora_targets:
+                problems.append(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {self.lora_targets}")
+            if len(set(self.lora_targets)) != len(self.lora_targets):
+                problems.append(f"lora_targets lists a projection twice: {self.lora_targets}")
+            if not self.lora_alpha > 0:
+                problems.append(f"lora_alpha must be > 0, got {self.lora_alpha}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+
+    @property
+    def lora(self) -> bool:
+        """LoRA adapters train over a frozen base (lora_rank > 0)."""
+        return self.lora_rank > 0
+
+    @property
+    def lora_scale(self) -> float:
+        """The adapters' factor alpha / r (PEFT's `scaling`)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     @property
     def num_query_groups(self) -> int:
@@ -91,6 +125,20 @@ class ModelConfig:
             per_layer += 2 * hd
         head = 0 if self.tie_word_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+    def lora_io(self, target: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(input dims, output dims) of a target projection's kernel, as our module stores it."""
+        d, f, h, k, hd = self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads, self.head_dim
+        return {"q": ((d,), (h, hd)), "k": ((d,), (k, hd)), "v": ((d,), (k, hd)), "o": ((h, hd), (d,)),
+                "gate": ((d,), (f,)), "up": ((d,), (f,)), "down": ((f,), (d,))}[target]
+
+    def num_lora_params(self) -> int:
+        """Adapter parameters: r x (in + out) per target projection per layer."""
+        total = 0
+        for t in self.lora_targets if self.lora else ():
+            ins, outs = self.lora_io(t)
+            total += self.lora_rank * (math.prod(ins) + math.prod(outs))
+        return self.num_layers * total
 
     # ----- Qwen2.5 Instruct presets (public Hugging Face config values) -----
     @classmethod

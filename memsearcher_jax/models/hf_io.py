@@ -4,6 +4,9 @@
 `NamedSharding`s: each device's shard is read by `jax.make_array_from_callback`, so a 14B
 model never needs a full host copy (at most one layer tensor at a time is materialised).
 `save_pretrained(model, path)` writes the same table back out, so a round trip is exact.
+A LoRA model (config.lora_rank > 0) is written with its adapters merged into the kernels
+(full weights transformers loads as they are); `save_adapters(model, path)` writes the
+adapters alone in PEFT's format (adapter_model.safetensors + adapter_config.json).
 
 Everything that can be wrong with a checkpoint (unsupported model_type, missing or unexpected
 keys, wrong shapes, corrupt or truncated files) is checked from the headers first, and the
@@ -24,8 +27,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.models.config import ModelConfig
-from memsearcher_jax.models.qwen2 import Qwen2
+from memsearcher_jax.models.config import LORA_KERNELS, ModelConfig
+from memsearcher_jax.models.qwen2 import Qwen2, init_lora, is_lora_name, lora_delta
 from memsearcher_jax.models.safetensors_io import SafetensorsError, TensorDirectory, save_file
 from memsearcher_jax.models.sharding import ShardingConfig, fit_spec, param_spec
 
@@ -195,7 +198,7 @@ def eos_token_ids(model_dir: str | os.PathLike) -> list[int]:
 
 
 def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
-                    mesh: Mesh | None = None, sharding: ShardingConfig | None = None,
+                    mesh: Mesh | None = None, sharding: ShardingConfig | None = None, lora_seed: int = 0,
                     **config_overrides) -> Qwen2:
     """Load a local Hugging Face Qwen2 / Qwen3 directory into a (sharded) Qwen2 module (which
     serves both families; config.json's model_type picks).
@@ -203,7 +206,8 @@ def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dt
     dtype: compute dtype; param_dtype: storage dtype (defaults to `dtype`).
     mesh/sharding: place each parameter on `NamedSharding(mesh, spec)`; without a mesh the
     model lives on the first device. Extra keyword arguments override ModelConfig fields
-    (e.g. scan_layers=True).
+    (e.g. scan_layers=True, or lora_rank=16 for fresh LoRA adapters, drawn from `lora_seed`,
+    over the loaded weights).
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
@@ -240,8 +244,13 @@ def from_pretrained(path: str | os.PathLike, *, dtype: str = "float32", param_dt
     abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0), mesh=mesh, sharding=sharding))
     graphdef, state = nnx.split(abstract)
     flat = nnx.to_flat_state(state)
+    adapters = init_lora(cfg, jax.random.key(lora_seed)) if cfg.lora else {}
     for path_key, var in flat:
         name = ".".join(str(p) for p in path_key)
+        if is_lora_name(name):  # fresh adapters: not in a Hugging Face checkpoint
+            value = adapters[name.split(".")[-1]]
+            var.set_value(jax.device_put(value, param_sharding(name, value.shape, mesh, sharding)))
+            continue
         if name not in rules:
             raise CheckpointError(f"no key-table rule for parameter {name!r}")
         var.set_value(load(rules[name]))
@@ -276,17 +285,85 @@ def shard_model(model: Qwen2, mesh: Mesh, sharding: ShardingConfig, move_dtype=N
     return new
 
 
+def _layer_tensor(params: dict, name: str, i: int, cfg: ModelConfig) -> np.ndarray:
+    """Layer i of stacked parameter `name`; a LoRA target's kernel comes back merged, W + scale A B,
+    in float32 (the writer casts it to the checkpoint dtype once)."""
+    kernel = name.split(".")[-1]
+    target = next((t for t, (k, _) in LORA_KERNELS.items() if k == kernel), None)
+    if target is None or f"layers.{target}_lora_a" not in params:
+        return np.asarray(jax.device_get(params[name][i]))
+    delta = lora_delta(params[f"layers.{target}_lora_a"][i], params[f"layers.{target}_lora_b"][i], cfg.lora_scale,
+                       LORA_KERNELS[target][1])
+    return np.asarray(jax.device_get(params[name][i].astype(jnp.float32) + delta))
+
+
 def hf_state_dict(model: Qwen2):
-    """Yield (hf_key, numpy array) pairs, one tensor at a time, in the checkpoint dtype."""
+    """Yield (hf_key, numpy array) pairs, one tensor at a time, in the checkpoint dtype. LoRA
+    adapters are merged into their kernels (one layer at a time)."""
     cfg = model.config
     params = param_dict(model)
     for rule in active_rules(cfg):
         arr = params[rule.ours]
         if rule.stacked:
             for i in range(cfg.num_layers):
-                yield rule.hf.format(i=i), np.asarray(rule.to_hf(np.asarray(jax.device_get(arr[i])), cfg))
+                yield rule.hf.format(i=i), np.asarray(rule.to_hf(_layer_tensor(params, rule.ours, i, cfg), cfg))
         else:
             yield rule.hf, np.asarray(rule.to_hf(np.asarray(jax.device_get(arr)), cfg))
+
+
+# PEFT's module names for our LoRA targets, and its file names.
+PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+PEFT_WEIGHTS, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+
+
+def peft_state_dict(model: Qwen2):
+    """Yield (PEFT key, numpy array) for every adapter: lora_A.weight [r, in] and lora_B.weight
+    [out, r] per layer and target (torch's [out, in] convention; in/out flattened as the
+    Hugging Face kernels are), keyed base_model.model.model.layers.{i}.<module>.lora_{A,B}.weight."""
+    cfg = model.config
+    if not cfg.lora:
+        raise ValueError("the model has no LoRA adapters (model.lora_rank is 0)")
+    params = param_dict(model)
+    r = cfg.lora_rank
+    for i in range(cfg.num_layers):
+        for t in cfg.lora_targets:
+            a = np.asarray(jax.device_get(params[f"layers.{t}_lora_a"][i]))  # [in..., r]
+            b = np.asarray(jax.device_get(params[f"layers.{t}_lora_b"][i]))  # [r, out...]
+            key = f"base_model.model.model.layers.{i}.{PEFT_MODULES[t]}"
+            yield f"{key}.lora_A.weight", a.reshape(-1, r).T
+            yield f"{key}.lora_B.weight", b.reshape(r, -1).T
+
+
+def peft_config(cfg: ModelConfig, base_model_name_or_path: str | None = None) -> dict:
+    """adapter_config.json for our adapters (peft.LoraConfig's fields)."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
+        "target_modules": sorted(PEFT_MODULES[t].split(".")[-1] for t in cfg.lora_targets),
+        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+        "inference_mode": True, "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
+        "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
+        "base_model_name_or_path": base_model_name_or_path,
+    }
+
+
+def save_adapters(model: Qwen2, path: str | os.PathLike, *, base_model_name_or_path: str | None = None,
+                  dtype: str | None = None) -> str:
+    """Write the LoRA adapters alone in PEFT's format: adapter_model.safetensors and
+    adapter_config.json (`peft.PeftModel.from_pretrained(base, path)` loads them)."""
+    path = os.fspath(path)
+    np_dtype = np.dtype(jnp.dtype(dtype or "float32"))
+    tensors = {k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in peft_state_dict(model)}
+    tmp = path.rstrip("/") + ".tmp-export"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file(tensors, os.path.join(tmp, PEFT_WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(tmp, PEFT_CONFIG), "w", encoding="utf-8") as f:
+        json.dump(peft_config(model.config, base_model_name_or_path), f, indent=2)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
 
 
 def save_pretrained(model: Qwen2, path: str | os.PathLike, *, tokenizer_dir: str | None = None,

@@ -12,6 +12,13 @@ Hugging Face key table maps `model.layers.{i}.*` onto slice i of one array.
 `model(input_ids, positions=None, attention_mask=None) -> logits [B, T, V]` trains and
 scores padded batches (left or right padding, causal + padding mask).
 
+LoRA (`config.lora_rank > 0`): every target projection W (q, k, v, o, gate, up, down) gets
+adapters `{t}_lora_a` [L, in..., r] and `{t}_lora_b` [L, r, out...] of type `LoRAParam`
+(an `nnx.Param`, so every Param filter still sees them; `nnx.split(model, LoRAParam,
+nnx.Param)` separates them from the base), float32, A drawn like PEFT's kaiming-uniform and
+B zero; the layer computes x W + (alpha / r) (x A) B, so at initialisation the logits are
+the base's exactly. `merge_lora` folds them into the kernels (the sampler's copy, export).
+
 The decoder's math is written once, as the module-level functions below (RMSNorm, rope,
 the SwiGLU activation, the attention mask, scores and softmax): `Qwen2._layer` uses them
 and so does the sampler's `sampling.layers.LayerMath`, which keeps only its own weight
@@ -19,12 +26,14 @@ layout and its cached-attention forms.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from memsearcher_jax.models.config import ModelConfig
+from memsearcher_jax.models.config import LORA_KERNELS, ModelConfig
 from memsearcher_jax.models.sharding import ShardingConfig, constrain
 
 NEG_INF = -1e30  # finite "minus infinity": a fully masked (padding) query row stays finite
@@ -96,6 +105,75 @@ def _init(rngs: nnx.Rngs, shape, dtype, std=0.02):
     return std * jax.random.normal(rngs.params(), shape, dtype=jnp.float32).astype(dtype)
 
 
+class LoRAParam(nnx.Param):
+    """A LoRA adapter: the only trainable parameters of a LoRA model (the base stays frozen)."""
+
+
+LORA_NAMES = tuple(f"{t}_lora_{ab}" for t in LORA_KERNELS for ab in ("a", "b"))
+
+
+def is_lora_name(name: str) -> bool:
+    """Whether a parameter name (e.g. "layers.q_lora_a" or "q_lora_a") is a LoRA adapter."""
+    return name.rsplit(".", 1)[-1] in LORA_NAMES
+
+
+def lora_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """{"q_lora_a": (L, D, r), "q_lora_b": (L, r, H, Dh), ...} for the config's targets."""
+    out = {}
+    for t in cfg.lora_targets if cfg.lora else ():
+        ins, outs = cfg.lora_io(t)
+        out[f"{t}_lora_a"] = (cfg.num_layers, *ins, cfg.lora_rank)
+        out[f"{t}_lora_b"] = (cfg.num_layers, cfg.lora_rank, *outs)
+    return out
+
+
+def init_lora(cfg: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
+    """Fresh adapters, float32: A uniform in +-1/sqrt(fan_in) (PEFT's kaiming-uniform with
+    a = sqrt(5)), B zero, so the adapted model starts as the base."""
+    out = {}
+    for i, (name, shape) in enumerate(sorted(lora_shapes(cfg).items())):
+        if name.endswith("_a"):
+            bound = 1.0 / math.sqrt(math.prod(shape[1:-1]))
+            out[name] = jax.random.uniform(jax.random.fold_in(key, i), shape, jnp.float32, -bound, bound)
+        else:
+            out[name] = jnp.zeros(shape, jnp.float32)
+    return out
+
+
+def lora_delta(a: jax.Array, b: jax.Array, scale: float, n_in: int) -> jax.Array:
+    """scale * A B as a kernel-shaped float32 array: A [..., in..., r], B [..., r, out...]
+    (an optional leading [L] on both) -> [..., in..., out...]."""
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    if a.ndim == n_in + 1:
+        return scale * jnp.tensordot(a, b, axes=1)
+    return scale * jax.vmap(lambda x, y: jnp.tensordot(x, y, axes=1))(a, b)
+
+
+def merge_lora(params: dict, cfg: ModelConfig) -> dict:
+    """A layer's (or the stacked layers') parameter dict with every adapter pair folded into its
+    kernel (W + scale A B, summed in float32, stored back in W's dtype) and the adapters
+    dropped. Without adapters the dict is returned as it is."""
+    if not any(is_lora_name(n) for n in params):
+        return params
+    out = {n: v for n, v in params.items() if not is_lora_name(n)}
+    for t, (kernel, n_in) in LORA_KERNELS.items():
+        if f"{t}_lora_a" in params:
+            w = params[kernel]
+            delta = lora_delta(params[f"{t}_lora_a"], params[f"{t}_lora_b"], cfg.lora_scale, n_in)
+            out[kernel] = (w.astype(jnp.float32) + delta).astype(w.dtype)
+    return out
+
+
+def lora_apply(p: dict, target: str, x: jax.Array, y: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """y (x's projection through the target's kernel) plus the adapters' (alpha / r) (x A) B,
+    in x's dtype; y itself when the target has no adapters."""
+    if f"{target}_lora_a" not in p:
+        return y
+    n_in = LORA_KERNELS[target][1]
+    xa = jnp.tensordot(x, p[f"{target}_lora_a"].astype(x.dtype), axes=n_in)  # [..., r]
+    return y + jnp.tensordot(xa, p[f"{target}_lora_b"].astype(x.dtype), axes=1) * jnp.asarray(cfg.lora_scale, x.dtype)
+
+
 class DecoderLayers(nnx.Module):
     """All decoder layers' parameters, stacked along a leading [L] axis."""
 
@@ -119,10 +197,13 @@ class DecoderLayers(nnx.Module):
         self.gate_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
         self.up_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
         self.down_kernel = nnx.Param(_init(rngs, (L, F, D), pd))
+        if cfg.lora:
+            for name, value in init_lora(cfg, rngs.params()).items():
+                setattr(self, name, LoRAParam(value))
 
-    # Every parameter either family may have; a module holds those its config asks for.
+    # Every parameter either family may have (and the LoRA adapters); a module holds those its config asks for.
     PARAM_NAMES = ("attn_norm", "q_kernel", "q_bias", "k_kernel", "k_bias", "v_kernel", "v_bias",
-                   "q_norm", "k_norm", "o_kernel", "mlp_norm", "gate_kernel", "up_kernel", "down_kernel")
+                   "q_norm", "k_norm", "o_kernel", "mlp_norm", "gate_kernel", "up_kernel", "down_kernel") + LORA_NAMES
 
     def stacked(self) -> dict[str, jax.Array]:
         """{name: [L, ...] array} for the parameters this module has."""
@@ -150,9 +231,9 @@ class Qwen2(nnx.Module):
         cfg, sh, mesh = self.config, self.sharding, self.mesh
         dt = jnp.dtype(cfg.dtype)
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt))
-        k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt))
-        v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt))
+        q = lora_apply(p, "q", h, jnp.einsum("btd,dhk->bthk", h, p["q_kernel"].astype(dt)), cfg)
+        k = lora_apply(p, "k", h, jnp.einsum("btd,dhk->bthk", h, p["k_kernel"].astype(dt)), cfg)
+        v = lora_apply(p, "v", h, jnp.einsum("btd,dhk->bthk", h, p["v_kernel"].astype(dt)), cfg)
         if cfg.attention_bias:
             q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
         if cfg.qk_norm:  # per head, over head_dim, before rope
@@ -160,12 +241,14 @@ class Qwen2(nnx.Module):
         q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
         k = apply_rope(k, cos, sin)
         attn = constrain(attention(q, k, v, mask), sh.act_bthd, mesh)
-        x = x + constrain(jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), sh.act_btd, mesh)
+        o = lora_apply(p, "o", attn, jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), cfg)
+        x = x + constrain(o, sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-        gate = jnp.einsum("btd,df->btf", h, p["gate_kernel"].astype(dt))
-        up = jnp.einsum("btd,df->btf", h, p["up_kernel"].astype(dt))
+        gate = lora_apply(p, "gate", h, jnp.einsum("btd,df->btf", h, p["gate_kernel"].astype(dt)), cfg)
+        up = lora_apply(p, "up", h, jnp.einsum("btd,df->btf", h, p["up_kernel"].astype(dt)), cfg)
         act = constrain(swiglu(gate, up), sh.act_btf, mesh)
-        return x + constrain(jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), sh.act_btd, mesh)
+        down = lora_apply(p, "down", act, jnp.einsum("btf,fd->btd", act, p["down_kernel"].astype(dt)), cfg)
+        return x + constrain(down, sh.act_btd, mesh)
 
     def _run_layers(self, x, cos, sin, mask):
         params = self.layers.stacked()

@@ -17,6 +17,8 @@ from typing import Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from memsearcher_jax.models.config import LORA_KERNELS
+
 MESH_AXES = ("data", "fsdp", "tp")
 BATCH = ("data", "fsdp")  # the batch dimension is split over both data-parallel axes
 
@@ -104,7 +106,16 @@ PARAM_SPEC_FIELD = {
 
 
 def param_spec(name: str, ndim: int, sharding: ShardingConfig) -> P:
-    """The PartitionSpec of parameter `name` (e.g. "layers.q_kernel"), padded to `ndim`."""
+    """The PartitionSpec of parameter `name` (e.g. "layers.q_kernel"), padded to `ndim`.
+
+    A LoRA adapter follows its kernel: A [L, in..., r] keeps the kernel's input-dim axes,
+    B [L, r, out...] its output-dim axes; the rank dimension is never split."""
+    target, _, ab = name.removeprefix("layers.").partition("_lora_")
+    if name.startswith("layers.") and ab in ("a", "b") and target in LORA_KERNELS:
+        kernel, n_in = LORA_KERNELS[target]
+        ks = tuple(param_spec(f"layers.{kernel}", 4 if target in ("q", "k", "v", "o") else 3, sharding))
+        spec = ks[:1 + n_in] + (None,) if ab == "a" else (ks[0], None) + ks[1 + n_in:]
+        return P(*(spec + (None,) * (ndim - len(spec)))[:ndim])
     if name not in PARAM_SPEC_FIELD:
         raise KeyError(f"no sharding rule for parameter {name!r}; known: {sorted(PARAM_SPEC_FIELD)}")
     spec = tuple(getattr(sharding, PARAM_SPEC_FIELD[name]))

@@ -18,7 +18,6 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -26,7 +25,8 @@ from jax.sharding import PartitionSpec as P
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
-from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, token_logprobs
+from memsearcher_jax.rl.learner import (Learner, OptimConfig, apply_update, make_optimizer, merge_params,
+                                        token_logprobs)
 from memsearcher_jax.rl.losses import (LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, tis_weights,
                                        weighted_loss_sum)
 from memsearcher_jax.rl.reward import RewardResult, compute_reward
@@ -105,24 +105,43 @@ def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float])
 
 # ----------------------------------------------------------------------------- pure math
 
-def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array):
+def _logp_entropy(logits: jax.Array, targets: jax.Array):
+    logp = token_logprobs(logits, targets)
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    return logp, logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+
+
+def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0):
     """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
 
     logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
     entropy of the distribution that predicted token j. Softmax in float32.
+
+    logits_chunk > 0: the float32 logits [B, S, V] are never whole: the final hidden states go
+    through the head `logits_chunk` positions at a time, each chunk's logits recomputed in the
+    backward pass (jax.checkpoint), so the loss holds one chunk's logits instead of all of them.
     """
-    logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
-    logp = token_logprobs(logits, tokens[:, 1:])
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    if logits_chunk <= 0 or logits_chunk >= tokens.shape[1] - 1:
+        logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
+        logp, entropy = _logp_entropy(logits, tokens[:, 1:])
+        return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+    b, t = tokens.shape[0], tokens.shape[1] - 1
+    n = -(-t // logits_chunk)
+    h = model.hidden_states(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, D]
+    h = jnp.pad(h, ((0, 0), (0, n * logits_chunk - t), (0, 0)))
+    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, n * logits_chunk - t)))
+    chunks = (h.reshape(b, n, logits_chunk, -1).swapaxes(0, 1), targets.reshape(b, n, logits_chunk).swapaxes(0, 1))
+    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1]))
+    logp, entropy = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
 
 
-def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig):
-    """sum(weights * per-token loss) for one micro-batch, plus masked metric sums."""
-    model = nnx.merge(graphdef, params)
-    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"])
+def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
+    """sum(weights * per-token loss) for one micro-batch, plus masked metric sums. frozen: a
+    LoRA model's base (params are then its adapters); logits_chunk: see token_logprobs_and_entropy."""
+    model = merge_params(graphdef, params, frozen)
+    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"], logits_chunk)
     loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg,
                                mb.get("tis"))
     aux = dict(aux, entropy=entropy, trainer_logp=logp)
@@ -131,17 +150,19 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig):
     return weighted_loss_sum(loss, mb["weights"]), sums
 
 
-def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossConfig):
+def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossConfig, frozen=None,
+                         logits_chunk: int = 0):
     """Sum of per-micro-batch gradients (and loss/metric sums) under lax.scan.
 
     micro_batches: dict of [M, mb, ...] arrays. Because each micro-batch's loss is a plain
     weighted SUM, the accumulated gradient equals the gradient of the whole mini-batch.
+    frozen: a LoRA model's base; the gradients are then the adapters' alone.
     """
     grad_fn = jax.value_and_grad(micro_batch_loss, has_aux=True)
 
     def body(carry, mb):
         g_acc, l_acc, s_acc = carry
-        (loss, sums), g = grad_fn(params, graphdef, mb, loss_cfg)
+        (loss, sums), g = grad_fn(params, graphdef, mb, loss_cfg, frozen, logits_chunk)
         g_acc = jax.tree.map(jnp.add, g_acc, g)
         s_acc = {k: (jnp.maximum(s_acc[k], v) if k == "ratio_max" else jnp.minimum(s_acc[k], v) if k == "ratio_min"
                      else s_acc[k] + v) for k, v in sums.items()}
@@ -193,29 +214,37 @@ class GRPOConfig:
     shuffle_rows: bool = True          # the recipe does not shuffle; we do (docs/method.md §2)
     min_seq_len: int = 64              # smallest sequence-length bucket
     max_seq_len: int = 32768
+    logits_chunk: int = 0              # loss and log-probs: the head's logits this many positions at a time (0: all)
     loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
 
 
 class GRPOLearner(Learner):
-    """Holds params, the frozen reference, the optimizer state, and the jitted programs."""
+    """Holds params, the frozen reference, the optimizer state, and the jitted programs.
+
+    LoRA (the model's config.lora_rank > 0): params are the adapters, the optimizer state
+    covers them alone, and the reference is the frozen base itself, scored with all-zero
+    adapters (x A 0 adds exactly nothing), so no copy of the weights is kept."""
 
     def __init__(self, model, config: GRPOConfig, mesh: Mesh | None = None):
         super().__init__(model, make_optimizer(config.optim))
         self.config = config
         self.mesh = mesh
-        # The reference is the initial weights, frozen: a separate copy of the arrays.
-        self.ref_params = jax.tree.map(lambda x: x.copy(), self.params)
+        if self.frozen is None:
+            # The reference is the initial weights, frozen: a separate copy of the arrays.
+            self.ref_params = jax.tree.map(lambda x: x.copy(), self.params)
+        else:
+            self.ref_params = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype, device=x.sharding), self.params)
         self.skipped_steps = 0
-        graphdef, loss_cfg, tx = self.graphdef, config.loss, self.tx
+        graphdef, loss_cfg, tx, chunk = self.graphdef, config.loss, self.tx, config.logits_chunk
 
         @jax.jit
-        def logprobs(params, tokens, attention):
-            return token_logprobs_and_entropy(nnx.merge(graphdef, params), tokens, attention)[0]
+        def logprobs(params, frozen, tokens, attention):
+            return token_logprobs_and_entropy(merge_params(graphdef, params, frozen), tokens, attention, chunk)[0]
 
         @self.donating_jit
-        def update(params, opt_state, micro_batches, denominator):
-            grads, loss_sum, sums = accumulate_gradients(params, graphdef, micro_batches, loss_cfg)
+        def update(params, opt_state, frozen, micro_batches, denominator):
+            grads, loss_sum, sums = accumulate_gradients(params, graphdef, micro_batches, loss_cfg, frozen, chunk)
             grads = jax.tree.map(lambda g: g / denominator, grads)
             params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx)
             return params, opt_state, loss_sum / denominator, gnorm, skipped, sums
@@ -242,7 +271,7 @@ class GRPOLearner(Learner):
             if n < bs:  # pad the last chunk so one program serves every chunk
                 tok = np.concatenate([tok, np.zeros((bs - n, tok.shape[1]), tok.dtype)])
                 att = np.concatenate([att, np.zeros((bs - n, att.shape[1]), att.dtype)])
-            lp = self._logprobs(params, self._put(tok, 0), self._put(att, 0))
+            lp = self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0))
             out.append(_to_host(lp)[:n])
         return np.concatenate(out)
 
@@ -282,7 +311,7 @@ class GRPOLearner(Learner):
             }
             micro = {k: self._put(v, 1) for k, v in micro.items()}
             self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(
-                self.params, self.opt_state, micro, jnp.float32(denom))
+                self.params, self.opt_state, self.frozen, micro, jnp.float32(denom))
             skipped = bool(skipped)
             self.skipped_steps += int(skipped)
             metrics["skipped"] += int(skipped)

@@ -1,6 +1,8 @@
 """What every learner here shares (pretraining, SFT, GRPO): the optimizer, token log-probs
 (the sampler's own rule, `sampling.distributions.token_logprobs`), one update that skips
-non-finite gradients, and jitted steps over split, donated parameters.
+non-finite gradients, and jitted steps over split, donated parameters. A LoRA model
+(config.lora_rank > 0) splits into its adapters, which train, and the frozen base, which
+the steps take as a separate argument that is neither updated nor donated.
 
     tx = make_optimizer(OptimConfig(learning_rate=1e-3, schedule="cosine", warmup_steps=20, total_steps=800))
     logp = token_logprobs(logits, targets)                          # [B, T]
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.sampling.distributions import token_logprobs  # noqa: F401  (re-exported)
 
 SCHEDULES = ("constant", "cosine")
@@ -105,18 +108,30 @@ def tie_row_updates(updates, row_group: jax.Array, num_groups: int):
     return jax.tree_util.tree_map_with_path(tie, updates)
 
 
+def merge_params(graphdef, params, frozen=None):
+    """The module from its trainable params and, for a LoRA model, its frozen base."""
+    return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
+
+
 class Learner:
     """Split parameters, optimizer state, and the one pattern for jitted steps: parameters are
     arguments (new weights never recompile) and the step's (params, opt_state) are donated
-    (updated in place, never held twice)."""
+    (updated in place, never held twice).
+
+    Full fine-tuning: `params` is every nnx.Param and `frozen` is None. LoRA: `params` holds
+    the adapters only (the optimizer state covers them alone) and `frozen` the base weights."""
 
     def __init__(self, model, tx: optax.GradientTransformation):
-        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        if getattr(model.config, "lora", False):
+            self.graphdef, self.params, self.frozen = nnx.split(model, LoRAParam, nnx.Param)
+        else:
+            self.graphdef, self.params = nnx.split(model, nnx.Param)
+            self.frozen = None
         self.tx = tx
         self.opt_state = tx.init(self.params)
 
     def model(self):
-        return nnx.merge(self.graphdef, self.params)
+        return merge_params(self.graphdef, self.params, self.frozen)
 
     @staticmethod
     def donating_jit(step: Callable) -> Callable:

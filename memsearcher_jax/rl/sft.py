@@ -161,6 +161,8 @@ class SFTTrainer(Learner):
     """
 
     def __init__(self, model, config: SFTConfig, tied_rows=None, optim: OptimConfig | None = None):
+        if model.config.lora:
+            raise ValueError("SFT trains every weight: give it a model without LoRA adapters (lora_rank 0)")
         super().__init__(model, make_optimizer(optim or optim_config(config)))
         self.config = config
         self.skipped_steps = 0

@@ -70,7 +70,10 @@ def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> t
 def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> Qwen2:
     """The learner's current weights as the sampler wants them: a model over fresh Variables
     (re-placing it must not move the learner's own params out of the training layout), in the
-    TP-only sampling layout on a mesh, as host-local arrays on several hosts."""
+    TP-only sampling layout on a mesh, as host-local arrays on several hosts. LoRA: the
+    learner's model as it lies; its layer_by_layer sampler merges and re-lays it out itself."""
+    if learner.frozen is not None:
+        return learner.model()
     model = nnx.merge(learner.graphdef, jax.tree.map(lambda x: x, learner.params))
     if mesh is not None:
         # The tensors that move are moved in the compute dtype (the Sampler casts to it anyway).

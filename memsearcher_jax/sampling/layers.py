@@ -6,7 +6,8 @@ of attention (one token against the cache, a shared prefix plus each row's own s
 prefill in query blocks and one row at a time).
 
 Layout (one dict per layer; made once per `Sampler.update_params`, so its cost is not paid
-while decoding). Every matrix is stored output-major, [out..., in...]:
+while decoding; a LoRA model's adapters are merged into the weights here, W + (alpha / r) A B,
+so decoding runs at the full weights' speed). Every matrix is stored output-major, [out..., in...]:
 
     qkv       [K, G + 2, Dh, D]  per KV head k: its G query heads, then its key and its value head
     qkv_bias  [K, G + 2, Dh]        (or q [H, Dh, D] + kv [K, 2, Dh, D] when a tensor-parallel
@@ -36,8 +37,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from memsearcher_jax.models.config import ModelConfig
-from memsearcher_jax.models.qwen2 import (apply_rope, attention_weights, masked_scores, rms_norm, rope_cos_sin,
-                                          slot_mask, swiglu)
+from memsearcher_jax.models.qwen2 import (apply_rope, attention_weights, masked_scores, merge_lora, rms_norm,
+                                          rope_cos_sin, slot_mask, swiglu)
 from memsearcher_jax.models.sharding import ShardingConfig, constrain, fit_spec, param_spec
 
 
@@ -72,51 +73,70 @@ def fuse_qkv(config: ModelConfig, sharding: ShardingConfig, mesh: Mesh | None) -
     return q[2] == kv[2]
 
 
-def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig, sharding: ShardingConfig,
-                  fused_qkv: bool, put) -> dict:
-    """The model's stacked [L, ...] weights -> the sampler layout (module docstring).
+# The stacked kernels' ranks, for their PartitionSpecs (the layer slices drop the [L] axis).
+_KERNEL_NDIM = {"layers.q_kernel": 4, "layers.k_kernel": 4, "layers.o_kernel": 4, "layers.up_kernel": 3,
+                "layers.down_kernel": 3}
 
-    stacked: DecoderLayers.stacked(); lm_head None when tied; put(x, spec) places x (a
-    sharding constraint on a mesh, the identity without one). Mesh axes come from
-    `sharding` (the model's layout), moved with the dimension they split."""
+
+def layout_layer(s: dict, config: ModelConfig, sharding: ShardingConfig, fused_qkv: bool, put) -> dict:
+    """One layer's weights (a slice of DecoderLayers.stacked(): LoRA adapters, when present,
+    are merged into their kernels first) -> the sampler's per-layer dict (module docstring).
+    put(x, spec) places x (a sharding constraint on a mesh, the identity without one). Mesh
+    axes come from `sharding` (the model's layout), moved with the dimension they split."""
     c = config
     H, K, Dh, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
     G = H // K
-    ax = lambda name, dim: tuple(param_spec(name, stacked[name.split(".")[1]].ndim, sharding))[dim]
+    ax = lambda name, dim: tuple(param_spec(name, _KERNEL_NDIM[name], sharding))[dim]
     heads, kv_heads, ff = ax("layers.q_kernel", 2), ax("layers.k_kernel", 2), ax("layers.up_kernel", 2)
     # Every weight is kept in the compute dtype: the layer math casts each one to it before use
     # anyway (rms_norm too), so an f32-master model's copy costs half and computes the same.
     dt = jnp.dtype(c.dtype)
-    layers = []
-    for i in range(c.num_layers):
-        s = {n: a[i].astype(dt) for n, a in stacked.items()}
-        q = s["q_kernel"].transpose(1, 2, 0)  # [H, Dh, D]
-        k, v = s["k_kernel"].transpose(1, 2, 0), s["v_kernel"].transpose(1, 2, 0)  # [K, Dh, D]
-        layer = {"attn_norm": s["attn_norm"], "mlp_norm": s["mlp_norm"]}
-        if c.qk_norm:
-            layer["q_norm"], layer["k_norm"] = s["q_norm"], s["k_norm"]
-        if fused_qkv:
-            qkv = jnp.concatenate([q.reshape(K, G, Dh, D), k[:, None], v[:, None]], axis=1)
-            layer["qkv"] = put(qkv, P(kv_heads))
-            if c.attention_bias:
-                bias = jnp.concatenate([s["q_bias"].reshape(K, G, Dh), s["k_bias"][:, None], s["v_bias"][:, None]], 1)
-                layer["qkv_bias"] = put(bias, P(kv_heads))
-        else:
-            layer["q"] = put(q, P(heads))
-            layer["kv"] = put(jnp.stack([k, v], axis=1), P(kv_heads))
-            if c.attention_bias:
-                layer["q_bias"] = put(s["q_bias"], P(heads))
-                layer["kv_bias"] = put(jnp.stack([s["k_bias"], s["v_bias"]], axis=1), P(kv_heads))
-        layer["o"] = put(s["o_kernel"].transpose(2, 0, 1), P(None, ax("layers.o_kernel", 1)))  # [D, H, Dh]
-        layer["gate_up"] = put(jnp.stack([s["gate_kernel"].T, s["up_kernel"].T]), P(None, ff))  # [2, F, D]
-        layer["down"] = put(s["down_kernel"].T, P(None, ax("layers.down_kernel", 1)))  # [D, F]
-        layers.append(layer)
+    s = {n: a.astype(dt) for n, a in merge_lora(s, c).items()}
+    q = s["q_kernel"].transpose(1, 2, 0)  # [H, Dh, D]
+    k, v = s["k_kernel"].transpose(1, 2, 0), s["v_kernel"].transpose(1, 2, 0)  # [K, Dh, D]
+    layer = {"attn_norm": s["attn_norm"], "mlp_norm": s["mlp_norm"]}
+    if c.qk_norm:
+        layer["q_norm"], layer["k_norm"] = s["q_norm"], s["k_norm"]
+    if fused_qkv:
+        qkv = jnp.concatenate([q.reshape(K, G, Dh, D), k[:, None], v[:, None]], axis=1)
+        layer["qkv"] = put(qkv, P(kv_heads))
+        if c.attention_bias:
+            bias = jnp.concatenate([s["q_bias"].reshape(K, G, Dh), s["k_bias"][:, None], s["v_bias"][:, None]], 1)
+            layer["qkv_bias"] = put(bias, P(kv_heads))
+    else:
+        layer["q"] = put(q, P(heads))
+        layer["kv"] = put(jnp.stack([k, v], axis=1), P(kv_heads))
+        if c.attention_bias:
+            layer["q_bias"] = put(s["q_bias"], P(heads))
+            layer["kv_bias"] = put(jnp.stack([s["k_bias"], s["v_bias"]], axis=1), P(kv_heads))
+    layer["o"] = put(s["o_kernel"].transpose(2, 0, 1), P(None, ax("layers.o_kernel", 1)))  # [D, H, Dh]
+    layer["gate_up"] = put(jnp.stack([s["gate_kernel"].T, s["up_kernel"].T]), P(None, ff))  # [2, F, D]
+    layer["down"] = put(s["down_kernel"].T, P(None, ax("layers.down_kernel", 1)))  # [D, F]
+    return layer
+
+
+def layout_head(embed, lm_head, final_norm, config: ModelConfig, sharding: ShardingConfig, put) -> dict:
+    """The weights outside the layers -> {"final_norm", "head" [V, D], "embed" [V, D] or None
+    (tied: the head is the table)}, in the compute dtype."""
+    dt = jnp.dtype(config.dtype)
     vocab = tuple(sharding.lm_head)[1]
     if lm_head is None:
         head, embed = put(embed.astype(dt), P(vocab)), None
     else:
         head, embed = put(lm_head.T.astype(dt), P(vocab)), put(embed.astype(dt), sharding.embed)
-    return {"layers": layers, "final_norm": final_norm.astype(dt), "head": head, "embed": embed}
+    return {"final_norm": final_norm.astype(dt), "head": head, "embed": embed}
+
+
+def layout_params(stacked: dict, embed, lm_head, final_norm, config: ModelConfig, sharding: ShardingConfig,
+                  fused_qkv: bool, put) -> dict:
+    """The model's stacked [L, ...] weights -> the sampler layout (module docstring).
+
+    stacked: DecoderLayers.stacked() (LoRA adapters included: they are merged); lm_head None
+    when tied; put(x, spec) places x (a sharding constraint on a mesh, the identity without
+    one)."""
+    layers = [layout_layer({n: a[i] for n, a in stacked.items()}, config, sharding, fused_qkv, put)
+              for i in range(config.num_layers)]
+    return {"layers": layers, **layout_head(embed, lm_head, final_norm, config, sharding, put)}
 
 
 def cached_attention(q, k, v, mask, by_row: bool = False, query_block: int = 0):

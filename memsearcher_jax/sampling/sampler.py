@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,7 @@ from memsearcher_jax.models.qwen2 import Qwen2
 from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
 from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
-from memsearcher_jax.sampling.layers import LayerMath, fuse_qkv, layout_params
+from memsearcher_jax.sampling.layers import LayerMath, fuse_qkv, layout_layer, layout_params
 from memsearcher_jax.sampling.packing import pack_suffixes
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
 
@@ -144,11 +144,17 @@ class Sampler:
     (defaults to the model's max_position_embeddings). prefill_query_block: the prefill's
     attention takes this many queries at a time (0: all at once), which bounds its f32 scores
     to [rows, heads, block, slots] per layer.
+    layer_by_layer: build (and on update_params rebuild in place) the weight copy one layer at
+    a time from the model as it lies (any layout, on the model's own mesh), never holding the
+    model re-laid out whole nor two copies: what a LoRA trainer uses, whose learner keeps only
+    a frozen FSDP base. to_local: moves each piece from the model's mesh to the sampler's (a
+    multi-host job: global arrays -> host-local ones).
     """
 
     def __init__(self, model: Qwen2, *, cache_dtype=None, mesh: Mesh | None = None,
                  buckets: BucketConfig | None = None, max_len: int | None = None,
-                 prefill_query_block: int = DEFAULT_QUERY_BLOCK):
+                 prefill_query_block: int = DEFAULT_QUERY_BLOCK, layer_by_layer: bool = False,
+                 to_local: Callable | None = None):
         query_block = check_query_block(prefill_query_block)
         self.mesh = mesh
         self.cache_dtype = jnp.dtype(cache_dtype or model.config.dtype)
@@ -157,8 +163,14 @@ class Sampler:
         self.max_len = int(max_len or model.config.max_position_embeddings)
         self.num_compilations = 0
         self.compiled_keys: set[tuple] = set()
-        model = self._place(model)
-        self._sharding: ShardingConfig = model.sharding
+        self.layer_by_layer, self._to_local = layer_by_layer, to_local
+        self._piece_fns: dict = {}
+        if layer_by_layer:
+            self._check_source(model)
+        else:
+            model = self._place(model)
+        self._sharding: ShardingConfig = (ShardingConfig.sampling() if layer_by_layer and mesh is not None
+                                          else model.sharding)
         platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
         self._fused_qkv = fuse_qkv(self.config, self._sharding, mesh)
         # Top-p/top-k's candidate fast path is measured on XLA CPU only (distributions.py).
@@ -169,7 +181,7 @@ class Sampler:
                                query_block=query_block)
         self._graphdef, state = nnx.split(model)
         self._layout_fn = jax.jit(self._layout)
-        self._params = self._layout_fn(state)
+        self._params = self._layout_pieces(model) if layer_by_layer else self._layout_fn(state)
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("num_new",))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
 
@@ -190,9 +202,52 @@ class Sampler:
                              None if self.config.tie_word_embeddings else model.lm_head[...],
                              model.final_norm[...], self.config, self._sharding, self._fused_qkv, self._constrain)
 
+    def _check_source(self, model: Qwen2) -> None:
+        if self.mesh is not None and self._to_local is None and model.mesh != self.mesh:
+            raise ValueError("layer_by_layer: the model lives on another mesh than the sampler's; pass to_local "
+                             "(arrays on the model's mesh -> the sampler's) or place the model on the sampler's mesh")
+
+    def _layout_pieces(self, model: Qwen2, into: dict | None = None) -> dict:
+        """The sampler's weights made one piece at a time (each layer, then the head and the
+        embedding table) by a small jitted program on the model's own mesh, LoRA adapters
+        merged in; `to_local` then moves each piece onto the sampler's mesh. With `into` (the
+        current weights), each piece replaces its old arrays as soon as it exists, so a refresh
+        holds one piece beyond the sampler's copy, never a second copy."""
+        src_mesh = model.mesh if self.mesh is not None else None
+        key = (src_mesh, model.config)
+        if key not in self._piece_fns:
+            put = lambda x, spec: x if src_mesh is None or src_mesh.size == 1 else jax.lax.with_sharding_constraint(
+                x, named_sharding(src_mesh, x.shape, spec))
+            c, sh, fused, dt = self.config, self._sharding, self._fused_qkv, jnp.dtype(self.config.dtype)
+            vocab = tuple(sh.lm_head)[1]  # as layers.layout_head places them
+            self._piece_fns[key] = (
+                jax.jit(lambda stacked, i: layout_layer(
+                    {n: jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for n, a in stacked.items()},
+                    c, sh, fused, put)),
+                jax.jit(lambda table, norm: {"head": put((table if c.tie_word_embeddings else table.T).astype(dt),
+                                                         P(vocab)), "final_norm": norm.astype(dt)}),
+                jax.jit(lambda table: put(table.astype(dt), sh.embed)))
+        layer_fn, head_fn, embed_fn = self._piece_fns[key]
+        local = self._to_local or (lambda tree: tree)
+        params = into if into is not None else {"layers": [None] * self.config.num_layers}
+        stacked = model.layers.stacked()
+        for i in range(self.config.num_layers):
+            params["layers"][i] = local(layer_fn(stacked, np.int32(i)))
+        tied = self.config.tie_word_embeddings
+        params.update(local(head_fn(model.embed[...] if tied else model.lm_head[...], model.final_norm[...])))
+        params["embed"] = None if tied else local(embed_fn(model.embed[...]))
+        return params
+
     def update_params(self, model_or_state) -> None:
         """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation
-        of the sampling programs (the layout copy is its own small program, compiled once)."""
+        of the sampling programs (the layout copy is its own small program, compiled once).
+        A layer_by_layer sampler takes a Qwen2 and rebuilds its copy piece by piece in place."""
+        if self.layer_by_layer:
+            if not isinstance(model_or_state, Qwen2) or model_or_state.config != self.config:
+                raise ValueError("update_params on a layer_by_layer sampler needs a Qwen2 with the sampler's ModelConfig")
+            self._check_source(model_or_state)
+            self._layout_pieces(model_or_state, into=self._params)
+            return
         if isinstance(model_or_state, Qwen2):
             if model_or_state.config != self.config:
                 raise ValueError("update_params got a model with a different ModelConfig than the sampler's: "
