@@ -197,9 +197,11 @@ class DecoderLayers(nnx.Module):
         self.gate_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
         self.up_kernel = nnx.Param(_init(rngs, (L, D, F), pd))
         self.down_kernel = nnx.Param(_init(rngs, (L, F, D), pd))
-        if cfg.lora:
-            for name, value in init_lora(cfg, rngs.params()).items():
-                setattr(self, name, LoRAParam(value))
+
+    def add_lora(self, cfg: ModelConfig, key: jax.Array) -> None:
+        """Fresh LoRA adapters (init_lora) for the config's targets."""
+        for name, value in init_lora(cfg, key).items():
+            setattr(self, name, LoRAParam(value))
 
     # Every parameter either family may have (and the LoRA adapters); a module holds those its config asks for.
     PARAM_NAMES = ("attn_norm", "q_kernel", "q_bias", "k_kernel", "k_bias", "v_kernel", "v_bias",
@@ -225,6 +227,8 @@ class Qwen2(nnx.Module):
         self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), pd))
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(_init(rngs, (config.hidden_size, config.vocab_size), pd))
+        if config.lora:  # last: the base weights are drawn exactly as without adapters
+            self.layers.add_lora(config, rngs.params())
 
     # ----- one layer, a pure function of its (sliced) parameters -----
     def _layer(self, p: dict, x: jax.Array, cos, sin, mask):
