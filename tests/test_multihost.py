@@ -111,8 +111,12 @@ def _check_helpers(mesh) -> bool:
                 and np.array_equal(np.asarray(local), value))
 
 
-def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
-    """One full Trainer.train_step of the tiny default config (no warm start, no eval)."""
+LORA = [("model.lora_rank", "4"), ("model.lora_alpha", "8.0"), ("optim.learning_rate", "1e-2")]
+
+
+def train_step_worker(out_dir: str, tag: str, worlds: str, lora: bool = False) -> None:
+    """One full Trainer.train_step of the tiny default config (no warm start, no eval); lora:
+    with LoRA adapters (the sampler then merges them layer by layer into host-local pieces)."""
     import json
 
     import jax
@@ -129,8 +133,8 @@ def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
     from tests.test_train_step import SMALL
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
-                      SMALL + TRAIN_MESH + [("world.cache_dir", worlds),
-                                            ("train.output_dir", os.path.join(out_dir, f"run_{tag}"))])
+                      SMALL + TRAIN_MESH + (LORA if lora else []) + [
+                          ("world.cache_dir", worlds), ("train.output_dir", os.path.join(out_dir, f"run_{tag}"))])
     trainer = build_trainer(cfg, progress=False)
 
     def gathered(tree):
@@ -147,6 +151,7 @@ def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
         info = {"processes": jax.process_count(), "devices": jax.device_count(),
                 "sampler_devices": trainer.sampler.mesh.size, "q_devices": len(q.sharding.device_set),
                 "q_spec": str(q.sharding.spec), "helpers_ok": helpers_ok,
+                "layer_by_layer": trainer.sampler.layer_by_layer,
                 **{k: metrics[k] for k in ("rows", "trained_tokens", "loss")}}
         with open(os.path.join(out_dir, f"step_{tag}.json"), "w") as f:
             json.dump(info, f)
@@ -281,9 +286,30 @@ def test_full_train_step_two_processes_match_one_process(tmp_path):
     assert _max_diff(eight, initial) > 1e-4
 
 
+@pytest.mark.slow
+def test_full_lora_train_step_two_processes_match_one_process(tmp_path):
+    """The same with LoRA: each host's sampler merges the adapters layer by layer into its own
+    host-local pieces, straight from the FSDP base that spans both processes."""
+    import json
+
+    out, worlds = str(tmp_path), str(tmp_path / "worlds")
+    _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds, "lora"])
+    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds, "lora"])
+    info = {t: json.load(open(os.path.join(out, f"step_{t}.json"))) for t in ("eight", "multi")}
+    assert info["eight"]["layer_by_layer"] and info["multi"]["layer_by_layer"]
+    assert info["eight"]["sampler_devices"] == 8 and info["multi"]["sampler_devices"] == 4
+    assert info["eight"]["rows"] == info["multi"]["rows"] > 0
+    assert info["eight"]["trained_tokens"] == info["multi"]["trained_tokens"] > 0
+    eight, multi = (_load(os.path.join(out, f"step_{t}.npz")) for t in ("eight", "multi"))
+    assert all("_lora_" in k for k in eight)  # the learner's params are the adapters
+    assert _max_diff(multi, eight) < 1e-5
+    initial = _load(os.path.join(out, "step_initial_eight.npz"))
+    assert _max_diff(eight, initial) > 1e-4
+
+
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if sys.argv[1] == "--train-step":
-        train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
+        train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4], lora=len(sys.argv) > 5 and sys.argv[5] == "lora")
     else:
         worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
