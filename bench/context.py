@@ -22,10 +22,9 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memsearcher_jax.agent.rollout import AgentRunner  # noqa: E402
-from memsearcher_jax.config_utils import load_config, split_overrides  # noqa: E402
+from memsearcher_jax.agent.rollout import AgentRunner
+from memsearcher_jax.config_utils import load_config, split_overrides
 
 
 def tokens_processed(traj) -> int:
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
     turns = sorted(set(per_turn(results["memsearcher"])) | set(per_turn(results["react"])))
     mem, react = per_turn(results["memsearcher"]), per_turn(results["react"])
     print(f"\n{len(questions)} held-out questions, greedy, up to {args.turns} turns\n")
-    print(f"| turn | memory: mean prompt | memory: max | memory: n | react: mean prompt | react: max | react: n |")
+    print("| turn | memory: mean prompt | memory: max | memory: n | react: mean prompt | react: max | react: n |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for turn in turns:
         m, r = mem.get(turn, []), react.get(turn, [])

@@ -16,11 +16,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memsearcher_jax.config_utils import load_config, split_overrides  # noqa: E402
-from memsearcher_jax.experiment import build_setup  # noqa: E402
-from memsearcher_jax.jobs import extra_sft, held_out_em, train_job  # noqa: E402
+from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.experiment import build_setup
+from memsearcher_jax.jobs import extra_sft, held_out_em, train_job
 
 
 def main(argv=None) -> int:
@@ -51,8 +50,8 @@ def main(argv=None) -> int:
                   f"held-out EM {100 * control:.1f}", flush=True)
         rows.append((seed, 100 * summary["em_before"], 100 * summary["em_after"], 100 * control, control_steps,
                      summary["grpo_seconds"] / 60, minutes))
-    print(f"\n| seed | EM after SFT | EM after GRPO | EM after extra SFT (control) | control steps | "
-          f"GRPO minutes | job minutes |")
+    print("\n| seed | EM after SFT | EM after GRPO | EM after extra SFT (control) | control steps | "
+          "GRPO minutes | job minutes |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for seed, b, a, c, n, gm, m in rows:
         print(f"| {seed} | {b:.1f} | {a:.1f} | {c:.1f} | {n} | {gm:.1f} | {m:.1f} |")

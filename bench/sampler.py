@@ -24,22 +24,16 @@ distinct prompt tokens (the shared prefix once) plus, for every decode step, the
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained  # noqa: E402
-from memsearcher_jax.sampling import BucketConfig, Sampler, generate  # noqa: E402
+from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
+from memsearcher_jax.sampling import BucketConfig, Sampler, generate
 
 EOT = 7  # stands for <|im_end|> (random weights: any id works)
 

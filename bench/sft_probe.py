@@ -13,28 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-# The script's own folder holds bench/retrieval.py, which would shadow the retrieval package.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from memsearcher_jax.agent.parsing import ActKind, classify_act, parse_tool_calls  # noqa: E402
-from memsearcher_jax.agent.prompts import MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt  # noqa: E402
-from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations  # noqa: E402
-from memsearcher_jax.data.tokenizer import load_tokenizer  # noqa: E402
-from memsearcher_jax.data.world_cache import prepare_world  # noqa: E402
-from memsearcher_jax.models import ModelConfig, Qwen2  # noqa: E402
-from memsearcher_jax.rl.sft import SFTConfig, evaluate_loss, sft_train  # noqa: E402
-from retrieval.bm25 import BM25Retriever  # noqa: E402
+from memsearcher_jax.agent.parsing import ActKind, classify_act, parse_tool_calls
+from memsearcher_jax.agent.prompts import MEMORY_UPDATE_INSTRUCTION, PromptBuilder, memsearcher_system_prompt
+from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax.data.tokenizer import load_tokenizer
+from memsearcher_jax.data.world_cache import prepare_world
+from memsearcher_jax.models import ModelConfig, Qwen2
+from memsearcher_jax.rl.sft import SFTConfig, evaluate_loss, sft_train
+from retrieval.bm25 import BM25Retriever
 
 
 def _jsonl(path):
