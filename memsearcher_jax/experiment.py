@@ -320,13 +320,14 @@ def sampling_mesh(cfg: ml_collections.ConfigDict):
     return learner_and_sampler_meshes(cfg)[1]
 
 
-def lora_base_dir(cfg: ml_collections.ConfigDict, policy: Qwen2, base_dir: str | None) -> str:
+def lora_base_dir(cfg: ml_collections.ConfigDict, policy: Qwen2, base_dir: str | None, from_source: bool) -> str:
     """The Hugging Face directory of a LoRA run's frozen base, recorded in its checkpoints (which
     hold the adapters alone; export and evaluation load the base from here): `base_dir`, else
-    model.source when it is a directory, else the base written once to OUTPUT/lora_base."""
+    model.source when the policy was loaded from that directory, else the base written once to
+    OUTPUT/lora_base."""
     if base_dir:
         return os.path.abspath(os.path.expanduser(base_dir))
-    if cfg.model.source != "init":
+    if from_source and cfg.model.source != "init":
         return os.path.abspath(os.path.expanduser(cfg.model.source))
     out = os.path.join(output_path(cfg.train.output_dir), "lora_base")
     if not os.path.isfile(os.path.join(out, "config.json")) and jax.process_index() == 0:
@@ -347,11 +348,12 @@ def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, po
                                f"{jax.process_count()} hosts (each rolls out an equal slice)")
     mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
     setup = setup or build_setup(cfg)
+    from_source = policy is None
     policy = policy if policy is not None else load_policy(cfg, setup)
     meta = {"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))}
     lora = policy.config.lora
     if lora:
-        meta["lora_base"] = lora_base_dir(cfg, policy, base_dir)
+        meta["lora_base"] = lora_base_dir(cfg, policy, base_dir, from_source)
     if mesh is not None:
         policy = shard_model(policy, mesh, ShardingConfig.training())
     learner = GRPOLearner(policy, grpo_config(cfg), mesh=mesh)
