@@ -35,7 +35,7 @@ from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, probe_
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.experiment import TrainConfigError
-from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
+from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 from memsearcher_jax.rl.trainer import MetricsWriter
@@ -229,10 +229,10 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
                                                        opt_state=ocp.args.StandardSave(trainer.opt_state)))
     manager.wait_until_finished()
     writer.close()
-    final = reading_probe(trainer.model(), probe, builder.pad_id)
     export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
+    final = export_base(trainer.model(), vocab_dir, export_dir, cfg, argv, seed=t.seed, n_probe=t.probe_items,
+                        history=read_history(os.path.join(out, "logs")))
     summary = {"steps": t.steps, "probe": final, "export_dir": export_dir}
-    export_base(trainer.model(), vocab_dir, export_dir, cfg, final, argv)
     with open(summary_path, "w") as f:
         json.dump(summary, f, indent=1)
     _log(f"reading probe on reserved names: {100 * final['accuracy']:.1f}% ({final['n']} items); "
@@ -248,10 +248,30 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict, probe: dict,
-                argv: list[str] | None = None) -> str:
-    """bf16 Hugging Face directory + base_manifest.json (command, config, probe, file hashes)."""
+def read_history(log_dir: str) -> list[dict]:
+    """(step, loss, probe accuracy) of every logged step, for the manifest."""
+    path = os.path.join(log_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    return [{"step": r["step"], "loss": round(r["loss"], 4), "probe": round(r["probe_accuracy"], 4)} for r in rows]
+
+
+def base_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
+    """The reading probe of a base directory as it is stored (bf16 weights, read in float32):
+    reserved names only, the same items the pretraining run probed with (seed + 1000)."""
+    vocab = ReadingVocab.load(base_dir)
+    builder = PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
+    items = probe_items(vocab, builder, n, seed=seed + 1000, pool="reserved")
+    return reading_probe(from_pretrained(base_dir), items, builder.pad_id)
+
+
+def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict,
+                argv: list[str] | None = None, seed: int = 0, n_probe: int = 512, history: list | None = None) -> dict:
+    """bf16 Hugging Face directory + base_manifest.json (command, config, the probe measured on
+    the stored bf16 weights, every file's size and sha256, tensor shapes). Returns the probe."""
     save_pretrained(model, out_dir, tokenizer_dir=vocab_dir, dtype="bfloat16")
+    probe = base_probe(out_dir, n_probe, seed)
     files = {}
     for name in sorted(os.listdir(out_dir)):
         if name == BASE_MANIFEST:
@@ -266,9 +286,10 @@ def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.
         "seed": {"vocab": cfg.vocab.seed, "init": cfg.model.init_seed, "data": cfg.train.seed},
         "config": cfg.to_dict(),
         "reading_probe": probe,
+        "history": history or [],
         "tensors": tensors,
         "files": files,
     }
     with open(os.path.join(out_dir, BASE_MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, default=list)
-    return out_dir
+    return probe
