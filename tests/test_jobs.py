@@ -26,7 +26,7 @@ def trained(tmp_path_factory):
 
 def _eval_args(worlds, *extra):
     return ["eval", "--config", os.path.join(ROOT, "configs/default.py"), f"--config.world.cache_dir={worlds}",
-            "--config.model.hidden_size=64", "--config.model.intermediate_size=128", "--config.model.num_layers=2",
+            "--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128", "--config.model.num_layers=2",
             "--config.model.head_dim=16", "--limit", "6", *extra]
 
 

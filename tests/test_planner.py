@@ -26,7 +26,7 @@ RECIPES = [f"{RECIPE}:{model},{pod}" for model, pod in PAIRS]
 
 
 def tiny_cfg(data=1, fsdp=1, tp=1, **model):
-    cfg = load_config(os.path.join(ROOT, "configs", "default.py"), [])
+    cfg = load_config(os.path.join(ROOT, "configs", "default.py"), [("model.source", "init")])
     cfg.model.vocab_size = 256
     cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_layers = 64, 128, 2
     cfg.model.num_heads, cfg.model.num_kv_heads, cfg.model.head_dim = 4, 2, 16
@@ -329,7 +329,7 @@ def test_plan_check_compares_the_rollout_rows(capsys, monkeypatch):
     rows = {name: (want, got) for name, want, got in compare(cfg, rows=4)}
     assert set(rows) == {"sampler weights", "KV cache", "prefill activations"}
     assert rows["KV cache"][0] == rows["KV cache"][1] and rows["sampler weights"][0] == rows["sampler weights"][1]
-    args = ["--config", os.path.join(ROOT, "configs", "default.py"), "--rows", "4", "--config.model.hidden_size=64",
+    args = ["--config", os.path.join(ROOT, "configs", "default.py"), "--rows", "4", "--config.model.source=init", "--config.model.hidden_size=64",
             "--config.model.num_layers=2", "--config.agent.max_context_tokens=400"]
     # CPU's own prefill goes row by row, far below the accelerators' plan: reported, not failed.
     assert plan_check(args) == 0

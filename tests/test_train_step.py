@@ -17,8 +17,9 @@ from memsearcher_jax.models import param_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# A tiny random model (not the shipped base), so each test trains its own in seconds.
 SMALL = [
-    ("sft.steps", "0"), ("train.eval_questions", "0"), ("model.hidden_size", "64"),
+    ("model.source", "init"), ("sft.steps", "0"), ("train.eval_questions", "0"), ("model.hidden_size", "64"),
     ("model.intermediate_size", "128"), ("model.num_layers", "2"), ("model.num_heads", "4"),
     ("model.num_kv_heads", "2"), ("model.head_dim", "16"), ("rl.batch_questions", "4"), ("rl.group_size", "2"),
     ("rl.micro_batch_size", "4"), ("rl.logprob_batch_size", "8"), ("agent.max_new_tokens", "24"),
