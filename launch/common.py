@@ -14,6 +14,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_ENTRY = ["python", "-m", "memsearcher_jax.cli", "--multihost", "train"]  # joins the job, then runs the CLI
 
 
+def parse_launch_args(parser, argv=None):
+    """(args, --config.KEY=VALUE overrides): anything else left over is an error."""
+    args, rest = parser.parse_known_args(argv)
+    bad = [a for a in rest if not a.startswith("--config.")]
+    if bad:
+        parser.error(f"unrecognized arguments: {bad} (only --config.KEY=VALUE overrides pass through)")
+    return args, rest
+
+
 class LaunchError(ValueError):
     """A launcher argument or recipe is unusable; the message names it."""
 

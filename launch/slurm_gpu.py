@@ -17,7 +17,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.common import ROOT, TRAIN_ENTRY, LaunchError, execute, load_recipe, render, repo_relative, retrieval_overrides
+from launch.common import parse_launch_args, ROOT, TRAIN_ENTRY, LaunchError, execute, load_recipe, render, repo_relative, retrieval_overrides
 
 COORDINATOR_PORT = 8476
 
@@ -88,11 +88,7 @@ def sbatch_script(args, overrides: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    bad = [a for a in rest if not a.startswith("--config.")]
-    if bad:
-        parser.error(f"unrecognized arguments: {bad} (only --config.KEY=VALUE overrides pass through)")
+    args, rest = parse_launch_args(build_parser(), argv)
     try:
         script = sbatch_script(args, rest)
     except LaunchError as e:

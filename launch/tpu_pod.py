@@ -18,7 +18,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `launch.common` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.common import TRAIN_ENTRY, LaunchError, execute, load_recipe, render, repo_relative, retrieval_overrides
+from launch.common import parse_launch_args, TRAIN_ENTRY, LaunchError, execute, load_recipe, render, repo_relative, retrieval_overrides
 
 REMOTE_DIR = "memsearcher-jax"
 TARBALL = "/tmp/memsearcher-jax.tar.gz"
@@ -76,11 +76,7 @@ def commands(args, overrides: list[str]) -> list[list[str]]:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    bad = [a for a in rest if not a.startswith("--config.")]
-    if bad:
-        parser.error(f"unrecognized arguments: {bad} (only --config.KEY=VALUE overrides pass through)")
+    args, rest = parse_launch_args(build_parser(), argv)
     try:
         return execute(commands(args, rest), args.dry_run)
     except LaunchError as e:

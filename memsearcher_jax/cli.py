@@ -24,30 +24,42 @@ def _config_arg(p: argparse.ArgumentParser):
                    help=f"ml-collections config file with get_config() (default: configs/default.py). {_OVERRIDE_HELP}")
 
 
+def _run_args(p: argparse.ArgumentParser, func):
+    """The options of a resumable run."""
+    p.add_argument("--fresh", action="store_true", help="ignore existing checkpoints in the output dir")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=func)
+
+
 def _load(args) -> "object":
     return load_config(args.config, args.config_overrides)
 
 
-def cmd_train(args) -> int:
+def _resumable(job):
+    """A run command: the config, or with --print-config just its print."""
+    def cmd(args) -> int:
+        cfg = _load(args)
+        if args.print_config:
+            print(cfg)
+        else:
+            job(cfg, args)
+        return 0
+    return cmd
+
+
+def _train(cfg, args):
     from memsearcher_jax.jobs import train_job
 
-    cfg = _load(args)
-    if args.print_config:
-        print(cfg)
-        return 0
     train_job(cfg, resume=not args.fresh)
-    return 0
 
 
-def cmd_pretrain(args) -> int:
+def _pretrain(cfg, args):
     from memsearcher_jax.pretrain import run_pretrain
 
-    cfg = _load(args)
-    if args.print_config:
-        print(cfg)
-        return 0
     run_pretrain(cfg, resume=not args.fresh, argv=sys.argv[2:])
-    return 0
+
+
+cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain)
 
 
 def cmd_eval(args) -> int:
@@ -84,13 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("train", help="run GRPO training (resumes from the latest checkpoint in train.output_dir)",
-                       description="Run multi-context GRPO. With configs/default.py: build the synthetic world, "
-                                   "warm-start a tiny model on demonstrations, evaluate held-out EM, train with "
-                                   "GRPO, evaluate again. " + _OVERRIDE_HELP)
+                       description="Run multi-context GRPO. With configs/default.py: start from the shipped reading "
+                                   "base, build the synthetic world, warm-start on a flawed demonstrator, evaluate "
+                                   "held-out EM, train with GRPO, evaluate again, plot the learning curve. "
+                                   + _OVERRIDE_HELP)
     _config_arg(p)
-    p.add_argument("--fresh", action="store_true", help="ignore existing checkpoints in the output dir")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.set_defaults(func=cmd_train)
+    _run_args(p, cmd_train)
 
     p = sub.add_parser("pretrain", help="pretrain the reading base model (resumes from train.output_dir)",
                        description="Build the reading vocabulary, pretrain a tiny model on the reading curriculum "
@@ -99,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Hugging Face directory. " + _OVERRIDE_HELP)
     p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_tiny.py"),
                    help=f"ml-collections config file (default: configs/base_tiny.py). {_OVERRIDE_HELP}")
-    p.add_argument("--fresh", action="store_true", help="ignore existing checkpoints in the output dir")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.set_defaults(func=cmd_pretrain)
+    _run_args(p, cmd_pretrain)
 
     p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",
                        description="Evaluate a checkpoint or a Hugging Face model directory greedily "

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from retrieval.base import Hit
+from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.index import read_manifest, write_manifest
 
@@ -55,11 +55,9 @@ class BM25Retriever:
         return cls(_index([docs.get(i)["contents"] for i in range(len(docs))], k1, b), docs)
 
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
+        k = hits_wanted(queries, top_n, len(self.docs))
         if not queries:
             return []
-        if top_n < 1:
-            raise ValueError(f"top_n={top_n}; expected >= 1")
-        k = min(top_n, len(self.docs))
         vocab = self.model.vocab_dict
         # Unknown terms are dropped: bm25s would look them up in its vocabulary and fail.
         tokens = [[t for t in q if t in vocab] for q in _tokenize(queries, return_ids=False)]

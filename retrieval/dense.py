@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from retrieval.base import Hit
+from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.encoder import DenseEncoder, EncoderConfig
 from retrieval.index import (IndexBuilder, IndexConfig, build_index, read_manifest, set_search_params,
@@ -56,11 +56,9 @@ class DenseRetriever:
         return cls(build_index(vecs, cfg), docs, encoder, cfg)
 
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
+        k = hits_wanted(queries, top_n, len(self.docs))
         if not queries:
             return []
-        if top_n < 1:
-            raise ValueError(f"top_n={top_n}; expected >= 1")
-        k = min(top_n, len(self.docs))
         with self._lock:
             q = self.encoder.encode_queries(queries)
             scores, rows = self.index.search(np.ascontiguousarray(q), k)

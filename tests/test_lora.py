@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +28,7 @@ from memsearcher_jax.models.safetensors_io import SafetensorsFile
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, token_logprobs_and_entropy
 from memsearcher_jax.sampling import Sampler
 from tests.test_grpo import _toy_rows
-from tests.test_train_step import SMALL, _check_logged_metrics, _logged_steps
+from tests.test_train_step import SMALL, sigkill_then_resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = {
@@ -393,42 +390,9 @@ def _train_cmd(out, steps, worlds):
     return args
 
 
-def _final_params(out):
-    from memsearcher_jax.jobs import restore_policy
-
-    model, meta = restore_policy(out)
-    return meta["step"], {k: np.asarray(v) for k, v in param_dict(model).items()}
-
-
 @pytest.mark.slow
 def test_lora_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT)
-    worlds = str(tmp_path / "worlds")
-    ref_out, killed_out = str(tmp_path / "ref"), str(tmp_path / "killed")
-    subprocess.run(_train_cmd(ref_out, 4, worlds), env=env, check=True, timeout=900,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _check_logged_metrics(ref_out, steps=4)
-
-    proc = subprocess.Popen(_train_cmd(killed_out, 4, worlds), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    # As tests/test_train_step.py: kill once step 3 is logged and the step-2 checkpoint is final.
-    metrics = os.path.join(killed_out, "logs", "metrics.jsonl")
-    ckpts = os.path.join(killed_out, "checkpoints")
-    deadline = time.time() + 600
-    while not (_logged_steps(metrics) >= 3 and os.path.isdir(os.path.join(ckpts, "2"))) \
-            and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run finished (or died) before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert os.path.isdir(os.path.join(ckpts, "2")) and not os.path.isdir(os.path.join(ckpts, "4")), os.listdir(ckpts)
-
-    subprocess.run(_train_cmd(killed_out, 4, worlds), env=env, check=True, timeout=900,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _check_logged_metrics(killed_out, steps=4)
-    step_a, ref = _final_params(ref_out)
-    step_b, resumed = _final_params(killed_out)
-    assert step_a == step_b == 4
+    ref, resumed = sigkill_then_resume(_train_cmd, tmp_path)
     assert any(k.endswith("_lora_b") and np.abs(v).max() > 0 for k, v in ref.items())  # the adapters trained
     for k in ref:
         np.testing.assert_array_equal(ref[k], resumed[k], err_msg=k)

@@ -105,18 +105,17 @@ def _final_params(out):
     return meta["step"], {k: np.asarray(v) for k, v in param_dict(model).items()}
 
 
-@pytest.mark.slow
-def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path):
+def sigkill_then_resume(train_cmd, tmp_path, steps=4) -> tuple[dict, dict]:
+    """Run `train_cmd(out, steps, worlds)` to the end once; run it again, kill it with SIGKILL
+    between checkpoints and resume it. Returns the final params of both runs (same step)."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT)
     worlds = str(tmp_path / "worlds")
     ref_out, killed_out = str(tmp_path / "ref"), str(tmp_path / "killed")
-    subprocess.run(_train_cmd(ROOT, ref_out, 4, worlds), env=env, check=True, timeout=900,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(train_cmd(ref_out, steps, worlds), env=env, check=True, timeout=900, **quiet)
+    _check_logged_metrics(ref_out, steps=steps)
 
-    _check_logged_metrics(ref_out, steps=4)
-
-    proc = subprocess.Popen(_train_cmd(ROOT, killed_out, 4, worlds), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(train_cmd(killed_out, steps, worlds), env=env, **quiet)
     # Kill once step 3 is logged AND the step-2 checkpoint is finalized. The asynchronous save
     # can finish after step 3 is logged, so the metrics alone are not enough; and Orbax begins
     # the step-4 save only after the step-2 one is finalized, so polling every 10 ms kills the
@@ -132,11 +131,16 @@ def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path)
     proc.wait(timeout=60)
     assert os.path.isdir(os.path.join(ckpts, "2")) and not os.path.isdir(os.path.join(ckpts, "4")), os.listdir(ckpts)
 
-    subprocess.run(_train_cmd(ROOT, killed_out, 4, worlds), env=env, check=True, timeout=900,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _check_logged_metrics(killed_out, steps=4)  # step 4 logged once, by the resumed run
+    subprocess.run(train_cmd(killed_out, steps, worlds), env=env, check=True, timeout=900, **quiet)
+    _check_logged_metrics(killed_out, steps=steps)  # the last step logged once, by the resumed run
     step_a, ref = _final_params(ref_out)
     step_b, resumed = _final_params(killed_out)
-    assert step_a == step_b == 4
+    assert step_a == step_b == steps
+    return ref, resumed
+
+
+@pytest.mark.slow
+def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path):
+    ref, resumed = sigkill_then_resume(lambda out, steps, worlds: _train_cmd(ROOT, out, steps, worlds), tmp_path)
     for k in ref:
         np.testing.assert_array_equal(ref[k], resumed[k], err_msg=k)
