@@ -1,15 +1,16 @@
 """Retrieval benchmark: encoder passages/s (ours vs transformers' PyTorch MiniLM), batched search
 queries/s, HTTP latency under load.
 
-    python bench/retriever.py [--wiki-passages 1024] [--repeats 3] [--passages 2000] [--requests 1000]
-    python bench/retriever.py --encoder-only --wiki-passages 512 --repeats 2      # quick
+    (from the repository root: it borrows the tests' offline assets and synthetic corpus)
+    python -m bench.retriever [--wiki-passages 1024] [--repeats 3] [--passages 2000] [--requests 1000]
+    python -m bench.retriever --encoder-only --wiki-passages 512 --repeats 2      # quick
 
 Encoder: generated Wikipedia-lead-like paragraphs of ~100-200 MiniLM tokens (`wiki_paragraphs`),
 encoded by our DenseEncoder and by transformers' AutoModel from the same MiniLM directory (mean
 pooling + L2 norm, batches of 64, torch threads = CPU cores), in corpus order and in
 length-sorted batches, interleaved round by round in this process; the table gives medians
 over rounds and ours / torch. Without torch the torch rows are skipped with a message.
-Search and HTTP use the short generated corpus (retrieval.synthetic); the HTTP part starts
+Search and HTTP use the short generated corpus (tests.synthetic_corpus); the HTTP part starts
 `serve-retriever` in a separate process on 127.0.0.1 (so client and server do not share a
 GIL) and drives it with an asyncio httpx client at a fixed concurrency.
 """
@@ -27,13 +28,13 @@ import time
 
 import numpy as np
 
-from memsearcher_jax.assets import minilm_encoder_dir
+from tests.assets import minilm_encoder_dir
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import InMemoryDocs
 from retrieval.dense import DenseRetriever
 from retrieval.encoder import DenseEncoder
 from retrieval.index import IndexConfig, build_index
-from retrieval.synthetic import generate, recall_at_k
+from tests.synthetic_corpus import generate, recall_at_k
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

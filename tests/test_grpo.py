@@ -65,7 +65,7 @@ class EchoRetriever:
 def qwen_tok():
     from transformers import AutoTokenizer
 
-    from memsearcher_jax.assets import qwen_tokenizer_dir
+    from tests.assets import qwen_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
 

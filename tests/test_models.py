@@ -167,7 +167,7 @@ logging.getLogger("transformers").warning("a real warning")
 def test_jax_built_model_exports_sharded_and_loads_in_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memsearcher_jax.assets import qwen_tokenizer_dir
+    from tests.assets import qwen_tokenizer_dir
 
     cfg = ModelConfig.tiny(vocab_size=128, num_layers=3)
     model = Qwen2(cfg, rngs=nnx.Rngs(7))
@@ -190,7 +190,7 @@ def test_jax_built_model_exports_sharded_and_loads_in_transformers(tmp_path):
 def test_tokenizer_loads_from_exported_dir(tmp_path):
     from transformers import AutoTokenizer
 
-    from memsearcher_jax.assets import qwen_tokenizer_dir
+    from tests.assets import qwen_tokenizer_dir
 
     out = save_pretrained(Qwen2(ModelConfig.tiny(), rngs=nnx.Rngs(0)), str(tmp_path / "m"),
                           tokenizer_dir=qwen_tokenizer_dir())

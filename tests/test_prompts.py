@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits, tool_schema
-from memsearcher_jax.assets import qwen_tokenizer_dir
+from tests.assets import qwen_tokenizer_dir
 from memsearcher_jax.rl.reward import compute_reward
 from retrieval.base import ERROR_HIT_ID, Hit
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 from flax import nnx
 
-from memsearcher_jax.assets import qwen_tokenizer_dir
+from tests.assets import qwen_tokenizer_dir
 from memsearcher_jax.data.qa import EVAL_SETS
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 

@@ -9,7 +9,7 @@ from retrieval.base import ERROR_HIT_ID, Hit, Retriever
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
 from retrieval.server import BackgroundServer, ServerLimits, create_app
-from retrieval.synthetic import generate
+from tests.synthetic_corpus import generate
 
 FAST = dict(backoff=0.01, max_backoff=0.05)
 

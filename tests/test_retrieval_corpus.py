@@ -9,7 +9,7 @@ from retrieval.bm25 import BM25Retriever, build_bm25_index
 from retrieval.corpus import CorpusFormatError, DocStore, ReadStats, read_corpus, title_and_text
 from retrieval.index import IndexConfig, build_index, read_manifest
 from retrieval.loading import load_retriever
-from retrieval.synthetic import generate, recall_at_k
+from tests.synthetic_corpus import generate, recall_at_k
 
 
 def _write(path, lines):

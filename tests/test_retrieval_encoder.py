@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from memsearcher_jax.assets import minilm_encoder_dir
+from tests.assets import minilm_encoder_dir
 from retrieval.encoder import DenseEncoder, _length_buckets, _pick, resolve_config
 
 TEXTS = [

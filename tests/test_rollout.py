@@ -53,7 +53,7 @@ class Docs:
 def tok():
     from transformers import AutoTokenizer
 
-    from memsearcher_jax.assets import qwen_tokenizer_dir
+    from tests.assets import qwen_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
 

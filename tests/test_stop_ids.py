@@ -25,7 +25,7 @@ DEFAULT = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")
 def tok():
     from transformers import AutoTokenizer
 
-    from memsearcher_jax.assets import qwen_tokenizer_dir
+    from tests.assets import qwen_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
 
