@@ -12,7 +12,6 @@ from flax import nnx
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, probe_items
-from memsearcher_jax.data.synthetic import generate_world
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2

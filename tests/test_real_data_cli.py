@@ -63,7 +63,7 @@ def files(tmp_path_factory):
 
 def common(files, *extra):
     return ["--config", "configs/default.py", "--config.world.enabled=false",
-            f"--config.retrieval.kind=index", f"--config.retrieval.index_dir={files['index']}",
+            "--config.retrieval.kind=index", f"--config.retrieval.index_dir={files['index']}",
             "--config.agent.max_new_tokens=8", "--config.agent.eval_max_turns=2", "--config.agent.max_turns=2",
             *extra]
 

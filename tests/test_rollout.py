@@ -8,7 +8,7 @@ import pytest
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.rl.grpo import score_trajectories
-from retrieval.base import ERROR_HIT_ID, Hit
+from retrieval.base import Hit
 
 
 @dataclasses.dataclass
