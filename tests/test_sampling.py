@@ -446,6 +446,22 @@ def test_one_shot_generate_compiles_once_and_follows_new_weights(hf_and_model):
     assert [c.tokens for c in got] == [_naive_greedy(other, p, 5) for p in prompts]
 
 
+def test_one_shot_generate_skips_the_weight_copy_only_when_the_weights_are_unchanged(hf_and_model):
+    from memsearcher_jax.sampling.sampler import cached_sampler
+
+    model = nnx.clone(hf_and_model[1])
+    prompts, kw = _prompts(5), dict(max_new_tokens=4, temperature=0.0)
+    generate(model, prompts, **kw)
+    laid_out = cached_sampler(model)._params
+    generate(model, prompts, **kw)
+    assert cached_sampler(model)._params is laid_out  # same arrays: no new layout copy
+    # An in-place edit of the same model object gives new arrays: the copy is redone and followed.
+    model.embed[...] = model.embed[...] * -1.0
+    got = generate(model, prompts, **kw)
+    assert cached_sampler(model)._params is not laid_out
+    assert [c.tokens for c in got] == [_naive_greedy(model, p, 4) for p in prompts]
+
+
 def test_generate_defaults_keep_float32_logprobs_exact(tmp_path):
     """A float32 model with odd head counts: generate's defaults (cache in the model's dtype)
     give each token's log-prob within 1e-4 of the full forward's log_softmax."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import weakref
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -496,23 +497,42 @@ class Sampler:
 # the same architecture reuses the compiled prefill/decode and only swaps the weights in.
 _SAMPLERS: "collections.OrderedDict[tuple, Sampler]" = collections.OrderedDict()
 _MAX_KEPT_SAMPLERS = 2
+_WEIGHTS_SEEN: dict[tuple, list | None] = {}  # per kept Sampler: weak refs to the arrays it holds
+
+
+def _same_weights(seen: list | None, leaves: list) -> bool:
+    """Whether `leaves` are the very arrays seen last time (jax arrays are immutable, so a
+    model whose weights changed holds new array objects)."""
+    return seen is not None and len(seen) == len(leaves) and all(r() is x for r, x in zip(seen, leaves))
+
+
+def _weak_refs(leaves: list) -> list | None:
+    try:
+        return [weakref.ref(x) for x in leaves]
+    except TypeError:  # a leaf that cannot be weakly referenced: always re-lay the weights out
+        return None
 
 
 def cached_sampler(model: Qwen2, *, cache_dtype=None, mesh: Mesh | None = None) -> Sampler:
     """A Sampler for `model`'s architecture, reused across calls, holding `model`'s current
-    weights (the layout copy is redone; prefill and decode are not recompiled)."""
+    weights. Prefill and decode are never recompiled; the weight-layout copy is redone only when
+    the model's arrays changed since the last call (a 0.5B model's copy costs seconds on CPU)."""
     cache_dtype = jnp.dtype(cache_dtype or model.config.dtype)
     graphdef = nnx.graphdef(model)
     key = (model.config, graphdef, mesh, cache_dtype)
+    leaves = jax.tree.leaves(nnx.state(model))
     sampler = _SAMPLERS.get(key)
     if sampler is None:
         sampler = Sampler(model, cache_dtype=cache_dtype, mesh=mesh)
         _SAMPLERS[key] = sampler
         while len(_SAMPLERS) > _MAX_KEPT_SAMPLERS:
-            _SAMPLERS.popitem(last=False)
+            evicted, _ = _SAMPLERS.popitem(last=False)
+            _WEIGHTS_SEEN.pop(evicted, None)
     else:
         _SAMPLERS.move_to_end(key)
-        sampler.update_params(model)
+        if not _same_weights(_WEIGHTS_SEEN.get(key), leaves):
+            sampler.update_params(model)
+    _WEIGHTS_SEEN[key] = _weak_refs(leaves)
     return sampler
 
 
