@@ -14,36 +14,12 @@ from memsearcher_jax.models.hf_io import expected_hf_keys
 from memsearcher_jax.models.safetensors_io import TensorDirectory
 from memsearcher_jax.models.sharding import PARAM_SPEC_FIELD
 from memsearcher_jax.sampling import Sampler
-from tests.hf_fixtures import torch_logits
+from tests.hf_fixtures import make_hf_qwen3, torch_logits
 
 VOCAB = 128
 # GQA 6 query / 2 KV heads, head_dim 16 apart from hidden / heads (48 / 6 = 8), untied, eps 1e-5.
 ODD = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
            num_key_value_heads=2, head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=1e4)
-
-
-def make_hf_qwen3(out_dir: str, *, seed: int = 0, std: float = 0.1, **overrides):
-    """Write a random `Qwen3ForCausalLM` to out_dir (safetensors + config) and return it (eval mode).
-    Norm weights are 1 + noise (q/k norms near 0 would flatten attention), the rest N(0, std)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, rope_theta=1e6, tie_word_embeddings=True,
-              max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=0)
-    kw.update(overrides)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**kw)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + std * torch.randn_like(p))
-            else:
-                p.normal_(0.0, std)
-        if kw["tie_word_embeddings"]:
-            model.tie_weights()
-    model.save_pretrained(out_dir)
-    return model
 
 
 @pytest.fixture(scope="module")
