@@ -22,7 +22,6 @@ import sys
 
 import numpy as np
 
-
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.config_utils import load_config, split_overrides
 

@@ -16,7 +16,6 @@ import os
 import sys
 import time
 
-
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.experiment import build_setup
 from memsearcher_jax.jobs import extra_sft, held_out_em, train_job

@@ -253,7 +253,8 @@ def read_history(log_dir: str) -> list[dict]:
     path = os.path.join(log_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         return []
-    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     return [{"step": r["step"], "loss": round(r["loss"], 4), "probe": round(r["probe_accuracy"], 4)} for r in rows]
 
 

@@ -30,9 +30,9 @@ class Retriever(Protocol):
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]: ...
 
 
-def hits_wanted(queries: list[str], top_n: int, num_docs: int) -> int:
-    """How many hits a search returns per query: min(top_n, num_docs); 0 for no queries.
-    ValueError for top_n < 1 (every retriever checks its input the same way)."""
+def hits_wanted(top_n: int, num_docs: int) -> int:
+    """How many hits a search returns per query: min(top_n, num_docs). ValueError for
+    top_n < 1 (every retriever checks its input the same way)."""
     if top_n < 1:
         raise ValueError(f"top_n={top_n}; expected >= 1")
-    return min(top_n, num_docs) if queries else 0
+    return min(top_n, num_docs)

@@ -55,7 +55,7 @@ class BM25Retriever:
         return cls(_index([docs.get(i)["contents"] for i in range(len(docs))], k1, b), docs)
 
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
-        k = hits_wanted(queries, top_n, len(self.docs))
+        k = hits_wanted(top_n, len(self.docs))
         if not queries:
             return []
         vocab = self.model.vocab_dict

@@ -56,7 +56,7 @@ class DenseRetriever:
         return cls(build_index(vecs, cfg), docs, encoder, cfg)
 
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
-        k = hits_wanted(queries, top_n, len(self.docs))
+        k = hits_wanted(top_n, len(self.docs))
         if not queries:
             return []
         with self._lock:

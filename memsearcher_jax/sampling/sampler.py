@@ -136,6 +136,18 @@ def validate_request(prompts, max_new_tokens, temperature, top_p, top_k, vocab_s
     return budgets
 
 
+def _weak_refs(leaves: list) -> list | None:
+    try:
+        return [weakref.ref(x) for x in leaves]
+    except TypeError:  # a leaf that cannot be weakly referenced: such weights are always copied
+        return None
+
+
+def _same_arrays(refs: list | None, leaves: list) -> bool:
+    """Whether `leaves` are the very arrays `refs` point to."""
+    return refs is not None and len(refs) == len(leaves) and all(r() is x for r, x in zip(refs, leaves))
+
+
 class Sampler:
     """Keeps compiled prefill/decode programs between calls; see module docstring.
 
@@ -166,6 +178,7 @@ class Sampler:
         self.compiled_keys: set[tuple] = set()
         self.layer_by_layer, self._to_local = layer_by_layer, to_local
         self._piece_fns: dict = {}
+        source_refs = _weak_refs(jax.tree.leaves(nnx.state(model)))  # the caller's arrays, before placement
         if layer_by_layer:
             self._check_source(model)
         else:
@@ -183,6 +196,7 @@ class Sampler:
         self._graphdef, state = nnx.split(model)
         self._layout_fn = jax.jit(self._layout)
         self._params = self._layout_pieces(model) if layer_by_layer else self._layout_fn(state)
+        self._laid_out_from = source_refs
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("num_new",))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
 
@@ -242,12 +256,20 @@ class Sampler:
     def update_params(self, model_or_state) -> None:
         """Swap in new weights (a Qwen2 or its nnx.State) with the same shapes; no recompilation
         of the sampling programs (the layout copy is its own small program, compiled once).
-        A layer_by_layer sampler takes a Qwen2 and rebuilds its copy piece by piece in place."""
+        A layer_by_layer sampler takes a Qwen2 and rebuilds its copy piece by piece in place.
+        The very arrays laid out last time (jax arrays are immutable, so changed weights are new
+        arrays) are not copied again: a 0.5B model's copy costs seconds on CPU."""
+        is_model = isinstance(model_or_state, Qwen2)
+        leaves = jax.tree.leaves(nnx.state(model_or_state) if is_model else model_or_state)
+        compatible = model_or_state.config == self.config if is_model else not self.layer_by_layer
+        if compatible and _same_arrays(self._laid_out_from, leaves):
+            return
         if self.layer_by_layer:
             if not isinstance(model_or_state, Qwen2) or model_or_state.config != self.config:
                 raise ValueError("update_params on a layer_by_layer sampler needs a Qwen2 with the sampler's ModelConfig")
             self._check_source(model_or_state)
             self._layout_pieces(model_or_state, into=self._params)
+            self._laid_out_from = _weak_refs(leaves)
             return
         if isinstance(model_or_state, Qwen2):
             if model_or_state.config != self.config:
@@ -264,6 +286,7 @@ class Sampler:
                 raise ValueError(f"update_params: parameter shape/dtype {b.shape}/{b.dtype} differs from "
                                  f"the sampler's {a.shape}/{a.dtype}")
         self._params = self._layout_fn(state)
+        self._laid_out_from = _weak_refs(leaves)
 
     # ----- layout helpers -----
     def _batch_shards(self) -> int:
@@ -497,42 +520,24 @@ class Sampler:
 # the same architecture reuses the compiled prefill/decode and only swaps the weights in.
 _SAMPLERS: "collections.OrderedDict[tuple, Sampler]" = collections.OrderedDict()
 _MAX_KEPT_SAMPLERS = 2
-_WEIGHTS_SEEN: dict[tuple, list | None] = {}  # per kept Sampler: weak refs to the arrays it holds
-
-
-def _same_weights(seen: list | None, leaves: list) -> bool:
-    """Whether `leaves` are the very arrays seen last time (jax arrays are immutable, so a
-    model whose weights changed holds new array objects)."""
-    return seen is not None and len(seen) == len(leaves) and all(r() is x for r, x in zip(seen, leaves))
-
-
-def _weak_refs(leaves: list) -> list | None:
-    try:
-        return [weakref.ref(x) for x in leaves]
-    except TypeError:  # a leaf that cannot be weakly referenced: always re-lay the weights out
-        return None
 
 
 def cached_sampler(model: Qwen2, *, cache_dtype=None, mesh: Mesh | None = None) -> Sampler:
     """A Sampler for `model`'s architecture, reused across calls, holding `model`'s current
     weights. Prefill and decode are never recompiled; the weight-layout copy is redone only when
-    the model's arrays changed since the last call (a 0.5B model's copy costs seconds on CPU)."""
+    the model's arrays changed since the last call (`Sampler.update_params`)."""
     cache_dtype = jnp.dtype(cache_dtype or model.config.dtype)
     graphdef = nnx.graphdef(model)
     key = (model.config, graphdef, mesh, cache_dtype)
-    leaves = jax.tree.leaves(nnx.state(model))
     sampler = _SAMPLERS.get(key)
     if sampler is None:
         sampler = Sampler(model, cache_dtype=cache_dtype, mesh=mesh)
         _SAMPLERS[key] = sampler
         while len(_SAMPLERS) > _MAX_KEPT_SAMPLERS:
-            evicted, _ = _SAMPLERS.popitem(last=False)
-            _WEIGHTS_SEEN.pop(evicted, None)
+            _SAMPLERS.popitem(last=False)
     else:
         _SAMPLERS.move_to_end(key)
-        if not _same_weights(_WEIGHTS_SEEN.get(key), leaves):
-            sampler.update_params(model)
-    _WEIGHTS_SEEN[key] = _weak_refs(leaves)
+        sampler.update_params(model)
     return sampler
 
 
