@@ -143,6 +143,8 @@ def get_config() -> ml_collections.ConfigDict:
                                      # the best params by eval/em are kept in OUTPUT/best/ (export-hf --best)
     c.train.log_samples_every = 0    # steps between sample trajectories logged as text (0: none)
     c.train.wandb_project = ""       # also log to Weights & Biases ("" : off; WANDB_MODE=offline works)
+    c.train.compilation_cache_dir = "~/.cache/memsearcher-jax/xla-cache"  # JAX's persistent compilation cache
+                                     # ("" : off; $MEMSEARCHER_JAX_COMPILATION_CACHE overrides): reruns skip compiling
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1

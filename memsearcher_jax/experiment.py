@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from memsearcher_jax import distributed
+from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.prompts import (
     COMPACT_SYSTEM_PROMPT,
     COMPACT_UPDATE_INSTRUCTION,
@@ -92,6 +92,13 @@ def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
                       sampling_dtype=cfg.model.dtype, eval_every=t.eval_every,
                       log_samples_every=t.log_samples_every, wandb_project=t.wandb_project,
                       filter_groups=cfg.rl.filter_groups, max_refill=cfg.rl.max_refill)
+
+
+def compilation_cache(cfg: ml_collections.ConfigDict) -> str:
+    """Turn on JAX's persistent compilation cache at train.compilation_cache_dir ("" : off;
+    $MEMSEARCHER_JAX_COMPILATION_CACHE overrides it), so a second run of a job loads its programs
+    instead of compiling them. Returns the directory ("" when off). Call before anything compiles."""
+    return compile_stats.enable_persistent_cache(cfg.train.get("compilation_cache_dir", None))
 
 
 def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:

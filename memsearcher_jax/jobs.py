@@ -16,8 +16,9 @@ from flax import nnx
 
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax import compile_stats
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
-                                        eval_questions, eval_runner, evaluate, load_policy, lora_fields,
+                                        compilation_cache, eval_questions, eval_runner, evaluate, load_policy, lora_fields,
                                         sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
@@ -93,6 +94,16 @@ def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> f
     return evaluate(runner, eval_questions(cfg, setup))["em"]
 
 
+def compile_summary(what: str, count: compile_stats.CompileCount, history: list[dict] | None = None) -> str:
+    """One line: the programs `what` built (and, for GRPO steps, the last step that built one)."""
+    line = (f"compiles, {what}: {count.programs} new programs, {count.compiled} compiled by XLA, "
+            f"{count.from_cache} from the persistent cache, {count.seconds:.1f}s")
+    if history:
+        late = [i + 1 for i, m in enumerate(history) if m.get("compiles", 0)]
+        line += f"; last step with a new program: {late[-1] if late else 'none'} of {len(history)} run here"
+    return line
+
+
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
@@ -103,6 +114,8 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
     _log(f"output dir {out}")
+    cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
+    _log(f"compilation cache: {cache_dir or 'off'}")
     setup = build_setup(cfg)
     _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
     policy = None
@@ -121,15 +134,17 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
         json.dump(summary, open(summary_path, "w"), indent=2)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
-    t0 = time.perf_counter()
-    trainer.train()
+    t0, grpo_start = time.perf_counter(), compile_stats.snapshot()
+    history = trainer.train()
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
+    _log(compile_summary("GRPO", compile_stats.snapshot() - grpo_start, history))
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
         after = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
                        turns_after=after["turns"], steps=trainer.step)
         json.dump(summary, open(summary_path, "w"), indent=2)
+    _log(compile_summary("whole job", compile_stats.snapshot() - job_start))
     metrics = read_metrics(out)
     print("\nlearning curve (training trajectories, temperature "
           f"{cfg.agent.temperature}):\n{curve_table(metrics)}", flush=True)

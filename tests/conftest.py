@@ -8,6 +8,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No persistent compilation cache in tests (jobs turn one on by default): each test compiles what it uses.
+os.environ.setdefault("MEMSEARCHER_JAX_COMPILATION_CACHE", "")
 
 import jax  # noqa: E402
 

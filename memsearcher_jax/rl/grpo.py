@@ -22,6 +22,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from memsearcher_jax import compile_stats
+
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
@@ -278,10 +280,10 @@ class GRPOLearner(Learner):
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
         """Old/ref log-probs, then `optimizer_steps` updates over shuffled mini-batches."""
         cfg = self.config
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), compile_stats.snapshot()
         old_logp = self.compute_logprobs(self.params, rows)
         ref_logp = self.compute_logprobs(self.ref_params, rows)
-        time_logprobs = time.perf_counter() - t0
+        time_logprobs, compiles_logprobs = time.perf_counter() - t0, (compile_stats.snapshot() - c0).programs
         chunks = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
                                        whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
         metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0}
@@ -333,6 +335,6 @@ class GRPOLearner(Learner):
             "ratio_max": ratio_max, "ratio_min": ratio_min,
             "logprob_gap_max": float(gap.max()) if gap.size else 0.0,
             "trained_tokens": int(mask.sum()),
-            "time_logprobs": time_logprobs,
+            "time_logprobs": time_logprobs, "compiles_logprobs": compiles_logprobs,
         })
         return metrics

@@ -28,7 +28,7 @@ from etils import epath
 from flax import nnx
 from tqdm.auto import tqdm
 
-from memsearcher_jax import distributed
+from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
 from memsearcher_jax.rl.advantages import groups_with_spread
@@ -189,7 +189,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         loop = self.loop
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), compile_stats.snapshot()
         self.runner.stats = type(self.runner.stats)()
         trajs, results, n_groups = self._rollout()
         kept, kept_results, dropped, refills = trajs, results, 0, 0
@@ -204,7 +204,7 @@ class Trainer:
                 kept += [t for t, k in zip(more, keep) if k]
                 kept_results += [r for r, k in zip(more_results, keep) if k]
             kept, kept_results = kept[:n_groups * loop.group_size], kept_results[:n_groups * loop.group_size]
-        t_rollout = time.perf_counter() - t0
+        t_rollout, c1 = time.perf_counter() - t0, compile_stats.snapshot()
         if not kept:  # every group tied: nothing to learn from this step
             kept, kept_results = trajs, results
         adv = trajectory_advantages(kept, [r.reward for r in kept_results])
@@ -215,8 +215,9 @@ class Trainer:
         t1 = time.perf_counter()
         rng = np.random.default_rng([loop.seed, self.step, 1])
         update = self.learner.train_on_rows(rows, rng)
-        t_update = time.perf_counter() - t1
+        t_update, c2 = time.perf_counter() - t1, compile_stats.snapshot()
         self.sampler.update_params(self._sampling_model())
+        compiles = step_compiles(c0, c1, c2, compile_stats.snapshot(), update["compiles_logprobs"])
         self.step += 1
         stats = self.runner.stats
         # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
@@ -233,6 +234,7 @@ class Trainer:
             "time_update": t_update - update["time_logprobs"],
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
+        metrics.update(compiles)
         return metrics
 
     def train(self, steps: int | None = None) -> list[dict]:
@@ -277,6 +279,16 @@ def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
     """
     fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
     return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
+
+
+def step_compiles(start, rolled_out, updated, end, logprobs: int) -> dict:
+    """New programs of one step per phase, from compile_stats snapshots taken at its start, after
+    the rollout, after the update (whose log-prob pass built `logprobs` of them) and at its end
+    (after the sampler took the new weights: counted as sampler work)."""
+    total = end - start
+    return {"compiles": total.programs, "compiles_sampler": (rolled_out - start).programs + (end - updated).programs,
+            "compiles_logprobs": logprobs, "compiles_update": (updated - rolled_out).programs - logprobs,
+            "compiles_from_cache": total.from_cache, "compile_seconds": total.seconds}
 
 
 def _step_seed(seed: int, step: int) -> int:

@@ -1,0 +1,80 @@
+"""Compile counting (compile_stats), the persistent compilation cache, and the shape buckets
+that let a run meet all its programs early."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memsearcher_jax import compile_stats
+from memsearcher_jax.rl.trainer import step_compiles
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_counts_a_new_program_and_nothing_when_it_is_reused():
+    fn = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
+    x, y = jnp.arange(7, dtype=jnp.float32), jnp.ones(7, jnp.float32)
+    z = jnp.arange(9, dtype=jnp.float32)
+    before = compile_stats.snapshot()
+    fn(x).block_until_ready()
+    first = compile_stats.snapshot() - before
+    assert first.programs == 1 and first.seconds > 0
+    before = compile_stats.snapshot()
+    fn(y).block_until_ready()  # same shapes: the compiled program is reused
+    assert (compile_stats.snapshot() - before).programs == 0
+    before = compile_stats.snapshot()
+    fn(z).block_until_ready()  # a new shape is a new program
+    assert (compile_stats.snapshot() - before).programs == 1
+
+
+def test_step_compiles_splits_phases():
+    c = compile_stats.CompileCount
+    got = step_compiles(c(10, 0, 1.0), c(13, 1, 2.0), c(18, 1, 3.0), c(19, 2, 3.5), logprobs=2)
+    assert got["compiles"] == 9 and got["compiles_sampler"] == 4 and got["compiles_logprobs"] == 2
+    assert got["compiles_update"] == 3 and got["compiles_from_cache"] == 2
+    assert got["compile_seconds"] == pytest.approx(2.5)
+
+
+def test_cache_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.delenv(compile_stats.CACHE_DIR_ENV, raising=False)
+    assert compile_stats.resolve_cache_dir(None).endswith("memsearcher-jax/xla-cache")
+    assert compile_stats.resolve_cache_dir("") == ""
+    assert compile_stats.resolve_cache_dir(str(tmp_path)) == str(tmp_path)
+    monkeypatch.setenv(compile_stats.CACHE_DIR_ENV, "")
+    assert compile_stats.resolve_cache_dir(str(tmp_path)) == ""  # the variable wins, "" disables
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    from memsearcher_jax import compile_stats
+    compile_stats.enable_persistent_cache(sys.argv[1])
+    before = compile_stats.snapshot()
+    f = jax.jit(lambda x: jnp.tanh(x @ x.T) + 2.5)
+    f(np.ones((5, 3), np.float32)).block_until_ready()  # numpy input: no eager program
+    d = compile_stats.snapshot() - before
+    print("COUNT", d.programs, d.from_cache)
+""")
+
+
+def _child(cache_dir: str) -> tuple[int, int]:
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    env.pop(compile_stats.CACHE_DIR_ENV, None)
+    out = subprocess.run([sys.executable, "-c", _CHILD, cache_dir], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    line = [l for l in out.splitlines() if l.startswith("COUNT")][-1]
+    return int(line.split()[1]), int(line.split()[2])
+
+
+def test_a_second_process_loads_the_program_from_the_persistent_cache(tmp_path):
+    cache = str(tmp_path / "xla")
+    assert _child(cache) == (1, 0)  # first process: compiled by XLA
+    assert os.listdir(cache), "the first process wrote nothing to the cache"
+    assert _child(cache) == (1, 1)  # second process: the same program, loaded from the cache
+    assert _child("") == (1, 0)  # disabled: compiled again
+
