@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,3 +183,65 @@ def test_the_loop_file_stays_small_and_the_method_is_cited_in_repo():
     hits = subprocess.run(["git", "grep", "-n", cite, "--", ".", ":!docs"], cwd=ROOT, capture_output=True,
                           text=True).stdout
     assert hits == "", hits
+
+
+
+# `path.py`, `path.py:function`, `path.py::Class.method`, `path.py::Class` or `path.py::test_x`, in backticks.
+_CODE_REF = re.compile(r"`([\w./-]+\.py)(?:(::?)([\w.]+))?`")
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    """Methods and class-level names (`PRESETS = ...`, annotated fields) of a class."""
+    names = {n.name for n in cls.body if isinstance(n, _DEFS)}
+    names |= {t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    return names | {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def code_ref_problems(text: str, root: str = ROOT) -> list[str]:
+    """Every `file.py[:function | ::Class.method]` reference in `text` that does not exist:
+    the file under `root`, the top-level function in it, the class and its member."""
+    problems = []
+    for path, sep, name in _CODE_REF.findall(text):
+        full = os.path.join(root, path)
+        if not os.path.isfile(full):
+            problems.append(f"{path}: no such file")
+            continue
+        if not name:
+            continue
+        with open(full, encoding="utf-8") as f:
+            top = {n.name: n for n in ast.parse(f.read()).body if isinstance(n, _DEFS)}
+        cls_name, _, member = name.partition(".")
+        node = top.get(cls_name)
+        if sep == ":" and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            problems.append(f"{path}:{name}: no top-level function {name!r}")
+        elif sep == "::" and not member and node is None:  # pytest's `file.py::test_x` names a function too
+            problems.append(f"{path}::{name}: no function or class {name!r}")
+        elif sep == "::" and member and not isinstance(node, ast.ClassDef):
+            problems.append(f"{path}::{name}: no class {cls_name!r}")
+        elif sep == "::" and member and member not in _class_members(node):
+            problems.append(f"{path}::{name}: class {cls_name!r} has no {member!r}")
+    return problems
+
+
+def test_the_reference_checker_catches_a_missing_name():
+    text = ("`memsearcher_jax/rl/trainer.py::Trainer.train_step` `memsearcher_jax/rl/grpo.py:pack_rows` "
+            "`memsearcher_jax/models/config.py::ModelConfig.PRESETS` `retrieval/base.py` "
+            "`tests/test_architecture.py::test_layers_point_one_way` `tests/test_architecture.py::test_nothing` "
+            "`memsearcher_jax/rl/trainer.py::Trainer.no_such_step` `memsearcher_jax/rl/grpo.py:no_such_fn` "
+            "`memsearcher_jax/rl/grpo.py::NoSuchClass.run` `memsearcher_jax/no_such_file.py` "
+            "`memsearcher_jax/rl/grpo.py:GRPOLearner.train_on_rows`")  # a method needs `::`
+    assert code_ref_problems(text) == [
+        "tests/test_architecture.py::test_nothing: no function or class 'test_nothing'",
+        "memsearcher_jax/rl/trainer.py::Trainer.no_such_step: class 'Trainer' has no 'no_such_step'",
+        "memsearcher_jax/rl/grpo.py:no_such_fn: no top-level function 'no_such_fn'",
+        "memsearcher_jax/rl/grpo.py::NoSuchClass.run: no class 'NoSuchClass'",
+        "memsearcher_jax/no_such_file.py: no such file",
+        "memsearcher_jax/rl/grpo.py:GRPOLearner.train_on_rows: no top-level function 'GRPOLearner.train_on_rows'"]
+
+
+def test_the_architecture_page_names_only_what_exists():
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(_CODE_REF.findall(text)) > 30  # the page does name the code it maps
+    assert code_ref_problems(text) == []
