@@ -350,3 +350,13 @@ def test_tis_weights_and_their_place_in_the_loss():
     np.testing.assert_allclose(np.asarray(weighted - base), np.asarray(aux["pg_loss"]) * (w - 1.0), rtol=1e-5)
     with pytest.raises(ValueError, match="tis_cap"):
         LossConfig(tis_cap=-1.0)
+
+
+def test_tis_weights_clamp_the_log_ratio_at_the_configured_bound():
+    from memsearcher_jax.rl.losses import tis_weights
+
+    old, sampler = np.array([[0.0, 0.0]]), np.array([[-3.0, 1.0]])
+    w = tis_weights(old, sampler, cap=100.0, log_ratio_clamp=0.5)
+    np.testing.assert_allclose(w, [[np.exp(0.5), np.exp(-0.5)]], rtol=1e-6)
+    w = tis_weights(old, sampler, cap=100.0, log_ratio_clamp=20.0)
+    np.testing.assert_allclose(w, [[np.exp(3.0), np.exp(-1.0)]], rtol=1e-6)
