@@ -110,6 +110,11 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
         if cfg.rl[key] < 1:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
+    trajectories = cfg.rl.batch_questions * cfg.rl.group_size
+    if cfg.rl.optimizer_steps > trajectories >= 1:
+        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} trajectories "
+                        "(rl.batch_questions * rl.group_size): some mini-batches would be empty; set "
+                        f"rl.optimizer_steps <= {trajectories}")
     try:
         prefill_query_block(cfg)
     except TrainConfigError as e:
@@ -392,10 +397,13 @@ def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
 
 
 def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:
-    """Greedy episodes; EM / F1 / reward means and per-turn context statistics."""
+    """Greedy episodes; EM / F1 / reward means and per-turn context statistics.
+
+    Question i is group i and trajectory i in every batch (ids unique across batches, as
+    AgentRunner.run asks: each trajectory samples from its own id)."""
     trajs: list[Trajectory] = []
     for i in range(0, len(questions), batch):
-        trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i)
+        trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i, first_traj_id=i)
     results = score_trajectories(trajs)
     mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0
     return {
