@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
                                         eval_questions, eval_runner, evaluate, load_policy, lora_fields,
@@ -93,17 +94,94 @@ def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> f
     return evaluate(runner, eval_questions(cfg, setup))["em"]
 
 
+# ----------------------------------------------------------------------------- the output directory
+
+# What a training run writes in train.output_dir; `--fresh` removes these and nothing else.
+RUN_MARKER = ".memsearcher-run"
+RUN_ENTRIES = frozenset({RUN_MARKER, "checkpoints", "best", "logs", "warmstart", "lora_base", "summary.json",
+                         "learning_curve.png"})
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+
+
+def _is_same_or_parent(path: str, other: str) -> bool:
+    """Whether `path` is `other` or one of its parent directories."""
+    path, other = os.path.realpath(path), os.path.realpath(other)
+    return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
+
+
+def check_output_dir(out: str, fresh: bool) -> None:
+    """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
+    a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
+    parent of them) and a directory holding anything a run did not write there."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserInputError(f"train.output_dir={out} is a file, not a directory: choose another train.output_dir")
+    parent = out
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserInputError(f"train.output_dir={out}: {parent} is not writable; choose another train.output_dir")
+    if not fresh or not os.path.isdir(out):
+        return
+    for name, where in (("the working directory", os.getcwd()), ("your home directory", os.path.expanduser("~"))):
+        if _is_same_or_parent(out, where):
+            raise UserInputError(f"--fresh with train.output_dir={out}: that is {name} (or holds it); --fresh only "
+                                 "clears a run's own directory: give train.output_dir a directory of its own")
+    foreign = sorted(set(os.listdir(out)) - RUN_ENTRIES)
+    if foreign:
+        raise UserInputError(f"--fresh with train.output_dir={out}: it holds {os.path.join(out, foreign[0])}"
+                             f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no training run "
+                             "wrote; nothing was removed. Move those files or choose another train.output_dir")
+
+
+def prepare_output_dir(out: str, fresh: bool) -> None:
+    """Create the output dir with its marker; fresh: first remove what an earlier run wrote
+    there (RUN_ENTRIES), after `check_output_dir` has refused anything else."""
+    check_output_dir(out, fresh)
+    if fresh and os.path.isdir(out):
+        for name in sorted(set(os.listdir(out)) & RUN_ENTRIES):
+            path = os.path.join(out, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    os.makedirs(out, exist_ok=True)
+    marker = os.path.join(out, RUN_MARKER)
+    if not os.path.exists(marker):
+        _write_json(marker, {"written_by": "memsearcher-jax train", "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
+    """The local files and directories the config names exist (before any world or model is built)."""
+    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
+    if not cfg.world.enabled:
+        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)]
+    if cfg.retrieval.kind == "index":
+        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
+    for key, value, exists in wanted:
+        if value and "://" not in value and not exists(os.path.expanduser(value)):
+            raise UserInputError(f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file'}")
+
+
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
     validate(cfg)
+    check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
     out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
-    if not resume and os.path.exists(out):
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
+    check_output_dir(out, fresh=not resume)
+    setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
+    prepare_output_dir(out, fresh=not resume)
     _log(f"output dir {out}")
-    setup = build_setup(cfg)
     _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
     policy = None
     if cfg.sft.steps > 0:
@@ -114,12 +192,12 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
     summary_path = os.path.join(out, "summary.json")
-    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    summary = _read_json(summary_path) if os.path.exists(summary_path) else {}
     if n_eval and "em_before" not in summary:
         _log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
         before = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
-        json.dump(summary, open(summary_path, "w"), indent=2)
+        _write_json(summary_path, summary)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0 = time.perf_counter()
     trainer.train()
@@ -129,7 +207,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         after = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
                        turns_after=after["turns"], steps=trainer.step)
-        json.dump(summary, open(summary_path, "w"), indent=2)
+        _write_json(summary_path, summary)
     metrics = read_metrics(out)
     print("\nlearning curve (training trajectories, temperature "
           f"{cfg.agent.temperature}):\n{curve_table(metrics)}", flush=True)

@@ -1,0 +1,109 @@
+"""Every bad input is a message, and nothing a user owns is deleted (issue 22).
+
+Each test runs the CLI as a user would (`main(argv)`, in process) and asserts the exit status,
+that the message names the bad input, and that no user file was removed."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from memsearcher_jax.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _user_files(root) -> dict:
+    """Every file under root with its contents (what must survive a refused command)."""
+    found = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, root)] = f.read()
+    return found
+
+
+# ----------------------------------------------------------------------------- train --fresh
+
+def test_fresh_with_a_bad_config_removes_nothing(tmp_path, capsys):
+    out = tmp_path / "d"
+    (out / "notes").mkdir(parents=True)
+    (out / "notes" / "thesis.txt").write_text("x")
+    before = _user_files(out)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                     "--config.data.tokenizer_dir=/nope", "--fresh")
+    assert code == 2
+    assert "data.tokenizer_dir=/nope" in msg
+    assert _user_files(out) == before
+
+
+def test_fresh_refuses_a_directory_holding_files_no_run_wrote(tmp_path, capsys):
+    out = tmp_path / "d"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "notes").mkdir()
+    (out / "notes" / "thesis.txt").write_text("x")
+    before = _user_files(out)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                     f"--config.world.cache_dir={tmp_path / 'worlds'}", "--fresh")
+    assert code == 2
+    assert str(out / "notes") in msg and "nothing was removed" in msg
+    assert _user_files(out) == before and (out / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize("where", [".", "~", "/"])
+def test_fresh_refuses_the_working_home_and_root_directories(where, tmp_path, capsys, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.txt").write_text("x")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={where}",
+                     f"--config.world.cache_dir={tmp_path / 'worlds'}", "--fresh")
+    assert code == 2
+    assert "train.output_dir=" in msg and "--fresh" in msg
+    assert (home / "thesis.txt").read_text() == "x"
+
+
+def test_fresh_removes_only_what_a_run_wrote(tmp_path):
+    from memsearcher_jax.jobs import RUN_MARKER, check_output_dir, prepare_output_dir
+
+    out = tmp_path / "run"
+    for sub in ("checkpoints/3", "best/2", "logs", "warmstart", "lora_base"):
+        (out / sub).mkdir(parents=True)
+    for name in ("summary.json", "learning_curve.png", RUN_MARKER, "logs/metrics.jsonl"):
+        (out / name).write_text("{}")
+    prepare_output_dir(str(out), fresh=True)
+    assert sorted(os.listdir(out)) == [RUN_MARKER]  # a new marker, everything else gone
+    (out / "mine.txt").write_text("x")
+    with pytest.raises(ValueError, match="mine.txt"):
+        check_output_dir(str(out), fresh=True)
+    prepare_output_dir(str(out), fresh=False)  # resuming never removes anything
+    assert (out / "mine.txt").read_text() == "x"
+
+
+def test_output_dir_that_is_a_file_is_a_message(tmp_path, capsys):
+    path = tmp_path / "afile"
+    path.write_text("keep me")
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={path}")
+    assert code == 2 and f"train.output_dir={path} is a file" in msg
+    assert path.read_text() == "keep me"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes anywhere")
+def test_output_dir_that_is_not_writable_is_a_message(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={locked / 'run'}")
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and "not writable" in msg and str(locked) in msg
