@@ -271,10 +271,29 @@ def restore_policy(checkpoint: str, step: int | None = None, best: bool = False)
     return nnx.merge(graphdef, params), meta
 
 
+def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
+    """Refuse, before any checkpoint is read, an export that would write over the user's files:
+    an --out that is a file, inside the checkpoint's directory, or non-empty without --overwrite."""
+    out_abs = os.path.abspath(os.path.expanduser(out))
+    if os.path.exists(out_abs) and not os.path.isdir(out_abs):
+        raise UserInputError(f"--out {out} is a file, not a directory: give a new directory")
+    run_dir = os.path.abspath(os.path.expanduser(checkpoint))
+    if os.path.basename(run_dir.rstrip(os.sep)) in ("checkpoints", "best"):
+        run_dir = os.path.dirname(run_dir.rstrip(os.sep))
+    if _is_same_or_parent(run_dir, out_abs) or _is_same_or_parent(out_abs, run_dir):
+        raise UserInputError(f"--out {out} is (or holds, or lies inside) the checkpoint directory {checkpoint}: "
+                             "give a directory outside the training run")
+    if os.path.isdir(out_abs) and os.listdir(out_abs) and not overwrite:
+        raise UserInputError(f"--out {out} is not empty (it holds {sorted(os.listdir(out_abs))[0]}, ...): give a "
+                             "new directory, or --overwrite to replace only its model files")
+
+
 def export_checkpoint(checkpoint: str, out: str, step: int | None = None, dtype: str | None = None,
-                      best: bool = False, adapters_only: bool = False) -> str:
+                      best: bool = False, adapters_only: bool = False, overwrite: bool = False) -> str:
     """A Hugging Face model directory from a checkpoint (a LoRA run's adapters merged into the
-    weights), or with adapters_only its LoRA adapters in PEFT's format."""
+    weights), or with adapters_only its LoRA adapters in PEFT's format. `out` must be new or
+    empty unless overwrite (then only its model files are replaced)."""
+    check_export_dir(checkpoint, out, overwrite)
     model, meta = restore_policy(checkpoint, step, best)
     if adapters_only:
         if not model.config.lora:

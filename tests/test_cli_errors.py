@@ -107,3 +107,66 @@ def test_output_dir_that_is_not_writable_is_a_message(tmp_path, capsys):
     finally:
         locked.chmod(0o700)
     assert code == 2 and "not writable" in msg and str(locked) in msg
+
+
+# ----------------------------------------------------------------------------- export-hf --out
+
+def _tiny_model():
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=16)
+    return Qwen2(cfg, rngs=nnx.Rngs(0))
+
+
+def test_export_refuses_the_checkpoint_directory_itself(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "1").mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    before = _user_files(run)
+    for out in (run, run / "checkpoints", run / "hf"):
+        code, msg = _run(capsys, "export-hf", "--checkpoint", str(run), "--out", str(out), "--overwrite")
+        assert code == 2 and "checkpoint directory" in msg and str(out) in msg
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(run / "checkpoints"), "--out", str(run))
+    assert code == 2 and "checkpoint directory" in msg
+    assert _user_files(run) == before and not (run / "hf").exists()
+
+
+def test_export_refuses_a_non_empty_out_and_a_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(run), "--out", str(out))
+    assert code == 2 and str(out) in msg and "--overwrite" in msg
+    assert (out / "README.md").read_text() == "my notes"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(run), "--out", str(afile), "--overwrite")
+    assert code == 2 and f"--out {afile} is a file" in msg and afile.read_text() == "x"
+    assert sorted(os.listdir(tmp_path)) == ["afile", "mine", "run"]  # no .tmp-export left behind
+
+
+def test_save_pretrained_replaces_only_model_files_and_leaves_no_staging_dir(tmp_path):
+    from memsearcher_jax.models import from_pretrained, save_pretrained
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    (out / "model-00001-of-00002.safetensors").write_text("a stale shard of an older export")
+    (out / "config.json").write_text("{}")
+    save_pretrained(_tiny_model(), str(out))
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert (out / "README.md").read_text() == "my notes"
+    assert from_pretrained(str(out)).config.hidden_size == 32
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):  # fails half-way through writing
+        save_pretrained(_tiny_model(), str(tmp_path / "hf2"), tokenizer_dir=str(tmp_path / "hf"))
+    assert sorted(os.listdir(tmp_path)) == ["hf"]  # neither hf2 nor a staging directory
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        save_pretrained(_tiny_model(), str(afile))
+    assert afile.read_text() == "x"
