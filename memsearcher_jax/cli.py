@@ -11,6 +11,7 @@ import sys
 
 from memsearcher_jax.config_utils import ConfigError, load_config, split_overrides
 from memsearcher_jax.distributed import initialize_from_env
+from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.errors import UserInputError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
         return 2
-    except (UserInputError, FileNotFoundError) as e:
+    except (UserInputError, FileNotFoundError, SearchFailuresError) as e:
         # Bad input (a config that cannot run, a data file, a checkpoint): the message names what
         # is wrong, and a traceback would bury it. Anything else is a bug and keeps its traceback.
         print(f"memsearcher-jax: {e}", file=sys.stderr)

@@ -14,9 +14,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
-from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
                                         eval_questions, eval_runner, evaluate, load_policy, lora_fields,
                                         sampling_mesh, validate)
@@ -159,6 +160,15 @@ def prepare_output_dir(out: str, fresh: bool) -> None:
         _write_json(marker, {"written_by": "memsearcher-jax train", "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
+def check_retriever(cfg: ml_collections.ConfigDict) -> None:
+    """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
+    if cfg.retrieval.kind == "http":
+        from retrieval.client import HTTPRetriever
+
+        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
+            retriever.check_reachable()
+
+
 def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
     """The local files and directories the config names exist (before any world or model is built)."""
     wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
@@ -177,6 +187,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     validate(cfg)
     check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
+    check_retriever(cfg)
     out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
     check_output_dir(out, fresh=not resume)
     setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
@@ -200,7 +211,11 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         _write_json(summary_path, summary)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    except SearchFailuresError as e:  # the checkpoints written so far stay; resuming continues from them
+        raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. The checkpoints up to step {trainer.step} "
+                             "are kept: fix the retriever, then resume with the same command") from None
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
@@ -313,6 +328,34 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
     return [(i + 1, float(np.mean(v)), int(np.max(v)), len(v)) for i, v in sorted(by_turn.items())]
 
 
+def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, split: str | None, limit: int) -> None:
+    """What `eval` can refuse in a second: a negative --limit, an unknown synthetic --split, a
+    checkpoint that is not there (before any world is built or model loaded)."""
+    if limit < 0:
+        raise TrainConfigError(f"--limit {limit}: must be >= 0 (0: every question)")
+    if cfg.world.enabled and split not in (None, "heldout", "all", "train"):
+        raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
+    if checkpoint:
+        _checkpoint_manager(checkpoint)  # FileNotFoundError naming it
+
+
+def check_same_tokenizer(model_dir: str, setup: Setup) -> None:
+    """A synthetic-world evaluation of --model must read with the model's own tokenizer: a model
+    directory without its base's reading_vocab.json makes the world build another vocabulary."""
+    mine, used = os.path.join(model_dir, "tokenizer.json"), os.path.join(setup.tokenizer_dir, "tokenizer.json")
+    if setup.world is None or not os.path.isfile(mine) or os.path.abspath(mine) == os.path.abspath(used):
+        return
+    with open(mine, "rb") as a, open(used, "rb") as b:
+        if a.read() == b.read():
+            return
+    raise TrainConfigError(f"--model {model_dir}: its tokenizer.json differs from the synthetic world's "
+                           f"({used}), so its answers would be read with another vocabulary. "
+                           + ("" if os.path.isfile(os.path.join(model_dir, "reading_vocab.json")) else
+                              f"{model_dir} has no reading_vocab.json: copy it from the base the model was "
+                              "trained from (memsearcher_jax/bases/...), or ") +
+                           "set world.* to the world the model was trained on")
+
+
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
              split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
     """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
@@ -323,8 +366,13 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")
         cfg.model.source = model_dir  # its tokenizer too, unless data.tokenizer_dir or the world says otherwise
+    check_eval_args(cfg, checkpoint, split, limit)
     validate(cfg, training=False)
+    check_input_paths(cfg)
+    check_retriever(cfg)
     setup = build_setup(cfg, training=False)
+    if model_dir:
+        check_same_tokenizer(model_dir, setup)
     if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:
@@ -335,8 +383,6 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     if cfg.world.enabled:
         if split == "train":
             benchmarks = {"synthetic-train": setup.train_questions}
-        elif split not in (None, "heldout", "all"):
-            raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
     else:
         for name, why in setup.missing_eval_sets.items():
             if split in (None, "all", name):

@@ -170,3 +170,50 @@ def test_save_pretrained_replaces_only_model_files_and_leaves_no_staging_dir(tmp
     with pytest.raises(ValueError, match="is a file"):
         save_pretrained(_tiny_model(), str(afile))
     assert afile.read_text() == "x"
+
+
+# ----------------------------------------------------------------------------- an unreachable retriever
+
+def test_unreachable_http_retriever_is_named_before_any_model_is_loaded(tmp_path, capsys, monkeypatch):
+    from memsearcher_jax import jobs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the retriever is checked before the world and the model are built")
+
+    monkeypatch.setattr(jobs, "build_setup", refuse)
+    out = tmp_path / "run"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                     "--config.retrieval.kind=http", "--config.retrieval.url=http://127.0.0.1:1",
+                     "--config.sft.steps=0")
+    assert code == 2 and "retrieval.url=http://127.0.0.1:1" in msg and "serve-retriever" in msg
+    assert not out.exists()
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", os.path.join(ROOT, "memsearcher_jax", "bases",
+                                                                               "reading_tiny"),
+                     "--config.retrieval.kind=http", "--config.retrieval.url=http://127.0.0.1:1")
+    assert code == 2 and "retrieval.url=http://127.0.0.1:1" in msg
+
+
+class _Searcher:
+    """A retriever that fails every query whose text starts with 'down' (as HTTPRetriever reports it)."""
+
+    def search(self, queries, top_n):
+        from retrieval.base import ERROR_HIT_ID, Hit
+
+        return [[Hit(id=ERROR_HIT_ID, contents="search failed: cannot reach the retriever")] if q.startswith("down")
+                else [Hit(id=str(i), contents=f"passage {i}") for i in range(top_n)] for q in queries]
+
+
+def test_failed_searches_are_counted_warned_and_stop_the_step_past_half(capsys):
+    from memsearcher_jax.agent.parsing import ToolCall
+    from memsearcher_jax.agent.rollout import RolloutStats, SearchFailuresError, _run_searches
+
+    call = lambda q: ToolCall(name="wikipedia_search", arguments={"query": q}, query=q, top_n=2)
+    stats = RolloutStats()
+    got = _run_searches(_Searcher(), [[call("a"), call("b")], [call("down 1")], [call("c")]], stats)
+    assert [len(r) for row in got for r in row] == [2, 2, 1, 2]
+    assert (stats.searches, stats.search_errors) == (4, 1)
+    assert "1 of 4 searches failed" in capsys.readouterr().err
+    _run_searches(_Searcher(), [[call("down 2")]], stats)  # 2 of 5: still under half
+    assert (stats.searches, stats.search_errors) == (5, 2)
+    with pytest.raises(SearchFailuresError, match=r"4 of 7 searches of this step failed.*cannot reach"):
+        _run_searches(_Searcher(), [[call("down 3")], [call("down 4")]], stats)

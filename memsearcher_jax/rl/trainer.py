@@ -229,7 +229,8 @@ class Trainer:
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps,
             "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
-            "time_retrieval": stats.retrieval_seconds, "time_logprobs": update["time_logprobs"],
+            "time_retrieval": stats.retrieval_seconds, "search_errors": stats.search_errors,
+            "time_logprobs": update["time_logprobs"],
             "time_update": t_update - update["time_logprobs"],
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
