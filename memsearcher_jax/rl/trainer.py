@@ -254,7 +254,7 @@ class Trainer:
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps, "skipped_updates_total": self.skipped_updates,
             "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
-            "time_retrieval": stats.retrieval_seconds,
+            "time_retrieval": stats.retrieval_seconds, "search_errors": stats.search_errors,
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
         return metrics
