@@ -217,8 +217,10 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
 
 
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
-             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
-    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
+             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None,
+             objectives: int | None = None) -> dict:
+    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL.
+    objectives: questions asked at once (overrides world.objectives; EM and F1 are then per objective)."""
     if bool(model_dir) == bool(checkpoint):
         raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
@@ -226,6 +228,8 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")
         cfg.model.source = model_dir  # its tokenizer too, unless data.tokenizer_dir or the world says otherwise
+    if objectives is not None:
+        cfg.world.objectives = objectives
     validate(cfg, training=False)
     setup = build_setup(cfg, training=False)
     if model_dir:

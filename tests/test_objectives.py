@@ -158,3 +158,36 @@ def test_one_objective_flat_and_nested_golds_agree(answer, golds):
     nested = compute_reward([final(answer)], True, [golds])
     assert (flat.em, flat.f1, flat.reward) == (nested.em, nested.f1, nested.reward)
     assert flat.f1 == token_f1(answer, golds)
+
+
+# ----------------------------------------------------------------------------- config: train and eval
+
+def _cfg(**world):
+    from memsearcher_jax.config_utils import load_config
+
+    cfg = load_config("configs/default.py", [])
+    cfg.world.update(world)
+    return cfg
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_validate_names_world_objectives(bad):
+    from memsearcher_jax.experiment import TrainConfigError, validate
+
+    with pytest.raises(TrainConfigError, match=r"world\.objectives must be an integer >= 1"):
+        validate(_cfg(objectives=bad))
+    with pytest.raises(TrainConfigError, match=r"world\.objectives=2 joins questions of the synthetic world"):
+        validate(_cfg(objectives=2, enabled=False), training=False)
+
+
+def test_setup_asks_world_objectives_questions_in_train_and_eval():
+    from memsearcher_jax.experiment import build_setup, with_objectives
+
+    two = build_setup(_cfg(objectives=2))
+    assert all(len(q["objectives"]) == 2 for q in two.train_questions + two.eval_questions)
+    assert all(p["id"].startswith("heldout-") for q in two.eval_questions for p in q["objectives"])
+    one = with_objectives(two, 1)
+    assert all("objectives" not in q for q in one.eval_questions + one.train_questions)
+    eight = with_objectives(two, 8)
+    assert [len(q["golden_answers"]) for q in eight.eval_questions] == [8] * len(one.eval_questions)
+    assert two.retriever is eight.retriever and two.tokenizer is eight.tokenizer
