@@ -51,6 +51,7 @@ from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.sampling.sampler import check_query_block
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
@@ -419,7 +420,8 @@ def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
 
 
 def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:
-    """Greedy episodes; EM / F1 / reward means and per-turn context statistics."""
+    """Greedy episodes; EM / F1 / reward means and the context they used (token_metrics:
+    peak_tokens, tokens_per_question, searches, turns, prompt_tokens_by_turn)."""
     trajs: list[Trajectory] = []
     for i in range(0, len(questions), batch):
         trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i)
@@ -429,6 +431,7 @@ def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: 
         "em": mean([r.em for r in results]), "f1": mean([r.f1 for r in results]),
         "reward": mean([r.reward for r in results]), "format_ok": mean([r.format_ok for r in results]),
         "turns": mean([len(t.context_tokens) for t in trajs]),
+        **trajectory_token_metrics(trajs),
         "trajectories": trajs,
         "results": results,
     }

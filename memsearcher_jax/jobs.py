@@ -25,6 +25,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
 def _log(msg: str):
@@ -272,6 +273,10 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     print(f"\n{'turn':>4}{'mean prompt tokens':>20}{'max':>8}{'n':>6}")
     for turn, mean, mx, n in table:
         print(f"{turn:>4}{mean:>20.1f}{mx:>8}{n:>6}")
+    tokens = {k: v for k, v in trajectory_token_metrics([t for _, t, _ in all_trajs]).items()
+              if k != "prompt_tokens_by_turn"}
+    print(f"peak tokens per question: mean {tokens['peak_tokens']:.1f}, max {tokens['peak_tokens_max']:.0f}; "
+          f"tokens processed per question {tokens['tokens_per_question']:.1f}; searches {tokens['searches']:.2f}")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "trajectories.jsonl"), "w", encoding="utf-8") as f:
@@ -283,5 +288,5 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                     "conversations": [setup.builder.decode(c.prompt_ids + c.response_ids)
                                       for c in t.conversations]}) + "\n")
         with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-            json.dump({"benchmarks": rows, "context_by_turn": table}, f, indent=2)
-    return {"benchmarks": rows, "context_by_turn": table}
+            json.dump({"benchmarks": rows, "context_by_turn": table, "tokens": tokens}, f, indent=2)
+    return {"benchmarks": rows, "context_by_turn": table, "tokens": tokens}

@@ -3,11 +3,13 @@ tokens per question; and their PNG."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn
-from memsearcher_jax.token_metrics import (TurnTokens, by_turn_metrics, episode_token_metrics, prompt_tokens_by_turn,
+from memsearcher_jax.token_metrics import (TurnTokens, by_turn_metrics, episode_token_metrics, generation_calls,
+                                           prompt_tokens_by_turn, trajectory_token_metrics,
                                            turn_growth)
 
 
@@ -50,3 +52,29 @@ def test_plot_one_line_pair_per_workflow(tmp_path):
                                       "empty": []}, str(tmp_path / "by_turn.png"))
     assert png and (tmp_path / "by_turn.png").stat().st_size > 1000
     assert plot_prompt_tokens_by_turn({"x": []}, str(tmp_path / "none.png")) is None
+
+
+def test_generation_calls_from_the_loss_mask():
+    # prompt 10; act 3 tokens, observation 4, update 2: two calls
+    assert generation_calls(10, [1, 1, 1, 0, 0, 0, 0, 1, 1]) == [(10, 3), (17, 2)]
+    assert generation_calls(5, []) == [] and generation_calls(5, [0, 0]) == []
+
+
+def test_trajectory_token_metrics_from_conversations_and_from_recorded_calls():
+    conv = lambda p, mask: SimpleNamespace(prompt_ids=[0] * p, loss_mask=mask)
+    # memory-style: two turns of (act, observation, update); react-style: one growing conversation
+    memory = SimpleNamespace(conversations=[conv(20, [1, 1, 0, 0, 0, 1]), conv(25, [1, 1])],
+                             num_searches=1, context_tokens=[20, 25])
+    react = SimpleNamespace(conversations=[conv(20, [1, 1, 0, 0, 0, 1, 1])], num_searches=1, context_tokens=[20, 25])
+    m = trajectory_token_metrics([memory, react])
+    # memory calls: (20, 2) (25, 1) (25, 2) -> peak 27, processed 22 + 26 + 27 = 75
+    # react calls: (20, 2) (25, 2) -> peak 27, processed 22 + 27 = 49
+    assert m["peak_tokens"] == 27.0 and m["tokens_per_question"] == 62.0
+    assert m["searches"] == 1.0 and m["turns"] == 2.0
+    assert m["prompt_tokens_by_turn"] == [{"turn": 1, "mean": 20.0, "max": 20, "n": 2},
+                                          {"turn": 2, "mean": 25.0, "max": 25, "n": 2}]
+    recorded = SimpleNamespace(calls=[SimpleNamespace(prompt_tokens=30, generated_tokens=0),
+                                      SimpleNamespace(prompt_tokens=40, generated_tokens=5)],
+                               conversations=[], num_searches=0, context_tokens=[30])
+    r = trajectory_token_metrics([recorded])
+    assert (r["peak_tokens"], r["tokens_per_question"], r["turns"]) == (45.0, 75.0, 1.0)
