@@ -117,7 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.entropy_coef = 0.001
     c.rl.filter_groups = "none"      # "zero_std": drop groups whose rewards all tie and refill from new questions
     c.rl.max_refill = 2              # refill rounds per step for zero_std
-    c.rl.reward_fn = ""              # "module:function" or "file.py:function" with rl.reward.compute_reward's
+    c.rl.reward_fn = ""              # "module:function" or "file.py:function" with qa_metrics.compute_reward's
                                      # signature; "" = the MemSearcher reward (docs/method.md §3)
     c.rl.logits_chunk = 0            # loss logits this many positions at a time, recomputed in backward (0: all)
     c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap); 0 off

@@ -46,9 +46,9 @@ from memsearcher_jax.models import (ModelConfig, Qwen2, ShardingConfig, from_pre
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits, lora_fields
+from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
-from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.token_metrics import trajectory_token_metrics

@@ -387,7 +387,7 @@ def join_objectives(rows: list[dict[str, Any]], n: int, seed: int = 0) -> list[d
     One question per row: question i asks row i and N-1 other rows drawn at random, in a random
     order, so every row is asked once as an anchor and the set size does not shrink with N. The
     question text is the N questions joined by "; "; golden_answers holds one alias list per
-    objective, in that order (rl.reward scores the answer's ";"-separated parts against them);
+    objective, in that order (qa_metrics scores the answer's ";"-separated parts against them);
     objectives holds the N rows. Deterministic in (rows, n, seed).
     """
     check_objectives(n)

@@ -24,12 +24,12 @@ from jax.sharding import PartitionSpec as P
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
+from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import (Learner, OptimConfig, apply_update, make_optimizer, merge_params,
                                         token_logprobs)
 from memsearcher_jax.rl.losses import (LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, tis_weights,
                                        weighted_loss_sum)
-from memsearcher_jax.rl.reward import RewardResult, compute_reward
 from memsearcher_jax.sampling.buckets import bucket
 
 # ----------------------------------------------------------------------------- rows

@@ -31,9 +31,9 @@ from tqdm.auto import tqdm
 from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
+from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
-from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.grpo import GRPOLearner, RowBatch, pack_rows, score_trajectories, trajectory_advantages
 
 

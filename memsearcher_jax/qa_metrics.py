@@ -1,8 +1,10 @@
-"""Trajectory reward (docs/method.md §3): a format gate, then token F1 with a 0.1 format credit.
+"""How an answer is scored: SQuAD-style normalisation, EM and token F1, and the trajectory score.
 
-The reward is computed once per trajectory, on the decoded assistant blocks of its final
-conversation (the act text, with its pre-filled `<think>` re-attached, and the memory-update
-text if there was one). Also holds the SQuAD-style answer metrics used for evaluation.
+The trajectory score (docs/method.md §3: a format gate, then token F1 with a 0.1 format credit)
+is the GRPO reward by default, and also what evaluation and the demonstrator check. It lives
+here, below rl/, data/ and experiment.py, so that data/ scores a demo without knowing a learner.
+It is computed once per trajectory, on the decoded assistant blocks of its final conversation
+(the act text, with its pre-filled `<think>` re-attached, and the memory-update text if any).
 
 A multi-objective question (MEM1's task, `data.synthetic.join_objectives`) gives golds as one
 alias list per objective; its answer lists the N answers separated by ";", and EM and F1 are
