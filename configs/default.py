@@ -43,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.world.whole_name_tokens = False  # let BPE merge names into single tokens (default: syllable pieces)
     c.world.heldout_by = "entity"    # "entity": held-out names never asked about in training; "fact": held-out facts
     c.world.cache_dir = "~/.cache/memsearcher-jax/worlds"
+    c.world.objectives = 1           # questions asked at once, joined "q1; q2" (MEM1's task; answer "a1; a2")
 
     c.data = ml_collections.ConfigDict()
     c.data.train_path = ""           # for real data: a FlashRAG jsonl / Search-R1 parquet file or dir

@@ -74,7 +74,7 @@ def cmd_eval(args) -> int:
 
     cfg = _load(args)
     run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
-             out=args.out, workflow=args.workflow)
+             out=args.out, workflow=args.workflow, objectives=args.objectives)
     return 0
 
 
@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "data (world.enabled=false) a set name under data.eval_path, e.g. bamboogle (default: all)")
     p.add_argument("--limit", type=int, default=0, help="evaluate at most this many questions (0: all)")
     p.add_argument("--workflow", choices=_workflow_names(), default=None, help="override agent.workflow")
+    p.add_argument("--objectives", type=int, default=None,
+                   help="synthetic world: questions asked at once, answered 'a1; a2' (overrides world.objectives; "
+                        "EM and F1 become means per objective)")
     p.add_argument("--out", default="", help="directory for the trajectories JSONL and the results table")
     p.set_defaults(func=cmd_eval)
 
