@@ -33,8 +33,7 @@ def test_counts_a_new_program_and_nothing_when_it_is_reused():
 
 
 def test_step_compiles_splits_phases():
-    c = compile_stats.CompileCount
-    got = step_compiles(c(10, 0, 1.0), c(13, 1, 2.0), c(18, 1, 3.0), c(19, 2, 3.5), logprobs=2)
+    got = step_compiles(compile_stats.CompileCount(9, 2, 2.5), logprobs=2, update=3)
     assert got["compiles"] == 9 and got["compiles_sampler"] == 4 and got["compiles_logprobs"] == 2
     assert got["compiles_update"] == 3 and got["compiles_from_cache"] == 2
     assert got["compile_seconds"] == pytest.approx(2.5)
