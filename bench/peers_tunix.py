@@ -139,7 +139,7 @@ class Worker:
         exs = self._examples(req["batch"], self.micro)
         t0 = time.perf_counter()
         for ex in exs:
-            loss, aux, gnorm = self.step_fn(self.trainer.model, self.trainer.optimizer, ex)
+            loss, aux, gnorm = self.step_fn(ex)  # jit_train_and_eval_step binds model and optimizer
         jax.block_until_ready(nnx.state(self.trainer.model))
         return {"seconds": time.perf_counter() - t0, "loss": float(loss)}
 

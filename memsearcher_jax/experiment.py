@@ -50,7 +50,7 @@ from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
-from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.sampling import BucketConfig, Sampler
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.sampling.sampler import check_query_block
 from retrieval.bm25 import BM25Retriever
@@ -355,8 +355,10 @@ def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None
 def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh, layer_by_layer: bool = False,
                   to_local=None) -> Sampler:
     """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
-    layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler)."""
+    layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler). Buckets: the
+    turn loop's coarse ones (BucketConfig.for_turn_loop), so a run compiles its programs early."""
     return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
+                   buckets=BucketConfig.for_turn_loop(cfg.agent.max_new_tokens),
                    prefill_query_block=prefill_query_block(cfg), layer_by_layer=layer_by_layer, to_local=to_local)
 
 

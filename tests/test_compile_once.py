@@ -77,3 +77,41 @@ def test_a_second_process_loads_the_program_from_the_persistent_cache(tmp_path):
     assert _child(cache) == (1, 1)  # second process: the same program, loaded from the cache
     assert _child("") == (1, 0)  # disabled: compiled again
 
+
+
+def test_the_update_compiles_once_whatever_the_number_of_micro_batches():
+    # Rows per step vary with the turns the agent took; the learner's programs must not.
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, RowBatch
+
+    def rows(n, s=16, seed=0):
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(1, 64, (n, s)).astype(np.int32)
+        mask = np.zeros((n, s), np.float32)
+        mask[:, s // 2:] = 1
+        return RowBatch(tokens=tokens, attention=np.ones((n, s), np.int32), loss_mask=mask,
+                        sampler_logp=np.zeros((n, s), np.float32), advantages=rng.normal(size=n).astype(np.float32),
+                        traj_ids=np.arange(n), group_ids=np.arange(n) // 2, turns=np.zeros(n, int),
+                        is_final=np.ones(n, bool))
+
+    learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
+                          GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
+                                     optim=OptimConfig(learning_rate=1e-3)))
+    first = compile_stats.snapshot()
+    learner.train_on_rows(rows(6), np.random.default_rng(0))  # mini-batches of 3 rows: 2 micro-batches
+    assert (compile_stats.snapshot() - first).programs > 0
+    before = compile_stats.snapshot()
+    m = learner.train_on_rows(rows(21, seed=1), np.random.default_rng(1))  # 11 rows: 6 micro-batches
+    assert (compile_stats.snapshot() - before).programs == 0 and m["compiles_logprobs"] == 0
+
+
+def test_turn_loop_buckets_take_few_shapes():
+    from memsearcher_jax.sampling.buckets import BucketConfig
+
+    bk = BucketConfig.for_turn_loop(64)
+    assert {bk.batch(n) for n in range(1, 129)} == {8, 16, 32, 64, 128}
+    assert {bk.prompt(n) for n in range(1, 1025)} == {64, 128, 256, 512, 1024}
+    assert {bk.new_tokens(n) for n in range(1, 65)} == {64}  # every budget of the turn loop: one buffer
+    assert BucketConfig.for_turn_loop(100).new_tokens(3) == 128

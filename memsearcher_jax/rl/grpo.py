@@ -17,6 +17,7 @@ micro-batches, weighs them, runs the updates and reduces their metrics.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Callable, Sequence
@@ -246,15 +247,30 @@ class GRPOLearner(Learner):
         def logprobs(params, frozen, tokens, attention):
             return token_logprobs_and_entropy(merge_params(graphdef, params, frozen), tokens, attention, chunk)[0]
 
+        # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
+        # shapes never depend on how many micro-batches a step has (a lax.scan over all of them
+        # compiled anew for every count), and a dispatch per micro-batch costs nothing beside it.
+        grad_fn = jax.value_and_grad(micro_batch_loss, has_aux=True)
+
+        @jax.jit
+        def zero_sums(params):
+            return (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), jnp.zeros((), jnp.float32),
+                    empty_metric_sums())
+
+        @functools.partial(jax.jit, donate_argnums=(0,))
+        def accumulate(acc, params, frozen, mb):
+            (loss, sums), g = grad_fn(params, graphdef, mb, loss_cfg, frozen, chunk)
+            return jax.tree.map(jnp.add, acc[0], g), acc[1] + loss, combine_metric_sums(acc[2], sums)
+
         @self.donating_jit
-        def update(params, opt_state, frozen, micro_batches, denominator):
-            grads, loss_sum, sums = accumulate_gradients(params, graphdef, micro_batches, loss_cfg, frozen, chunk)
+        def update(params, opt_state, acc, denominator):
+            grads, loss_sum, sums = acc
             grads = jax.tree.map(lambda g: g / denominator, grads)
             params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx)
             return params, opt_state, loss_sum / denominator, gnorm, skipped, sums
 
         self._logprobs = logprobs
-        self._update = update
+        self._zero_sums, self._accumulate, self._update = zero_sums, accumulate, update
 
     def _put(self, x: np.ndarray, batch_axis: int):
         if self.mesh is None or self.mesh.size == 1:
@@ -279,25 +295,21 @@ class GRPOLearner(Learner):
             out.append(_to_host(lp)[:n])
         return np.concatenate(out)
 
-    def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[dict, float]:
-        """One mini-batch (row indices idx, non-empty) as [M, micro_batch_size, ...] device arrays,
-        M a bucketed count (zero rows pad it: weight 0, so they add nothing), and its loss denominator."""
+    def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
+        """One mini-batch (row indices idx, non-empty) as micro-batches of [micro_batch_size, ...]
+        device arrays (zero rows pad the last: weight 0, so they add nothing), and its loss denominator."""
         cfg = self.config
         mbs = cfg.micro_batch_size
-        n_used = math.ceil(len(idx) / mbs)
-        n_micro = bucket(n_used, 1, steps_per_octave=2)  # few distinct shapes: few compilations
+        n_micro = math.ceil(len(idx) / mbs)
         weights, denom = aggregation_weights(cfg.loss.aggregation, rows.loss_mask[idx], rows.traj_ids[idx],
-                                             np.arange(len(idx)) // mbs, n_used)
+                                             np.arange(len(idx)) // mbs, n_micro)
         pad = n_micro * mbs - len(idx)
-
-        def stack(a):
-            a = np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) if pad else a
-            return a.reshape((n_micro, mbs) + a.shape[1:])
-
         micro = {"tokens": rows.tokens[idx], "attention": rows.attention[idx], "loss_mask": rows.loss_mask[idx],
                  "weights": weights, "advantages": rows.advantages[idx], "old_logp": old_logp[idx],
                  "ref_logp": ref_logp[idx], **({"tis": tis[idx]} if tis is not None else {})}
-        return {k: self._put(stack(v), 1) for k, v in micro.items()}, denom
+        micro = {k: np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) if pad else a
+                 for k, a in micro.items()}
+        return [{k: self._put(a[i * mbs:(i + 1) * mbs], 0) for k, a in micro.items()} for i in range(n_micro)], denom
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
         """Old/ref log-probs, then one update per non-empty mini-batch of the shuffled rows.
@@ -320,8 +332,11 @@ class GRPOLearner(Learner):
         totals = empty_metric_sums(np)
         for idx in minibatches:
             micro, denom = self._micro_batches(rows, idx, old_logp, ref_logp, tis)
+            acc = self._zero_sums(self.params)
+            for mb in micro:
+                acc = self._accumulate(acc, self.params, self.frozen, mb)
             self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(
-                self.params, self.opt_state, self.frozen, micro, jnp.float32(denom))
+                self.params, self.opt_state, acc, jnp.float32(denom))
             skipped = int(bool(skipped))
             self.skipped_steps += skipped
             metrics["skipped"] += skipped

@@ -52,6 +52,17 @@ class BucketConfig:
             if getattr(self, f.name) < 1:
                 raise ValueError(f"BucketConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
 
+    @classmethod
+    def for_turn_loop(cls, max_new_tokens: int) -> "BucketConfig":
+        """Coarse buckets for an agent's turn loop, so a training run meets all its sampler programs
+        in its first steps: its calls range from every row (turn 0) down to a few stragglers and
+        memory updates, over prompts that grow turn by turn. Batches and prefill-grid rows from 8
+        (5 sizes up to 128 instead of 8; a padding row costs little in decode, which reads the
+        weights once per step for all rows), prompt suffixes in whole octaves from 64 (a wider grid
+        row packs more suffixes, so few padding tokens), and every budget up to max_new_tokens in
+        one bucket (the decode loop stops at the largest real budget, so a larger buffer is free)."""
+        return cls(min_batch=8, min_prompt=64, prompt_steps_per_octave=1, min_new_tokens=max(16, max_new_tokens))
+
     def batch(self, n: int, multiple_of: int = 1) -> int:
         return bucket(n, self.min_batch, 1, multiple_of)
 
