@@ -2,6 +2,7 @@
 checkpoint export. Each is a thin sequence over `experiment` (what a config builds)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
-from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
+from memsearcher_jax.rl.sft import SFTConfig, sft_train
 
 
 def _log(msg: str):
@@ -71,19 +72,13 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     warm start's final learning rate. Returns (model, steps taken)."""
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
-    sft_cfg = _sft_config(cfg, steps=10 ** 6, warmup=0)
+    sft_cfg = dataclasses.replace(_sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 10_000,
+                                  progress=False)  # the clock ends it, not the step count
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
-    trainer = SFTTrainer(policy, sft_cfg, optim=OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay,
-                                                            max_grad_norm=sft_cfg.max_grad_norm))
-    rows = build_rows(demo_conversations(demos), setup.builder.pad_id, sft_cfg.max_len)
-    rng = np.random.default_rng(cfg.train.seed + 10_000)
-    order, pos, steps, t0 = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0, 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        if pos + sft_cfg.batch_size > len(order):
-            order, pos = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0
-        trainer.train_step(rows, order[pos:pos + sft_cfg.batch_size])
-        pos, steps = pos + sft_cfg.batch_size, steps + 1
-    return trainer.model(), steps
+    optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
+    model, history = sft_train(policy, demo_conversations(demos), sft_cfg, setup.builder.pad_id, optim=optim,
+                               seconds=seconds)
+    return model, len(history)
 
 
 def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:
