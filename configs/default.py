@@ -43,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.world.whole_name_tokens = False  # let BPE merge names into single tokens (default: syllable pieces)
     c.world.heldout_by = "entity"    # "entity": held-out names never asked about in training; "fact": held-out facts
     c.world.cache_dir = "~/.cache/memsearcher-jax/worlds"
+    c.world.objectives = 1           # questions asked at once, joined "q1; q2" (MEM1's task; answer "a1; a2")
 
     c.data = ml_collections.ConfigDict()
     c.data.train_path = ""           # for real data: a FlashRAG jsonl / Search-R1 parquet file or dir
@@ -116,7 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.entropy_coef = 0.001
     c.rl.filter_groups = "none"      # "zero_std": drop groups whose rewards all tie and refill from new questions
     c.rl.max_refill = 2              # refill rounds per step for zero_std
-    c.rl.reward_fn = ""              # "module:function" or "file.py:function" with rl.reward.compute_reward's
+    c.rl.reward_fn = ""              # "module:function" or "file.py:function" with qa_metrics.compute_reward's
                                      # signature; "" = the MemSearcher reward (docs/method.md §3)
     c.rl.logits_chunk = 0            # loss logits this many positions at a time, recomputed in backward (0: all)
     c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap); 0 off

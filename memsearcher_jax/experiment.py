@@ -36,6 +36,7 @@ from memsearcher_jax.agent.prompts import (
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.agent.tools import tool_from_config
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
+from memsearcher_jax.data.synthetic import check_objectives, join_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
@@ -45,11 +46,12 @@ from memsearcher_jax.models import (ModelConfig, Qwen2, ShardingConfig, from_pre
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits, lora_fields
+from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
-from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.sampling.sampler import check_query_block
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
@@ -156,6 +158,7 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append("retrieval.kind=http needs retrieval.url")
     if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
         problems.append("retrieval.kind=index needs retrieval.index_dir")
+    problems += objectives_problems(cfg)
     if training and not cfg.world.enabled and cfg.sft.steps > 0:
         problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
                         "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
@@ -186,6 +189,19 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         loop_config(cfg)
     except (ValueError, TypeError) as e:
         raise TrainConfigError(f"invalid training config: {e}") from e
+
+
+def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """world.objectives: an integer >= 1, and above 1 only on the synthetic world."""
+    n = cfg.world.get("objectives", 1)
+    try:
+        check_objectives(n)
+    except ValueError as e:
+        return [str(e)]
+    if n > 1 and not cfg.world.enabled:
+        return [f"world.objectives={n} joins questions of the synthetic world; with world.enabled=false set "
+                "world.objectives=1"]
+    return []
 
 
 def load_reward_fn(spec: str) -> Callable:
@@ -248,8 +264,9 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                             stop_ids=stop_token_ids(cfg, tokenizer),
                             tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema))
     if world_paths is not None:
-        train_q = read_jsonl(world_paths.train)
-        eval_sets = {"synthetic-heldout": read_jsonl(world_paths.heldout)}
+        n = cfg.world.get("objectives", 1)
+        train_q = join_objectives(read_jsonl(world_paths.train), n, seed=cfg.world.seed)
+        eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(world_paths.heldout), n, seed=cfg.world.seed)}
         missing_sets: dict[str, str] = {}
     else:
         train_q = training_questions(os.path.expanduser(cfg.data.train_path)) if training else []
@@ -258,6 +275,17 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     return Setup(tokenizer=tokenizer, builder=builder, retriever=build_retriever(cfg, world_paths),
                  train_questions=train_q, eval_questions=[row for rows in eval_sets.values() for row in rows],
                  tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets, missing_eval_sets=missing_sets)
+
+
+def with_objectives(setup: Setup, n: int, seed: int = 0) -> Setup:
+    """The same set-up (tokenizer, retriever) asking `n` synthetic-world questions at once, in
+    training and in evaluation: e.g. a run trained on 2 objectives evaluated on 1, 4 or 8."""
+    if setup.world is None:
+        raise TrainConfigError(f"objectives={n} joins questions of the synthetic world; this set-up has none "
+                               "(world.enabled=false)")
+    eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(setup.world.heldout), n, seed=seed)}
+    return dataclasses.replace(setup, train_questions=join_objectives(read_jsonl(setup.world.train), n, seed=seed),
+                               eval_sets=eval_sets, eval_questions=list(eval_sets["synthetic-heldout"]))
 
 
 def reading_vocab_dir(cfg: ml_collections.ConfigDict) -> str | None:
@@ -414,7 +442,8 @@ def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
 
 
 def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:
-    """Greedy episodes; EM / F1 / reward means and per-turn context statistics.
+    """Greedy episodes; EM / F1 / reward means and the context they used (token_metrics:
+    peak_tokens, tokens_per_question, searches, turns, prompt_tokens_by_turn).
 
     Question i is group i and trajectory i in every batch (ids unique across batches, as
     AgentRunner.run asks: each trajectory samples from its own id)."""
@@ -427,6 +456,7 @@ def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: 
         "em": mean([r.em for r in results]), "f1": mean([r.f1 for r in results]),
         "reward": mean([r.reward for r in results]), "format_ok": mean([r.format_ok for r in results]),
         "turns": mean([len(t.context_tokens) for t in trajs]),
+        **trajectory_token_metrics(trajs),
         "trajectories": trajs,
         "results": results,
     }

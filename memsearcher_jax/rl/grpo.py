@@ -30,12 +30,12 @@ from jax.sharding import PartitionSpec as P
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
+from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, merge_params
 from memsearcher_jax.rl.losses import (AUX_METRIC_KEYS, LossConfig, aggregation_weights, combine_metric_sums,
                                        empty_metric_sums, masked_aux_sums, per_token_loss, tis_weights,
                                        weighted_loss_sum)
-from memsearcher_jax.rl.reward import RewardResult, compute_reward
 from memsearcher_jax.sampling.buckets import bucket
 from memsearcher_jax.sampling.distributions import token_logprobs
 

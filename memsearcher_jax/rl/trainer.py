@@ -27,14 +27,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
+from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
-from memsearcher_jax.rl.reward import compute_reward
 from memsearcher_jax.rl.grpo import GRPOLearner, RowBatch, pack_rows, score_trajectories, trajectory_advantages
 
 
@@ -220,6 +221,14 @@ class Trainer:
         self.sampler.update_params(self._sampling_model())
         return rows.num_rows, update
 
+    def _any_host_kept(self, kept: list) -> bool:
+        """Whether any host kept a group (one process: whether this one did). Every host decides
+        to update or to skip together: the update gathers rows from all of them."""
+        if self.num_hosts == 1:
+            return bool(kept)
+        counts = multihost_utils.process_allgather(np.asarray(len(kept), np.int32))
+        return bool(np.asarray(counts).sum() > 0)
+
     def train_step(self) -> dict:
         """One GRPO step: rollout (and, under zero_std, dynamic sampling), then the update.
 
@@ -235,6 +244,10 @@ class Trainer:
         if loop.filter_groups == "zero_std":
             kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
+        if not kept and self._any_host_kept(kept):
+            # Another host has groups to learn from; the update is a collective, so this host joins
+            # with its own trajectories (zero advantages: only their KL and entropy terms count).
+            kept, kept_results = trajs, results
         if kept:
             num_rows, update = self._update(kept, kept_results)
             skip = {"skipped_update": 0}
@@ -254,7 +267,7 @@ class Trainer:
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps, "skipped_updates_total": self.skipped_updates,
             "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
-            "time_retrieval": stats.retrieval_seconds,
+            "time_retrieval": stats.retrieval_seconds, "search_errors": stats.search_errors,
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
         return metrics
