@@ -85,12 +85,6 @@ def read_corpus(path: str, *, skip_bad: bool = False, stats: ReadStats | None = 
             yield passage
 
 
-def title_and_text(contents: str) -> tuple[str, str]:
-    """Split wiki-18 `contents` into (title, text); title may be quoted in the dump."""
-    title, _, text = contents.partition("\n")
-    return title.strip().strip('"'), text
-
-
 class DocLookup(Protocol):
     """Row index -> passage; what retrievers need from a document store."""
 

@@ -21,6 +21,12 @@ from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pool_ids(vocab, kind: str) -> set[int]:
+    """Token ids of the names in one pool ("pretrain" or "reserved") of a ReadingVocab."""
+    return {vocab.ids[n] for names in vocab.pool(kind).values() for n in names}
+
+
+
 @pytest.fixture(scope="module")
 def vocab_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("vocab"))
@@ -66,7 +72,7 @@ def test_curriculum_is_seeded_by_step_and_never_shows_reserved_names(parts):
     assert [(r.prompt_ids, r.response_ids, r.loss_mask) for r in a] == [(r.prompt_ids, r.response_ids, r.loss_mask)
                                                                          for r in b]
     assert [r.prompt_ids for r in cur.rows_for_step(8, 24)] != [r.prompt_ids for r in a]
-    reserved = set(vocab.name_ids("reserved"))
+    reserved = pool_ids(vocab, "reserved")
     rows = cur.rows_for_step(0, 96)
     assert {r.kind for r in rows} == {"repeat", "recall", "cloze", "demo"}
     for r in rows:
@@ -92,7 +98,7 @@ def test_cloze_targets_are_the_answers(parts):
 
 def test_probe_items_read_reserved_names_from_context(parts):
     vocab, tok, builder = parts
-    reserved = set(vocab.name_ids("reserved"))
+    reserved = pool_ids(vocab, "reserved")
     items = probe_items(vocab, builder, 40, seed=2)
     for ids, target, relation in items:
         text = builder.decode(ids)
