@@ -29,9 +29,9 @@ from memsearcher_jax.rl.learner import (
     apply_update,
     make_optimizer,
     tie_row_updates,
-    token_logprobs,
 )
 from memsearcher_jax.sampling.buckets import bucket
+from memsearcher_jax.sampling.distributions import token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
+from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
@@ -69,7 +69,7 @@ def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> t
     return out, start + batch
 
 
-def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> Qwen2:
+def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> CausalLM:
     """The learner's current weights as the sampler wants them: a model over fresh Variables
     (re-placing it must not move the learner's own params out of the training layout), in the
     TP-only sampling layout on a mesh, as host-local arrays on several hosts. LoRA: the
@@ -119,7 +119,7 @@ class Trainer:
         self._ckpt = self._best = None
         self._last_samples: list = []
 
-    def _sampling_model(self) -> Qwen2:
+    def _sampling_model(self) -> CausalLM:
         return sampling_model(self.learner, self.mesh, self.sampler_mesh, self.loop.sampling_dtype)
 
     # --- checkpoints ---
