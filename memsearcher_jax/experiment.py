@@ -130,9 +130,9 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
     trajectories = cfg.rl.batch_questions * cfg.rl.group_size
     if cfg.rl.optimizer_steps > trajectories >= 1:
-        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} trajectories "
-                        "(rl.batch_questions * rl.group_size): some mini-batches would be empty; set "
-                        f"rl.optimizer_steps <= {trajectories}")
+        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} "
+                        "trajectories (rl.batch_questions * rl.group_size): some mini-batches would be empty; "
+                        f"set rl.optimizer_steps <= {trajectories}")
     try:
         prefill_query_block(cfg)
     except TrainConfigError as e:
