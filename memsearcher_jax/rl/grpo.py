@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from memsearcher_jax.agent.rollout import Trajectory
+from memsearcher_jax import distributed
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
@@ -197,6 +198,17 @@ def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.ra
     rows_of = {u: np.flatnonzero(traj_ids == u) for u in units}
     return [np.concatenate([rows_of[u] for u in part]) if len(part) else np.zeros((0,), np.int64)
             for part in np.array_split(units, optimizer_steps)]
+
+
+def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
+    """Every host's packed rows, in process order, on every host (a collective).
+
+    The sequence length becomes the longest host's bucket, which is the bucket one process
+    packing all the trajectories picks (buckets grow with the length); the extra columns are
+    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
+    """
+    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
+    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 # ----------------------------------------------------------------------------- learner
