@@ -220,7 +220,7 @@ class Trainer:
         return rows.num_rows, update
 
     def _any_host_kept(self, kept: list) -> bool:
-        """Whether any host kept a group: all hosts update or skip together (the update is a collective)."""
+        """Whether any host kept a group; every host asks (a collective), then all update or all skip."""
         if self.num_hosts == 1:
             return bool(kept)
         return bool(np.sum(multihost_utils.process_allgather(np.asarray(len(kept), np.int32))) > 0)
@@ -237,7 +237,7 @@ class Trainer:
         if loop.filter_groups == "zero_std":
             kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
-        if not kept and self._any_host_kept(kept):  # join another host's update with zero advantages
+        if self._any_host_kept(kept) and not kept:  # join another host's update with zero advantages
             kept, kept_results = trajs, results
         num_rows, update = self._update(kept, kept_results) if kept else (0, {"time_logprobs": 0.0, "time_update": 0.0})
         skip = {} if kept else {"skipped_update_reason": "every group's rewards tie"}
