@@ -28,8 +28,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax import distributed
+from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
@@ -109,6 +109,17 @@ def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: 
 
 def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> np.ndarray:
     return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
+
+
+def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
+    """Every host's packed rows, in process order, on every host (a collective).
+
+    The sequence length becomes the longest host's bucket, which is the bucket one process
+    packing all the trajectories picks (buckets grow with the length); the extra columns are
+    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
+    """
+    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
+    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)
@@ -198,17 +209,6 @@ def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.ra
     rows_of = {u: np.flatnonzero(traj_ids == u) for u in units}
     return [np.concatenate([rows_of[u] for u in part]) if len(part) else np.zeros((0,), np.int64)
             for part in np.array_split(units, optimizer_steps)]
-
-
-def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
-    """Every host's packed rows, in process order, on every host (a collective).
-
-    The sequence length becomes the longest host's bucket, which is the bucket one process
-    packing all the trajectories picks (buckets grow with the length); the extra columns are
-    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
-    """
-    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
-    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 # ----------------------------------------------------------------------------- learner
