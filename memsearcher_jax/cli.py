@@ -57,7 +57,7 @@ def _train(cfg, args):
 def _pretrain(cfg, args):
     from memsearcher_jax.pretrain import run_pretrain
 
-    run_pretrain(cfg, resume=not args.fresh, argv=sys.argv[2:])
+    run_pretrain(cfg, resume=not args.fresh, argv=args.command_argv)
 
 
 cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain)
@@ -178,6 +178,7 @@ def main(argv=None) -> int:
         parser = build_parser()
         args = parser.parse_args(rest)
         args.config_overrides = overrides
+        args.command_argv = argv[argv.index(args.command) + 1:]  # what the manifest records to rerun it
         if overrides and not hasattr(args, "config"):
             parser.error(f"--config.* overrides are not used by '{args.command}'")
         return int(args.func(args) or 0)
