@@ -213,7 +213,9 @@ def test_failed_searches_are_counted_warned_and_stop_the_step_past_half(capsys):
     assert [len(r) for row in got for r in row] == [2, 2, 1, 2]
     assert (stats.searches, stats.search_errors) == (4, 1)
     assert "1 of 4 searches failed" in capsys.readouterr().err
-    _run_searches(_Searcher(), [[call("down 2")]], stats)  # 2 of 5: still under half
+    _run_searches(_Searcher(), [[call("down 2")]], stats)  # 2 of 5: under half, the step goes on
     assert (stats.searches, stats.search_errors) == (5, 2)
+    stats.check_search_errors()
+    _run_searches(_Searcher(), [[call("down 3")], [call("down 4")]], stats)  # the rollout itself never raises
     with pytest.raises(SearchFailuresError, match=r"4 of 7 searches of this step failed.*cannot reach"):
-        _run_searches(_Searcher(), [[call("down 3")], [call("down 4")]], stats)
+        stats.check_search_errors()

@@ -205,6 +205,7 @@ class Trainer:
                 kept_results += [r for r, k in zip(more_results, keep) if k]
             kept, kept_results = kept[:n_groups * loop.group_size], kept_results[:n_groups * loop.group_size]
         t_rollout = time.perf_counter() - t0
+        self.runner.stats.check_search_errors()  # a step that mostly read "search failed" is not trained on
         if not kept:  # every group tied: nothing to learn from this step
             kept, kept_results = trajs, results
         adv = trajectory_advantages(kept, [r.reward for r in kept_results])
