@@ -81,6 +81,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _positive_gib(text: str) -> float:
+    """argparse type of --device-memory-gib: a number > 0 (0 would divide by zero in the plan)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def cmd_plan(args) -> int:
     from memsearcher_jax.planner import main as plan_main
 
@@ -150,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="per-device memory plan for a config (does it fit?)")
     _config_arg(p)
-    p.add_argument("--device-memory-gib", type=float, default=None, help="device memory (default: from the config)")
+    p.add_argument("--device-memory-gib", type=_positive_gib, default=None,
+                   help="memory of one device in GiB, > 0 (default: from the config's hardware section)")
     p.set_defaults(func=cmd_plan)
 
     try:

@@ -219,3 +219,89 @@ def test_failed_searches_are_counted_warned_and_stop_the_step_past_half(capsys):
     _run_searches(_Searcher(), [[call("down 3")], [call("down 4")]], stats)  # the rollout itself never raises
     with pytest.raises(SearchFailuresError, match=r"4 of 7 searches of this step failed.*cannot reach"):
         stats.check_search_errors()
+
+
+# ----------------------------------------------------------------------------- plan, index, serve-retriever
+
+@pytest.mark.parametrize("gib", ["0", "-3", "nan", "lots"])
+def test_plan_refuses_a_device_memory_that_is_not_positive(gib, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--config", DEFAULT, "--device-memory-gib", gib])
+    assert e.value.code == 2 and "--device-memory-gib" in capsys.readouterr().err
+
+
+def _subcommand_parser(name):
+    import argparse
+
+    from memsearcher_jax.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize("command", ["plan", "index", "serve-retriever"])
+def test_help_describes_every_option_with_its_default(command):
+    parser = _subcommand_parser(command)
+    text = parser.format_help()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.option_strings[-1] in text, action.option_strings
+        assert action.help, f"{command} {action.option_strings[-1]} has no help"
+        shown = formatter._get_help_string(action) % {"default": action.default}
+        assert action.required or "default" in shown, f"{command} {action.option_strings[-1]}: no default in {shown!r}"
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["index", "--corpus", "c.jsonl", "--out", "o", "--batch-size", "0"], "--batch-size"),
+    (["index", "--corpus", "c.jsonl", "--out", "o", "--nlist", "-1"], "--nlist"),
+    (["serve-retriever", "--index", "i", "--port", "99999"], "--port"),
+    (["serve-retriever", "--index", "i", "--port", "0"], "--port"),
+])
+def test_retrieval_options_out_of_range_are_refused(argv, named, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def _write_corpus(path, lines: list[bytes]):
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+
+
+def _good(i):
+    return f'{{"id": "{i}", "contents": "Title {i}\\npassage number {i} about things"}}'.encode()
+
+
+def test_index_names_duplicate_ids_empty_contents_and_non_utf8_lines(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    cases = {
+        "duplicate": (_good(2).replace(b'"2"', b'"1"'), "line 3: id '1' appeared on an earlier line"),
+        "empty": (b'{"id": "9", "contents": "  "}', "line 3: 'contents' is empty"),
+        "latin1": ('{"id": "9", "contents": "caf\u00e9"}'.encode("latin-1"), "line 3: not UTF-8"),
+    }
+    for name, (bad, message) in cases.items():
+        _write_corpus(corpus, [_good(0), _good(1), bad, _good(3)])
+        code, msg = _run(capsys, "index", "--corpus", str(corpus), "--out", str(tmp_path / name),
+                         "--index-type", "bm25")
+        assert code == 2 and message in msg, (name, msg)
+    # the way past each: --dedupe keeps the first of an id, --skip-bad-lines skips the others
+    _write_corpus(corpus, [_good(0), _good(1), cases["duplicate"][0], cases["latin1"][0], _good(3)])
+    code, msg = _run(capsys, "index", "--corpus", str(corpus), "--out", str(tmp_path / "ok"), "--index-type", "bm25",
+                     "--dedupe", "--skip-bad-lines")
+    assert code == 0 and "indexed 3 passages" in msg and "dropped 1 duplicate" in msg and "skipped 1 bad" in msg
+
+
+def test_serve_retriever_reports_a_busy_port_before_serving(tmp_path, capsys):
+    import socket
+
+    corpus = tmp_path / "c.jsonl"
+    _write_corpus(corpus, [_good(i) for i in range(5)])
+    assert main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--index-type", "bm25"]) == 0
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, msg = _run(capsys, "serve-retriever", "--index", str(tmp_path / "idx"), "--port", str(port))
+    assert code == 2 and f"127.0.0.1:{port}" in msg and "serving" not in msg
