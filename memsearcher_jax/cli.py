@@ -190,6 +190,9 @@ def main(argv=None) -> int:
         parser = build_parser()
         args = parser.parse_args(rest)
         args.config_overrides = overrides
+        for key, value in overrides:
+            if value.startswith("--"):  # `--config.a.b --next-flag`: the flag was taken as the value
+                parser.error(f"--config.{key} got {value!r} as its value: give a value (--config.{key}=VALUE)")
         args.command_argv = argv[argv.index(args.command) + 1:]  # what the manifest records to rerun it
         if overrides and not hasattr(args, "config"):
             parser.error(f"--config.* overrides are not used by '{args.command}'")
@@ -197,11 +200,14 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("memsearcher-jax: interrupted", file=sys.stderr)
+        return 130
     except (UserInputError, FileNotFoundError, SearchFailuresError) as e:
         # Bad input (a config that cannot run, a data file, a checkpoint): the message names what
         # is wrong, and a traceback would bury it. Anything else is a bug and keeps its traceback.
         print(f"memsearcher-jax: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 checkpoint export. Each is a thin sequence over `experiment` (what a config builds)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -160,6 +161,26 @@ def prepare_output_dir(out: str, fresh: bool) -> None:
         _write_json(marker, {"written_by": "memsearcher-jax train", "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
+def check_train_values(cfg: ml_collections.ConfigDict) -> None:
+    """Values experiment.validate lets through that would train on nothing or end in a traceback."""
+    problems = []
+    if cfg.rl.group_size < 2:
+        problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
+                        "with each other, so it needs >= 2 (a group of one never learns)")
+    bad_ids = [v for v in cfg.agent.stop_token_ids if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad_ids:
+        problems.append(f"agent.stop_token_ids={tuple(cfg.agent.stop_token_ids)}: expected token ids (integers >= 0, "
+                        f"e.g. --config.agent.stop_token_ids=151643,151645), got {bad_ids[0]!r}")
+    if cfg.world.enabled and cfg.world.num_entities < 1:
+        problems.append(f"world.num_entities={cfg.world.num_entities}: the synthetic world needs >= 1 entity")
+    m = cfg.model
+    if m.source == "init" and (m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads):
+        problems.append(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
+                        "(each KV head serves a whole group of query heads)")
+    if problems:
+        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+
 def check_retriever(cfg: ml_collections.ConfigDict) -> None:
     """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
     if cfg.retrieval.kind == "http":
@@ -181,10 +202,61 @@ def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
             raise UserInputError(f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file'}")
 
 
+def check_resumable(trainer, out: str) -> int | None:
+    """The step a run in `out` resumes from (None: it starts at 0), after checking that its
+    checkpoint was written by a model of this config's shape (before anything is restored)."""
+    step = trainer.checkpoints.latest_step()
+    if step is None:
+        return None
+    try:
+        meta = trainer.checkpoints.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata is reported the same way
+        raise UserInputError(f"the checkpoint of step {step} in {out}/checkpoints cannot be read ({type(e).__name__}: "
+                             f"{e}); it may be truncated: remove {out}/checkpoints/{step} to resume from the step "
+                             "before, or start over with --fresh") from None
+    now = dataclasses.asdict(trainer.learner.model().config)
+    saved = meta.get("model_config", {})
+    # The compute dtype may change between runs; a shape, a layout or the adapters may not.
+    differ = sorted(k for k in now if k in saved and k != "dtype" and saved[k] != now[k]
+                    and not isinstance(now[k], (tuple, list)))
+    if differ:
+        what = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in differ[:4])
+        raise UserInputError(f"{out} holds a run of another model (checkpoint step {step}: {what}): resume it with "
+                             "the config it was started with, or pass --fresh, or choose another train.output_dir")
+    return step
+
+
+def run_grpo(trainer, out: str) -> None:
+    """trainer.train() as the CLI runs it: says where it resumes, stops on Ctrl-C or a failing
+    retriever with one line saying what is kept (the checkpoints are never removed)."""
+    step = check_resumable(trainer, out)
+    if step is not None:
+        _log(f"resuming from step {step}")
+    try:
+        trainer.train()
+    except KeyboardInterrupt:
+        kept = trainer.checkpoints.latest_step()
+        raise RunInterrupted(f"interrupted at step {trainer.step + 1}; "
+                             f"{f'checkpoint {kept} kept' if kept is not None else 'no checkpoint yet'}; "
+                             "resume with the same command") from None
+    except SearchFailuresError as e:
+        kept = trainer.checkpoints.latest_step()
+        raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. "
+                             f"{f'Checkpoint {kept} is kept' if kept is not None else 'No checkpoint yet'}: fix the "
+                             "retriever, then resume with the same command") from None
+
+
+class RunInterrupted(UserInputError):
+    """Ctrl-C during a run: the message says what was kept and how to resume."""
+
+    exit_code = 130  # the shell's code for a run ended by SIGINT
+
+
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
     validate(cfg)
+    check_train_values(cfg)
     check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
     check_retriever(cfg)
@@ -211,11 +283,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         _write_json(summary_path, summary)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0 = time.perf_counter()
-    try:
-        trainer.train()
-    except SearchFailuresError as e:  # the checkpoints written so far stay; resuming continues from them
-        raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. The checkpoints up to step {trainer.step} "
-                             "are kept: fix the retriever, then resume with the same command") from None
+    run_grpo(trainer, out)
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")

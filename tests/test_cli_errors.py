@@ -305,3 +305,50 @@ def test_serve_retriever_reports_a_busy_port_before_serving(tmp_path, capsys):
         port = busy.getsockname()[1]
         code, msg = _run(capsys, "serve-retriever", "--index", str(tmp_path / "idx"), "--port", str(port))
     assert code == 2 and f"127.0.0.1:{port}" in msg and "serving" not in msg
+
+
+# ----------------------------------------------------------------------------- values that train on nothing or crash
+
+@pytest.mark.parametrize("override,named", [
+    ("rl.group_size=1", "rl.group_size=1"),
+    ("agent.stop_token_ids=abc", "agent.stop_token_ids"),
+    ("world.num_entities=0", "world.num_entities=0"),
+])
+def test_train_values_that_cannot_work_are_named(override, named, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}", f"--config.{override}")
+    assert code == 2 and named in msg
+    assert not out.exists()
+
+
+def test_heads_not_a_multiple_of_kv_heads_is_named(tmp_path, capsys):
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={tmp_path / 'run'}",
+                     "--config.model.source=init", "--config.model.num_heads=4", "--config.model.num_kv_heads=3")
+    assert code == 2 and "model.num_heads=4" in msg and "num_kv_heads=3" in msg
+
+
+def test_a_flag_taken_as_an_override_value_is_an_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", DEFAULT, "--config.train.output_dir", "--print-config"])
+    assert e.value.code == 2 and "--config.train.output_dir got '--print-config'" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_eval_refuses_a_bad_split_limit_or_checkpoint_in_a_second(tmp_path, capsys, monkeypatch):
+    import time
+
+    from memsearcher_jax import jobs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("refused before the world and the model are built")
+
+    monkeypatch.setattr(jobs, "build_setup", refuse)
+    model = os.path.join(ROOT, "memsearcher_jax", "bases", "reading_tiny")
+    for extra, named in ((["--model", model, "--split", "bogus"], "--split 'bogus'"),
+                         (["--model", model, "--limit", "-5"], "--limit -5"),
+                         (["--checkpoint", str(tmp_path / "nope")], str(tmp_path / "nope"))):
+        t0 = time.perf_counter()
+        code, msg = _run(capsys, "eval", "--config", DEFAULT, *extra)
+        assert code == 2 and named in msg, msg
+        assert time.perf_counter() - t0 < 5.0
