@@ -321,6 +321,17 @@ def _checkpoint_manager(path: str, best: bool = False):
     return mngr
 
 
+def _restore(mngr, step: int, **items):
+    """mngr.restore of `items` at `step`; a checkpoint that cannot be read (truncated, half
+    copied) is a message naming its directory and step instead of a deep Orbax traceback."""
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged file
+        where = os.path.join(str(mngr.directory), str(step))
+        raise UserInputError(f"checkpoint step {step} in {where} cannot be read ({type(e).__name__}: "
+                             f"{str(e)[:300]}): it is damaged or incomplete; use another --step") from None
+
+
 def restore_policy(checkpoint: str, step: int | None = None, best: bool = False) -> tuple[Qwen2, dict]:
     """A Qwen2 with the params of a training checkpoint (latest step by default; best=True: the
     params with the highest eval/em, kept in best/), and its metadata.
@@ -331,7 +342,7 @@ def restore_policy(checkpoint: str, step: int | None = None, best: bool = False)
     step = mngr.latest_step() if step is None else step
     if step not in mngr.all_steps():
         raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
-    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    meta = _restore(mngr, step, meta=ocp.args.JsonRestore())["meta"]
     mc = ModelConfig(**meta["model_config"])
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     if mc.lora:
@@ -346,11 +357,11 @@ def restore_policy(checkpoint: str, step: int | None = None, best: bool = False)
                              f"{base.config} vs {mc}")
         graphdef, adapters, frozen = nnx.split(base, LoRAParam, nnx.Param)
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), adapters)
-        adapters = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+        adapters = _restore(mngr, step, params=ocp.args.StandardRestore(target))["params"]
         return nnx.merge(graphdef, adapters, frozen), meta
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0))), nnx.Param)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
-    params = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+    params = _restore(mngr, step, params=ocp.args.StandardRestore(target))["params"]
     return nnx.merge(graphdef, params), meta
 
 

@@ -352,3 +352,67 @@ def test_eval_refuses_a_bad_split_limit_or_checkpoint_in_a_second(tmp_path, caps
         code, msg = _run(capsys, "eval", "--config", DEFAULT, *extra)
         assert code == 2 and named in msg, msg
         assert time.perf_counter() - t0 < 5.0
+
+
+# ----------------------------------------------------------------------------- a real (tiny) run: resume, Ctrl-C, damage
+
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory):
+    """A 1-step training run of the tiny random model (no warm start, no held-out eval)."""
+    from tests.test_train_step import SMALL
+
+    d = tmp_path_factory.mktemp("run")
+    overrides = [f"--config.{k}={v}" for k, v in SMALL + [("world.cache_dir", str(d / "worlds")),
+                                                         ("train.output_dir", str(d / "run")),
+                                                         ("train.save_every", "1")]]
+    assert main(["train", "--config", DEFAULT, *overrides, "--config.train.steps=1"]) == 0
+    return d / "run", overrides
+
+
+@pytest.mark.slow
+def test_resume_with_another_model_size_names_the_step(one_step_run, capsys):
+    out, overrides = one_step_run
+    capsys.readouterr()
+    before = _user_files(out)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *overrides, "--config.train.steps=2",
+                     "--config.model.hidden_size=32")
+    assert code == 2 and "checkpoint step 1" in msg and "hidden_size 64 -> 32" in msg and "--fresh" in msg
+    assert "Traceback" not in msg
+    assert {k: v for k, v in _user_files(out).items() if "checkpoints" in k} == \
+        {k: v for k, v in before.items() if "checkpoints" in k}
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_next_start_resumes(one_step_run, capsys, monkeypatch):
+    from memsearcher_jax.rl.trainer import Trainer
+
+    out, overrides = one_step_run
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *overrides, "--config.train.steps=2")
+    assert code == 130
+    assert "resuming from step 1" in msg
+    assert "interrupted at step 2; checkpoint 1 kept; resume with the same command" in msg
+    assert "Traceback" not in msg and os.path.isdir(out / "checkpoints" / "1")
+
+
+@pytest.mark.slow
+def test_export_from_a_damaged_checkpoint_names_the_step(one_step_run, tmp_path, capsys):
+    import shutil
+
+    out, _ = one_step_run
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    params = damaged / "checkpoints" / "1" / "params"
+    for dirpath, _, files in os.walk(params):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if os.path.getsize(path) > 64:
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) // 2)
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(damaged), "--out", str(tmp_path / "hf"))
+    assert code == 2 and "checkpoint step 1" in msg and str(damaged) in msg, msg
+    assert not (tmp_path / "hf").exists()
