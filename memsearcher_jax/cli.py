@@ -63,12 +63,18 @@ def _pretrain(cfg, args):
 cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain)
 
 
+def _workflow_names() -> tuple[str, ...]:
+    from memsearcher_jax.agent.workflows import workflow_names  # light: no JAX
+
+    return workflow_names()
+
+
 def cmd_eval(args) -> int:
     from memsearcher_jax.jobs import run_eval
 
     cfg = _load(args)
     run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
-             out=args.out, workflow=args.workflow)
+             out=args.out, workflow=args.workflow, objectives=args.objectives)
     return 0
 
 
@@ -134,7 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one set to evaluate: for the synthetic world 'heldout' (default) or 'train'; for real "
                         "data (world.enabled=false) a set name under data.eval_path, e.g. bamboogle (default: all)")
     p.add_argument("--limit", type=int, default=0, help="evaluate at most this many questions (0: all)")
-    p.add_argument("--workflow", choices=("memsearcher", "react"), default=None, help="override agent.workflow")
+    p.add_argument("--workflow", choices=_workflow_names(), default=None, help="override agent.workflow")
+    p.add_argument("--objectives", type=int, default=None,
+                   help="synthetic world: questions asked at once, answered 'a1; a2' (overrides world.objectives; "
+                        "EM and F1 become means per objective)")
     p.add_argument("--out", default="", help="directory for the trajectories JSONL and the results table")
     p.set_defaults(func=cmd_eval)
 

@@ -28,6 +28,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
 def _log(msg: str):
@@ -436,8 +437,10 @@ def check_same_tokenizer(model_dir: str, setup: Setup) -> None:
 
 
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
-             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
-    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
+             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None,
+             objectives: int | None = None) -> dict:
+    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL.
+    objectives: questions asked at once (overrides world.objectives; EM and F1 are then per objective)."""
     if bool(model_dir) == bool(checkpoint):
         raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
@@ -445,6 +448,8 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")
         cfg.model.source = model_dir  # its tokenizer too, unless data.tokenizer_dir or the world says otherwise
+    if objectives is not None:
+        cfg.world.objectives = objectives
     check_eval_args(cfg, checkpoint, split, limit)
     validate(cfg, training=False)
     check_input_paths(cfg)
@@ -490,6 +495,10 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     print(f"\n{'turn':>4}{'mean prompt tokens':>20}{'max':>8}{'n':>6}")
     for turn, mean, mx, n in table:
         print(f"{turn:>4}{mean:>20.1f}{mx:>8}{n:>6}")
+    tokens = {k: v for k, v in trajectory_token_metrics([t for _, t, _ in all_trajs]).items()
+              if k != "prompt_tokens_by_turn"}
+    print(f"peak tokens per question: mean {tokens['peak_tokens']:.1f}, max {tokens['peak_tokens_max']:.0f}; "
+          f"tokens processed per question {tokens['tokens_per_question']:.1f}; searches {tokens['searches']:.2f}")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "trajectories.jsonl"), "w", encoding="utf-8") as f:
@@ -501,5 +510,5 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                     "conversations": [setup.builder.decode(c.prompt_ids + c.response_ids)
                                       for c in t.conversations]}) + "\n")
         with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-            json.dump({"benchmarks": rows, "context_by_turn": table}, f, indent=2)
-    return {"benchmarks": rows, "context_by_turn": table}
+            json.dump({"benchmarks": rows, "context_by_turn": table, "tokens": tokens}, f, indent=2)
+    return {"benchmarks": rows, "context_by_turn": table, "tokens": tokens}
