@@ -416,3 +416,132 @@ def test_export_from_a_damaged_checkpoint_names_the_step(one_step_run, tmp_path,
     code, msg = _run(capsys, "export-hf", "--checkpoint", str(damaged), "--out", str(tmp_path / "hf"))
     assert code == 2 and "checkpoint step 1" in msg and str(damaged) in msg, msg
     assert not (tmp_path / "hf").exists()
+
+
+# ----------------------------------------------------------------------------- fault injection
+
+def _start_server(index_dir: str, port: int):
+    """`serve-retriever` in its own process on 127.0.0.1:port, once /health answers."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve-retriever", "--index", index_dir,
+                             "--port", str(port), "--log-level", "warning"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
+            return proc
+        except httpx.TransportError:
+            assert proc.poll() is None, "the retriever server died while starting"
+            time.sleep(0.1)
+    raise AssertionError("the retriever server did not start in 60 s")
+
+
+@pytest.mark.slow
+def test_retriever_killed_and_restarted_mid_run_is_counted_and_the_run_goes_on(tmp_path):
+    """The HTTP retriever (a real server process) is killed in the middle of a search call of a
+    short GRPO run with the shipped base (which searches) and started again: the run finishes,
+    search_errors counts the failed query, nothing crashes."""
+    import json
+    import signal
+    import socket
+
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import build_setup, build_trainer
+    from retrieval.client import HTTPRetriever
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    overrides = [("world.cache_dir", str(tmp_path / "worlds")), ("train.output_dir", str(tmp_path / "run")),
+                 ("sft.steps", "0"), ("train.eval_questions", "0"), ("train.steps", "2"), ("train.save_every", "1"),
+                 ("rl.batch_questions", "2"), ("rl.group_size", "2"), ("agent.max_turns", "3")]
+    corpus = build_setup(load_config(DEFAULT, overrides)).world.corpus  # the world's passages, for the server
+    assert main(["index", "--corpus", corpus, "--out", str(tmp_path / "idx"), "--index-type", "bm25"]) == 0
+    server = {"proc": _start_server(str(tmp_path / "idx"), port)}
+    injected = []
+
+    class Outage(HTTPRetriever):
+        """One query per request, no retries; in the first call with >= 3 queries the server is
+        killed before the second query is sent and started again once that query has failed."""
+
+        def search(self, queries, top_n):
+            self._kill_at = self.attempts + 1 if len(queries) >= 3 and not injected else None
+            return super().search(queries, top_n)
+
+        def _once(self, queries, top_n):
+            if self.attempts != self._kill_at:
+                return super()._once(queries, top_n)
+            server["proc"].send_signal(signal.SIGKILL)
+            server["proc"].wait(30)
+            try:
+                return super()._once(queries, top_n)
+            finally:
+                injected.append(queries[0])
+                server["proc"] = _start_server(str(tmp_path / "idx"), port)
+
+    cfg = load_config(DEFAULT, overrides + [("retrieval.kind", "http"), ("retrieval.url", url)])
+    setup = build_setup(cfg)
+    setup.retriever = Outage(url, max_retries=0, max_batch=1)
+    try:
+        build_trainer(cfg, setup, progress=False).train()
+    finally:
+        server["proc"].send_signal(signal.SIGKILL)
+        server["proc"].wait(30)
+    assert len(injected) == 1, "the model never made a search call of >= 3 queries"
+    with open(tmp_path / "run" / "logs" / "metrics.jsonl", encoding="utf-8") as f:
+        metrics = [json.loads(line) for line in f]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert sum(m["search_errors"] for m in metrics) == 1
+
+
+@pytest.mark.slow
+def test_sigkill_while_an_async_checkpoint_is_written_resumes_from_the_last_complete_step(tmp_path):
+    """SIGKILL the moment an asynchronous save has begun (its temporary directory exists and is
+    not yet renamed to its step): the next start resumes from the last finalized step and
+    finishes the run."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.test_train_step import _logged_steps, _train_cmd
+
+    steps, out, worlds = 6, str(tmp_path / "run"), str(tmp_path / "worlds")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT)
+    cmd = _train_cmd(ROOT, out, steps, worlds) + ["--config.train.save_every=1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts, caught, deadline = os.path.join(out, "checkpoints"), None, time.time() + 900
+    while proc.poll() is None and time.time() < deadline:
+        names = os.listdir(ckpts) if os.path.isdir(ckpts) else []
+        partial = [n for n in names if not n.isdigit()]
+        if partial and any(n.isdigit() for n in names):  # a later save under way, an earlier one complete
+            proc.send_signal(signal.SIGKILL)
+            caught = (partial, sorted(int(n) for n in names if n.isdigit()))
+            break
+        time.sleep(0.002)
+    proc.wait(60)
+    assert caught, "no save was caught in progress"
+    complete = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit())
+    assert complete and complete[-1] < steps
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from step {complete[-1]}" in resumed.stdout, (caught, complete, resumed.stdout[-1500:])
+    assert _logged_steps(os.path.join(out, "logs", "metrics.jsonl")) == steps
+
+
+def test_index_builder_records_the_nlist_it_built(capsys):
+    import numpy as np
+
+    from retrieval.index import IndexBuilder, IndexConfig
+
+    builder = IndexBuilder(8, IndexConfig(type="ivf_flat", nlist=64, nprobe=4))
+    builder.add(np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32))
+    index = builder.finish()
+    assert index.ntotal == 200 and builder.config.nlist == 200 // 39  # what the manifest now records
+    assert "nlist 64 lowered to 5" in capsys.readouterr().err
