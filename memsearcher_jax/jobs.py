@@ -227,10 +227,10 @@ def check_resumable(trainer, out: str) -> int | None:
     return step
 
 
-def run_grpo(trainer, out: str) -> None:
-    """trainer.train() as the CLI runs it: says where it resumes, stops on Ctrl-C or a failing
-    retriever with one line saying what is kept (the checkpoints are never removed)."""
-    step = check_resumable(trainer, out)
+def run_grpo(trainer, step: int | None) -> None:
+    """trainer.train() as the CLI runs it: says where it resumes (`step`, from check_resumable),
+    stops on Ctrl-C or a failing retriever with one line saying what is kept (the checkpoints
+    are never removed)."""
     if step is not None:
         _log(f"resuming from step {step}")
     try:
@@ -273,6 +273,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
     trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None)
+    resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
     summary_path = os.path.join(out, "summary.json")
@@ -284,7 +285,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         _write_json(summary_path, summary)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0 = time.perf_counter()
-    run_grpo(trainer, out)
+    run_grpo(trainer, resume_step)
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
