@@ -21,7 +21,7 @@ from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stat
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
                                         eval_questions, eval_runner, evaluate, load_policy, lora_fields,
-                                        sampling_mesh, validate)
+                                        output_path, sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
@@ -125,6 +125,11 @@ def check_output_dir(out: str, fresh: bool) -> None:
     """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
     a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
     parent of them) and a directory holding anything a run did not write there."""
+    if "://" in out:  # gs://, s3://: written through etils.epath; nothing local to check
+        if fresh:
+            raise UserInputError(f"--fresh with the remote train.output_dir={out}: it is never cleared from here; "
+                                 "choose a new train.output_dir (or clear it with your storage tools)")
+        return
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserInputError(f"train.output_dir={out} is a file, not a directory: choose another train.output_dir")
     parent = out
@@ -149,6 +154,8 @@ def prepare_output_dir(out: str, fresh: bool) -> None:
     """Create the output dir with its marker; fresh: first remove what an earlier run wrote
     there (RUN_ENTRIES), after `check_output_dir` has refused anything else."""
     check_output_dir(out, fresh)
+    if "://" in out:
+        return
     if fresh and os.path.isdir(out):
         for name in sorted(set(os.listdir(out)) & RUN_ENTRIES):
             path = os.path.join(out, name)
@@ -261,7 +268,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
     check_retriever(cfg)
-    out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
+    out = output_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
     setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
     prepare_output_dir(out, fresh=not resume)

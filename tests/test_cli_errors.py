@@ -545,3 +545,11 @@ def test_index_builder_records_the_nlist_it_built(capsys):
     index = builder.finish()
     assert index.ntotal == 200 and builder.config.nlist == 200 // 39  # what the manifest now records
     assert "nlist 64 lowered to 5" in capsys.readouterr().err
+
+
+def test_fresh_with_a_remote_output_dir_is_refused_not_cleared():
+    from memsearcher_jax.jobs import check_output_dir
+
+    with pytest.raises(ValueError, match="remote train.output_dir=gs://bucket/run"):
+        check_output_dir("gs://bucket/run", fresh=True)
+    check_output_dir("gs://bucket/run", fresh=False)  # resuming there is fine
