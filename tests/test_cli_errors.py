@@ -553,3 +553,17 @@ def test_fresh_with_a_remote_output_dir_is_refused_not_cleared():
     with pytest.raises(ValueError, match="remote train.output_dir=gs://bucket/run"):
         check_output_dir("gs://bucket/run", fresh=True)
     check_output_dir("gs://bucket/run", fresh=False)  # resuming there is fine
+
+
+@pytest.mark.slow
+def test_eval_of_a_model_without_its_reading_vocab_is_refused(tmp_path, capsys):
+    """Without reading_vocab.json the synthetic world builds another vocabulary; evaluating the
+    model with it silently scored EM 0. It is refused, naming the missing file."""
+    import shutil
+
+    base = os.path.join(ROOT, "memsearcher_jax", "bases", "reading_tiny")
+    model = tmp_path / "model"
+    shutil.copytree(base, model, ignore=shutil.ignore_patterns("reading_vocab.json"))
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", str(model), "--limit", "2",
+                     f"--config.world.cache_dir={tmp_path / 'worlds'}")
+    assert code == 2 and f"{model} has no reading_vocab.json" in msg, msg
