@@ -237,6 +237,7 @@ class Trainer:
         if loop.filter_groups == "zero_std":
             kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
+        self.runner.stats.check_search_errors()  # a step that mostly read "search failed" is not trained on
         if self._any_host_kept(kept) and not kept:  # join another host's update with zero advantages
             kept, kept_results = trajs, results
         num_rows, update = self._update(kept, kept_results) if kept else (0, {"time_logprobs": 0.0, "time_update": 0.0})
