@@ -15,6 +15,7 @@ on the trajectory (`Trajectory.calls`, `peak_tokens`, `tokens_processed`).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Protocol, Sequence
 
@@ -94,11 +95,27 @@ class TokenSampler(Protocol):
 
 @dataclasses.dataclass
 class RolloutStats:
+    """Counts of one training step's rollout (the trainer starts a new one every step)."""
+
     sampler_seconds: float = 0.0
     retrieval_seconds: float = 0.0
     generated_tokens: int = 0
     sampler_calls: int = 0
     retriever_calls: int = 0
+    searches: int = 0                   # non-empty queries sent to the retriever
+    search_errors: int = 0              # of those, answered with an error hit (the retriever failed)
+    max_search_error_fraction: float = 0.5  # more failures than this share of the searches stops the step
+
+    def check_search_errors(self, example: str) -> None:
+        """SearchFailuresError once more than max_search_error_fraction of the searches failed."""
+        if self.search_errors > self.max_search_error_fraction * self.searches:
+            raise SearchFailuresError(
+                f"{self.search_errors} of {self.searches} searches of this step failed (more than "
+                f"{self.max_search_error_fraction:.0%}); the retriever said: {example}")
+
+
+class SearchFailuresError(RuntimeError):
+    """Too many searches failed in one step: training on "search failed" observations teaches nothing."""
 
 
 def _run_searches(retriever: Retriever, calls_per_row: list[list], stats: RolloutStats) -> list[list[list[Hit]]]:
@@ -116,6 +133,15 @@ def _run_searches(retriever: Retriever, calls_per_row: list[list], stats: Rollou
         results = [[Hit(id=ERROR_HIT_ID, contents=f"{type(e).__name__}: {e}")] for _ in flat]
     stats.retrieval_seconds += time.perf_counter() - t0
     stats.retriever_calls += 1
+    # An error hit for a real query means the retriever failed (an empty query is the model's doing).
+    sent = [r for c, r in zip(flat, results) if c.query and c.query.strip()]
+    failed = [r[0].contents for r in sent if len(r) == 1 and r[0].id == ERROR_HIT_ID]
+    stats.searches += len(sent)
+    stats.search_errors += len(failed)
+    if failed:
+        print(f"warning: {len(failed)} of {len(sent)} searches failed ({failed[0][:200]}); counted in "
+              "the step's search_errors", file=sys.stderr, flush=True)
+        stats.check_search_errors(failed[0][:300])
     out, k = [], 0
     for calls in calls_per_row:
         per = []

@@ -42,7 +42,7 @@ from memsearcher_jax.agent.rollout import ACT, SECOND, Conversation, Trajectory
 from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context
 from memsearcher_jax.agent.workflows.memory_ops import (apply_operations, memory_ops_context, ops_observation,
                                                         parse_operations, render_bank)
-from memsearcher_jax.rl.reward import compute_reward, exact_match, normalize_answer, token_f1
+from memsearcher_jax.qa_metrics import compute_reward, exact_match, normalize_answer, token_f1
 
 FLAWS = ("vague_query", "wrong_answer", "early_answer")
 
