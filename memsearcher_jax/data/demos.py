@@ -11,7 +11,7 @@ and a final act `...</think>\\n\\boxed{answer}<|im_end|>`. ReAct (the baseline, 
     response = act (mask 1) + builder.react_observation(hits) (mask 0) + act (mask 1) + ... + final act
 mem1: one conversation per turn holding the act only, on question + last act + last observation;
 the script's memory opens each act's thinking (the internal state). memory_ops: as MemSearcher,
-with the bank in the context and `<ops>ADD fact</ops>` (or NOOP) as the second call.
+with the bank in the context and `<ops>ADD fact</ops>` (or UPDATE of a "nothing found" note) as the second call.
 Every format comes from the same script (same searches, flaws and answers for a given seed and
 row); only the recording differs. Supervised warm-up on these rows teaches exactly the format
 the loop parses (tests replay them through `AgentRunner`).
@@ -180,7 +180,7 @@ class _Builder:
         conv.blocks.append(self.b.decode_update(ids))
         conv.ended_with_eos = True
 
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None):
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
         self._second(conv, self.b.observation([hits]), f"<memory>{memory}</memory>")
         self.t.memory = memory
         self.t.memories.append(memory)
@@ -197,7 +197,7 @@ class _ReactBuilder(_Builder):
             self._new_conversation(self.b.react_context(self.t.question))
         return self.t.final
 
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None):
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
         conv.add_injected(self.b.react_observation([hits]))
         self.t.num_searches += 1
 
@@ -216,7 +216,7 @@ class _Mem1Builder(_Builder):
         state = self.t.state.get("carry", "")
         return f"{state} {think}</think>\n{action}" if state else f"{think}</think>\n{action}"
 
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None):
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
         s = self.t.state
         s["last_act"] = list(conv.response_ids)
         s["last_observation"] = self.b.tool_message([hits], reopen_think=True)
@@ -229,19 +229,26 @@ class _Mem1Builder(_Builder):
 
 class _MemoryOpsBuilder(_Builder):
     """As AgentRunner's memory_ops workflow records them: the bank in the context, and after
-    each observation `ADD` of the newly found supporting sentence (`NOOP` when none was found)."""
+    each observation `ADD` of the newly found supporting sentence; a search that found nothing
+    adds the script's "nothing found" note, which the next found sentence replaces (`UPDATE`)."""
 
     def new_turn(self) -> Conversation:
         s = self.t.state
         s.setdefault("entries", [])
         return self._new_conversation(memory_ops_context(self.b, self.t.question, s["entries"], []))
 
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None):
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
         s = self.t.state
-        op = f"ADD {new_fact}" if new_fact else "NOOP"
+        entries, note_id = s["entries"], s.get("note_id")
+        if new_fact and note_id:  # the fact replaces the "nothing found" note
+            op, entries, s["note_id"] = f"UPDATE {note_id} {new_fact}", [(i, new_fact if i == note_id else x)
+                                                                         for i, x in entries], None
+        else:
+            text = new_fact or note
+            op, entries = f"ADD {text}", entries + [(len(entries) + 1, text)]
+            s["note_id"] = None if new_fact else len(entries)
+        s["entries"] = entries
         self._second(conv, ops_observation(self.b, [hits]), f"<ops>\n{op}\n</ops>")
-        if new_fact:
-            s["entries"] = s["entries"] + [(len(s["entries"]) + 1, new_fact)]
         self.t.memory = render_bank(s["entries"])
         self.t.memories.append(self.t.memory)
         self.t.memory_tokens.append(self.b.count_tokens(self.t.memory))
@@ -315,6 +322,9 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
                       question_row=dict(row))
     tb = RECORDERS[workflow](builder, traj)
     objs = objectives_of(row)
+    turns_needed = sum(int(o["hops"]) for o in objs) + 1 - (flaw == "early_answer")
+    if flaw == "vague_query" and turns_needed + 1 > cfg.max_turns:
+        flaw = None  # no room for the recovery search (only with several objectives: 1 takes <= 4 turns)
     # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
     target = rng.randrange(len(objs)) if flaw and len(objs) > 1 else len(objs) - 1
     found: list[str] = []       # supporting sentences in memory, in search order
@@ -348,8 +358,10 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
                 found.append(new_fact)
                 hop += 1
             retry, vague_pending = new_fact is None, False
-            memory = " ".join(found) if found else EMPTY_MEMORY.format(s=o["subject"])
-            tb.observe_and_update(conv, hits, memory, new_fact)
+            # A search that found nothing leaves a note, so the next context differs from this one.
+            note = "" if new_fact else EMPTY_MEMORY.format(s=o["subject"])
+            memory = " ".join(found + [note] if note else found)
+            tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
     answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool) for oi, o in enumerate(objs)]
     answer = "; ".join(answers)
