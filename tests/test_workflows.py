@@ -3,6 +3,7 @@ the loss mask, the per-call token records, and one GRPO step per workflow."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -122,12 +123,17 @@ def test_a_new_workflow_is_one_registered_class(tok, b):
         def observe(self, t, results, b, cfg):
             t.finish("one_turn_only")
 
-    assert "test_answer_once" in workflow_names()
-    sampler = ScriptSampler(tok, b, lambda k, row: search("s"))
-    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="test_answer_once")).run(Q)
-    assert t.end_reason == "one_turn_only" and len(t.conversations) == 1 and t.num_searches == 1
-    with pytest.raises(ValueError, match="already registered"):
-        register(type("Other", (Workflow,), {"name": "memsearcher"}))
+    from memsearcher_jax.agent.workflows import base
+
+    try:
+        assert "test_answer_once" in workflow_names()
+        sampler = ScriptSampler(tok, b, lambda k, row: search("s"))
+        (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="test_answer_once")).run(Q)
+        assert t.end_reason == "one_turn_only" and len(t.conversations) == 1 and t.num_searches == 1
+        with pytest.raises(ValueError, match="already registered"):
+            register(type("Other", (Workflow,), {"name": "memsearcher"}))
+    finally:
+        base._REGISTRY.pop("test_answer_once")
 
 
 # ---------------------------------------------------------------- mem1
@@ -334,3 +340,22 @@ def test_one_grpo_step_per_workflow(tok, b, workflow):
     assert m["skipped"] == 0 and np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
     after = jax.tree.map(np.asarray, learner.params)
     assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
+def test_carried_tokens_bound_each_context():
+    cfg = AgentConfig(memory_budget=64, max_new_tokens=32, max_observation_tokens=200, max_response_tokens=512)
+    assert [get_workflow(w).carried_tokens(cfg) for w in ("memsearcher", "react", "mem1", "memory_ops")] == \
+        [64, 0, 32 + 200, 64 + 32]
+    uncapped = dataclasses.replace(cfg, max_observation_tokens=0)
+    assert get_workflow("mem1").carried_tokens(uncapped) == 32 + 512
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.planner import conversation_tokens
+
+    # The planner's longest row follows the workflow (a context cap far away, so none is clipped).
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
+    c = load_config(base, [("agent.max_context_tokens", "100000")]).agent
+    lengths = {w: conversation_tokens(load_config(base, [("agent.workflow", w), ("agent.max_context_tokens", "100000")]))
+               for w in ("memsearcher", "react", "mem1", "memory_ops")}
+    assert lengths["memsearcher"] - lengths["react"] == c.memory_budget
+    assert lengths["memory_ops"] - lengths["react"] == c.memory_budget + c.max_new_tokens
+    assert lengths["mem1"] - lengths["react"] == c.max_new_tokens + (c.max_observation_tokens or c.max_response_tokens)

@@ -203,8 +203,7 @@ class AgentRunner:
         for qi, q in enumerate(questions):
             for g in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
-                                        question=q["question"], golds=list(q.get("golden_answers", [])),
-                                        question_row=dict(q)))
+                                        question=q["question"], golds=list(q.get("golden_answers", []))))
         self._run(get_workflow(self.config.workflow), trajs, seed)
         return trajs
 

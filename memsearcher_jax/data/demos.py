@@ -318,8 +318,7 @@ def _searched_think(first: bool, retry: bool, hop: int, objective: dict) -> str:
 def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: DemoConfig,
             workflow: str = "memsearcher") -> Demonstration:
     """The state machine of the module docstring, objective after objective; then one answer."""
-    traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]),
-                      question_row=dict(row))
+    traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]))
     tb = RECORDERS[workflow](builder, traj)
     objs = objectives_of(row)
     turns_needed = sum(int(o["hops"]) for o in objs) + 1 - (flaw == "early_answer")

@@ -38,6 +38,12 @@ class Workflow:
     name: ClassVar[str] = ""
     second_call: ClassVar[bool] = False   # whether a searching turn makes a second generation call
 
+    def carried_tokens(self, cfg) -> int:
+        """At most how many tokens a turn's context carries beyond the system prompt and the
+        question (the planner's bound on a prompt; cfg: AgentConfig or the config's agent section).
+        0 when what grows is the response (react)."""
+        return 0
+
     def start(self, t: Trajectory, b: "PromptBuilder", cfg: "AgentConfig") -> None:
         """Before the first turn."""
 
