@@ -359,3 +359,18 @@ def test_carried_tokens_bound_each_context():
     assert lengths["memsearcher"] - lengths["react"] == c.memory_budget
     assert lengths["memory_ops"] - lengths["react"] == c.memory_budget + c.max_new_tokens
     assert lengths["mem1"] - lengths["react"] == c.max_new_tokens + (c.max_observation_tokens or c.max_response_tokens)
+
+
+def test_config_and_cli_name_the_registered_workflows(capsys):
+    from memsearcher_jax.cli import build_parser
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import TrainConfigError, agent_config, validate
+
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
+    assert agent_config(load_config(base, [("agent.workflow", "memory_ops")])).workflow == "memory_ops"
+    with pytest.raises(TrainConfigError, match="registered workflows .*'mem1', 'memory_ops'.*got 'mem2'"):
+        validate(load_config(base, [("agent.workflow", "mem2")]))
+    assert build_parser().parse_args(["eval", "--model", "m", "--workflow", "mem1"]).workflow == "mem1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["eval", "--model", "m", "--workflow", "mem2"])
+    assert "memory_ops" in capsys.readouterr().err
