@@ -374,3 +374,35 @@ def test_config_and_cli_name_the_registered_workflows(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["eval", "--model", "m", "--workflow", "mem2"])
     assert "memory_ops" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workflow", ["mem1", "memory_ops"])
+def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, workflow):
+    """The whole pipeline with agent.workflow set: a 2-step warm start on demonstrations in the
+    workflow's format, then one GRPO step, on the tiny random model of test_train_step."""
+    import json
+
+    from memsearcher_jax.cli import main
+    from tests.test_train_step import ROOT, SMALL
+
+    out = str(tmp_path / "run")
+    overrides = dict(SMALL)
+    overrides.update({"world.cache_dir": str(tmp_path / "worlds"), "train.output_dir": out, "train.steps": "1",
+                      "agent.workflow": workflow, "sft.steps": "2", "sft.num_demos": "16", "sft.batch_size": "4",
+                      "agent.max_turns": "4"})
+    args = ["train", "--config", os.path.join(ROOT, "configs/default.py")]
+    assert main(args + [f"--config.{k}={v}" for k, v in overrides.items()]) == 0
+    log = capsys.readouterr().out
+    assert "16 scripted demonstrations" in log
+    with open(os.path.join(out, "logs", "metrics.jsonl"), encoding="utf-8") as f:
+        (step,) = [json.loads(line) for line in f]
+    assert step["rows"] >= 8 and np.isfinite(step["grad_norm"])
+    # The warm start imitated demonstrations recorded in this workflow's format.
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.jobs import flawed_demonstrations
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"), list(overrides.items()))
+    demos = flawed_demonstrations(cfg, build_setup(cfg))
+    assert len(demos) == 16 and {d.workflow for d in demos} == {workflow}
