@@ -171,7 +171,7 @@ def test_mem1_context_is_question_plus_last_act_and_observation(tok, b):
 def test_mem1_training_rows_equal_the_sampled_contexts(tok, b):
     """pack_rows turns each conversation into exactly the token ids the sampler saw followed by
     what it generated, with the loss mask on the generated positions only."""
-    acts = lambda k, row: search(f"state {k} of {row}") if k < row % 3 else ANSWER  # noqa: E731
+    acts = lambda k, row: search(f"state {k} of {row}") if k < row % 3 else ANSWER
     sampler = ScriptSampler(tok, b, acts)
     trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="mem1", max_turns=4)).run(Q * 2, group_size=2)
     assert [len(t.conversations) for t in trajs] == [1, 2, 3, 1]
@@ -181,7 +181,8 @@ def test_mem1_training_rows_equal_the_sampled_contexts(tok, b):
         kind, _, prompt, reply = next(seen)
         n = len(prompt) + len(reply)
         assert rows.tokens[r, :n].tolist() == prompt + reply and rows.attention[r, :n].all()
-        assert rows.loss_mask[r].tolist() == [0.0] * len(prompt) + [1.0] * len(reply) + [0.0] * (rows.tokens.shape[1] - n)
+        pad = rows.tokens.shape[1] - n
+        assert rows.loss_mask[r].tolist() == [0.0] * len(prompt) + [1.0] * len(reply) + [0.0] * pad
 
 
 def test_mem1_endings(tok, b):
@@ -220,7 +221,7 @@ def test_parse_operations():
 
 
 def test_apply_operations_and_the_budget():
-    count = lambda s: len(s.split())  # noqa: E731  (one token per word)
+    count = lambda s: len(s.split())
     entries, nxt, errors = apply_operations([], 1, [Operation("ADD", None, "a b"), Operation("ADD", None, "c"),
                                                     Operation("UPDATE", 1, "a b d"), Operation("DELETE", 2),
                                                     Operation("NOOP"), Operation("DELETE", 7)], 100, count)
@@ -320,7 +321,7 @@ def test_one_grpo_step_per_workflow(tok, b, workflow):
 
     second = {"memsearcher": "<memory>fact</memory>", "memory_ops": "<ops>\nADD fact\n</ops>"}.get(workflow, "")
     # Even rows answer right after one search, odd rows wrongly: the group's rewards differ.
-    act = lambda k, row: search("s") if k == 0 else ("ok</think>\\boxed{Paris}" if row % 2 == 0  # noqa: E731
+    act = lambda k, row: search("s") if k == 0 else ("ok</think>\\boxed{Paris}" if row % 2 == 0
                                                       else "ok</think>\\boxed{Rome}")
     sampler = ScriptSampler(tok, b, act, lambda k, r: second)
     trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow=workflow, max_turns=3)).run(Q, group_size=4)
@@ -354,8 +355,8 @@ def test_carried_tokens_bound_each_context():
     # The planner's longest row follows the workflow (a context cap far away, so none is clipped).
     base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
     c = load_config(base, [("agent.max_context_tokens", "100000")]).agent
-    lengths = {w: conversation_tokens(load_config(base, [("agent.workflow", w), ("agent.max_context_tokens", "100000")]))
-               for w in ("memsearcher", "react", "mem1", "memory_ops")}
+    lengths = {w: conversation_tokens(load_config(base, [("agent.workflow", w), ("agent.max_context_tokens", "100000")
+                                                         ])) for w in ("memsearcher", "react", "mem1", "memory_ops")}
     assert lengths["memsearcher"] - lengths["react"] == c.memory_budget
     assert lengths["memory_ops"] - lengths["react"] == c.memory_budget + c.max_new_tokens
     assert lengths["mem1"] - lengths["react"] == c.max_new_tokens + (c.max_observation_tokens or c.max_response_tokens)
