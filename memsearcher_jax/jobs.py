@@ -43,7 +43,7 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
                                      "react_share") if k in cfg.sft}
     return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,
                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
-                                                 **rates))
+                                                 workflow=cfg.agent.workflow, **rates))
 
 
 def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):

@@ -21,7 +21,8 @@ from typing import Protocol, Sequence
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401 (re-exported)
+# Conversation, Trajectory and CallRecord are re-exported: callers import them from here.
+from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401
 from memsearcher_jax.agent.workflows import Workflow, get_workflow, workflow_names
 from retrieval.base import ERROR_HIT_ID, Hit, Retriever
 
@@ -206,8 +207,7 @@ class AgentRunner:
         for qi, q in enumerate(questions):
             for g in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
-                                        question=q["question"], golds=list(q.get("golden_answers", [])),
-                                        question_row=dict(q)))
+                                        question=q["question"], golds=list(q.get("golden_answers", []))))
         self._run(get_workflow(self.config.workflow), trajs, seed)
         return trajs
 
