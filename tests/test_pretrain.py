@@ -11,8 +11,7 @@ from flax import nnx
 
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.config_utils import load_config
-from memsearcher_jax.data.curriculum import (Curriculum, CurriculumConfig, PhasedCurriculum, multi_probe_items,
-                                             probe_items)
+from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, PhasedCurriculum, probe_items
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2
