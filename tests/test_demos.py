@@ -11,7 +11,7 @@ from memsearcher_jax.data.demos import (FLAWS, DemoConfig, check_demonstration, 
                                         make_demonstrations)
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
-from memsearcher_jax.rl.reward import compute_reward
+from memsearcher_jax.qa_metrics import compute_reward
 from retrieval.bm25 import BM25Retriever
 
 

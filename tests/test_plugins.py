@@ -18,7 +18,7 @@ from tests.test_rollout import SEARCH, Docs, FixedSampler, Q
 from tests.test_train_step import ROOT, SMALL
 
 REWARDS = '''
-from memsearcher_jax.rl.reward import RewardResult
+from memsearcher_jax.qa_metrics import RewardResult
 def constant(blocks, ended_with_eos, golds):
     return RewardResult(reward=0.5, answer="", em=0.0, f1=0.0, format_ok=True, failure=None)
 '''
@@ -40,14 +40,14 @@ def test_groups_with_spread():
 
 def test_reward_plugin_from_a_file_and_bad_specs(tmp_path):
     from memsearcher_jax.experiment import TrainConfigError, load_reward_fn
-    from memsearcher_jax.rl.reward import compute_reward
+    from memsearcher_jax.qa_metrics import compute_reward
 
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     fn = load_reward_fn(f"{tmp_path / 'my_rewards.py'}:constant")
     assert fn(["x"], True, ["y"]).reward == 0.5
     assert load_reward_fn("") is compute_reward
-    assert load_reward_fn("memsearcher_jax.rl.reward:compute_reward") is compute_reward
-    for bad, match in (("nomodule_xyz:f", "cannot load"), ("memsearcher_jax.rl.reward:nope", "no callable"),
+    assert load_reward_fn("memsearcher_jax.qa_metrics:compute_reward") is compute_reward
+    for bad, match in (("nomodule_xyz:f", "cannot load"), ("memsearcher_jax.qa_metrics:nope", "no callable"),
                        ("justaname", "expected 'module:function'")):
         with pytest.raises(TrainConfigError, match=match):
             load_reward_fn(bad)

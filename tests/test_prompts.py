@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits, tool_schema
 from tests.assets import qwen_tokenizer_dir
-from memsearcher_jax.rl.reward import compute_reward
+from memsearcher_jax.qa_metrics import compute_reward
 from retrieval.base import ERROR_HIT_ID, Hit
 
 IM_START, IM_END, ENDOFTEXT, THINK = 151644, 151645, 151643, 151667

@@ -6,7 +6,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from memsearcher_jax.rl.reward import (
+from memsearcher_jax.qa_metrics import (
     FORMAT_CREDIT,
     RewardResult,
     compute_reward,

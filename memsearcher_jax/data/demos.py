@@ -31,7 +31,7 @@ from typing import Sequence
 from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import Conversation, Trajectory
-from memsearcher_jax.rl.reward import compute_reward, normalize_answer, token_f1
+from memsearcher_jax.qa_metrics import compute_reward, normalize_answer, token_f1
 
 FLAWS = ("vague_query", "wrong_answer", "early_answer")
 
