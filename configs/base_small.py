@@ -77,4 +77,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.export_dir = ""
     c.train.probe_items = 256        # per progress set (2, 8, 16 passages, multi), every probe_every steps
     c.train.final_probe_items = 512  # per final set, measured once on the exported bf16 weights
+    c.train.log_every = 10           # a loss / seconds-per-step line in the log between probes
     return c

@@ -308,12 +308,16 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
     prefetch = _Prefetch(lambda s: curriculum.rows_for_step(s, batch_at(s)), step, t.steps)
     t0, losses = time.time(), []
+    log_every = t.get("log_every", 0) or t.probe_every
     while step < t.steps:
         got_step, rows = prefetch.get()
         assert got_step == step
         stats = trainer.train_step(build_rows(rows, builder.pad_id, sft_cfg.max_len), np.arange(len(rows)))
         losses.append(stats["loss"])
         step += 1
+        if step % log_every == 0 and step % t.probe_every:  # a heartbeat between probes
+            _log(f"step {step}/{t.steps} loss {np.mean(losses[-log_every:]):.3f} "
+                 f"{(time.time() - t0) / len(losses):.1f} s/step")
         if step % t.probe_every == 0 or step == t.steps:
             last = {"loss": float(np.mean(losses)), **_progress_metrics(trainer.model(), sets, seen, builder.pad_id),
                     "steps_per_second": len(losses) / (time.time() - t0)}

@@ -253,7 +253,7 @@ def test_tied_rows_keep_their_differences():
 
 
 @pytest.mark.slow
-def test_pretrain_runs_resumes_and_exports(tmp_path):
+def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     from memsearcher_jax.pretrain import BASE_MANIFEST, run_pretrain
 
     cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"), [
@@ -261,9 +261,12 @@ def test_pretrain_runs_resumes_and_exports(tmp_path):
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
         ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
         ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
-        ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.min_len", "512"),
+        ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
+        ("train.min_len", "512"),
         ("train.output_dir", str(tmp_path / "run"))])
     first = run_pretrain(cfg)
+    printed = capsys.readouterr().out
+    assert "step 1/4 loss" in printed and "step 3/4 loss" in printed and "s/step" in printed  # the heartbeat
     assert 0.0 <= first["probe"]["accuracy"] <= 1.0 and set(first["probe"]["by_length"]) == {"2", "8", "16"}
     assert first["probe"]["multi"]["n"] == 8
     logged = [json.loads(x) for x in open(tmp_path / "run" / "logs" / "metrics.jsonl")]
