@@ -1,6 +1,6 @@
 """The planner's rollout rows against a real Sampler call on this machine's devices.
 
-    python bench/plan_check.py --config configs/recipe_qwen2_5_3b_h100_8.py --rows 8 \
+    python bench/plan_check.py --config configs/recipe.py:qwen2_5_3b,h100_8 --rows 8 \
         --config.mesh.fsdp=1 --config.mesh.tp=1 --config.hardware.num_devices=1
 
 See memsearcher_jax/plan_check.py. Exit status 1 when a row plans less than 0.8x of what the

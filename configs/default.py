@@ -43,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.world.whole_name_tokens = False  # let BPE merge names into single tokens (default: syllable pieces)
     c.world.heldout_by = "entity"    # "entity": held-out names never asked about in training; "fact": held-out facts
     c.world.cache_dir = "~/.cache/memsearcher-jax/worlds"
+    c.world.objectives = 1           # questions asked at once, joined "q1; q2" (MEM1's task; answer "a1; a2")
 
     c.data = ml_collections.ConfigDict()
     c.data.train_path = ""           # for real data: a FlashRAG jsonl / Search-R1 parquet file or dir
@@ -120,7 +121,8 @@ def get_config() -> ml_collections.ConfigDict:
                                      # signature; "" = the MemSearcher reward (docs/method.md §3)
     c.rl.logits_chunk = 0            # loss logits this many positions at a time, recomputed in backward (0: all)
     c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap); 0 off
-    c.rl.min_seq_len = 128
+    c.rl.min_seq_len = 128           # the trainer's rows pad to quarter-octave buckets from here
+    c.rl.max_seq_len = 32768         # a conversation longer than this stops the step with an error
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-4     # the recipe's 1e-6 is for a pretrained 3B model
@@ -128,8 +130,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     c.optim.weight_decay = 0.01
     c.optim.max_grad_norm = 1.0
-    c.optim.schedule = "constant"    # "constant" (the recipe) | "cosine" (to 0.1x at the last optimizer step)
+    c.optim.schedule = "constant"    # "constant" (the recipe) | "cosine" (to final_lr_fraction at the last optimizer step)
     c.optim.warmup_steps = 0         # linear warm-up over this many optimizer steps
+    c.optim.final_lr_fraction = 0.1  # cosine: the learning rate at the last step, as a fraction of the peak
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 30
@@ -142,6 +145,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eval_every = 0           # steps between held-out evaluations during GRPO (eval/em ...; 0: none);
                                      # the best params by eval/em are kept in OUTPUT/best/ (export-hf --best)
     c.train.log_samples_every = 0    # steps between sample trajectories logged as text (0: none)
+    c.train.samples_per_log = 4      # trajectories in each of those logs
     c.train.wandb_project = ""       # also log to Weights & Biases ("" : off; WANDB_MODE=offline works)
 
     c.mesh = ml_collections.ConfigDict()

@@ -6,11 +6,7 @@ Needs accelerators (see the README's scale-out page); it cannot run on a CPU.
         --config.model.source=/path/to/Qwen2.5-3B-Instruct --config.data.train_path=/data/nq_hotpotqa_train \
         --config.retrieval.kind=http --config.retrieval.url=http://127.0.0.1:8000
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
-import default  # noqa: E402
+import default  # beside this file: config_utils puts a config's folder on sys.path while it runs
 
 
 def get_config():

@@ -11,6 +11,7 @@ import sys
 
 from memsearcher_jax.config_utils import ConfigError, load_config, split_overrides
 from memsearcher_jax.distributed import initialize_from_env
+from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.errors import UserInputError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
@@ -62,12 +63,18 @@ def _pretrain(cfg, args):
 cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain)
 
 
+def _workflow_names() -> tuple[str, ...]:
+    from memsearcher_jax.agent.workflows import workflow_names  # light: no JAX
+
+    return workflow_names()
+
+
 def cmd_eval(args) -> int:
     from memsearcher_jax.jobs import run_eval
 
     cfg = _load(args)
     run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
-             out=args.out, workflow=args.workflow)
+             out=args.out, workflow=args.workflow, objectives=args.objectives)
     return 0
 
 
@@ -75,7 +82,7 @@ def cmd_export(args) -> int:
     from memsearcher_jax.jobs import export_checkpoint
 
     path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype, best=args.best,
-                             adapters_only=args.adapters_only)
+                             adapters_only=args.adapters_only, overwrite=args.overwrite)
     print(f"wrote {'PEFT LoRA adapters' if args.adapters_only else 'Hugging Face model'} to {path}")
     return 0
 
@@ -122,7 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one set to evaluate: for the synthetic world 'heldout' (default) or 'train'; for real "
                         "data (world.enabled=false) a set name under data.eval_path, e.g. bamboogle (default: all)")
     p.add_argument("--limit", type=int, default=0, help="evaluate at most this many questions (0: all)")
-    p.add_argument("--workflow", choices=("memsearcher", "react"), default=None, help="override agent.workflow")
+    p.add_argument("--workflow", choices=_workflow_names(), default=None, help="override agent.workflow")
+    p.add_argument("--objectives", type=int, default=None,
+                   help="synthetic world: questions asked at once, answered 'a1; a2' (overrides world.objectives; "
+                        "EM and F1 become means per objective)")
     p.add_argument("--out", default="", help="directory for the trajectories JSONL and the results table")
     p.set_defaults(func=cmd_eval)
 
@@ -132,7 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "run's adapters are merged into the weights (or, with --adapters-only, written "
                                    "alone for PEFT).")
     p.add_argument("--checkpoint", required=True, help="training output dir or its checkpoints/ dir")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True,
+                   help="output directory: new or empty (never the checkpoint's directory or one inside it)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out may hold an earlier export: replace its model files (config, safetensors, "
+                        "tokenizer), keep everything else")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--best", action="store_true",
                    help="the params with the highest held-out eval/em (kept in OUTPUT/best/ when train.eval_every > 0)")
@@ -179,7 +193,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
         return 2
-    except (UserInputError, FileNotFoundError) as e:
+    except (UserInputError, FileNotFoundError, SearchFailuresError) as e:
         # Bad input (a config that cannot run, a data file, a checkpoint): the message names what
         # is wrong, and a traceback would bury it. Anything else is a bug and keeps its traceback.
         print(f"memsearcher-jax: {e}", file=sys.stderr)

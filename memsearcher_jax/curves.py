@@ -62,3 +62,35 @@ def plot_curves(metrics: list[dict], png_path: str, em_before: float | None = No
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
     return png_path
+
+
+def plot_prompt_tokens_by_turn(by_workflow: dict, png_path: str, title: str = "") -> str | None:
+    """Prompt tokens per act call by turn, one line per workflow (mean solid, max dotted).
+
+    by_workflow: workflow name -> its `token_metrics.prompt_tokens_by_turn` rows (objects with
+    turn, mean and max, or dicts with those keys). The paper's picture: a memory workflow stays
+    flat, ReAct grows every turn."""
+    lines = {name: [r if isinstance(r, dict) else vars(r) for r in rows] for name, rows in by_workflow.items() if rows}
+    if not lines:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for k, (name, rows) in enumerate(lines.items()):
+        color = f"C{k}"
+        turns = [r["turn"] for r in rows]
+        ax.plot(turns, [r["mean"] for r in rows], marker="o", color=color, label=f"{name} (mean)")
+        ax.plot(turns, [r["max"] for r in rows], linestyle=":", color=color, label=f"{name} (max)")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("prompt tokens per act call")
+    ax.set_title(title or "context per turn")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path

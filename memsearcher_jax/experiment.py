@@ -36,6 +36,7 @@ from memsearcher_jax.agent.prompts import (
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.agent.tools import tool_from_config
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
+from memsearcher_jax.data.synthetic import check_objectives, join_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
@@ -50,6 +51,7 @@ from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.sampling.sampler import check_query_block
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
@@ -61,23 +63,43 @@ class TrainConfigError(UserInputError):
 
 
 # ----------------------------------------------------------------------------- config -> typed
+# Every dataclass below takes its fields from its config sections by name, so a field and its
+# key cannot drift apart (tests/test_config_keys.py checks both directions against
+# configs/default.py). A field computed from other keys is passed to `typed` explicitly.
+
+SECTIONS_OF = {AgentConfig: ("agent",), LossConfig: ("rl",), GRPOConfig: ("rl",), OptimConfig: ("optim",),
+               LoopConfig: ("train", "rl")}
+COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim"), OptimConfig: ("total_steps",),
+                   LoopConfig: ("output_dir", "sampling_dtype")}
+# Keys of those sections that no dataclass takes: read here, by name.
+KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids"), "rl": ("reward_fn",),
+                  "train": ("eval_questions", "eval_per_set")}
+
+
+def typed(cls, cfg: ml_collections.ConfigDict, **computed):
+    """cls(...) with every field not in `computed` read from the key of the same name in its
+    config sections (SECTIONS_OF[cls]); TrainConfigError naming a key the config lacks."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in computed:
+            continue
+        section = next((s for s in SECTIONS_OF[cls] if f.name in cfg[s]), None)
+        if section is None:
+            raise TrainConfigError(f"the config has no {' or '.join(f'{s}.{f.name}' for s in SECTIONS_OF[cls])} "
+                                   f"({cls.__name__}.{f.name}); start from configs/default.py, which has every key")
+        values[f.name] = cfg[section][f.name]
+    return cls(**values, **computed)
+
 
 def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
-    fields = {f.name for f in dataclasses.fields(AgentConfig)}
-    values = {k: v for k, v in cfg.agent.to_dict().items() if k in fields}
     # Rows per sampler call live with the sampler's settings (the planner reads them there).
-    return AgentConfig(**values, sampler_batch_size=int(cfg.sampler.batch_size))
+    return typed(AgentConfig, cfg, sampler_batch_size=int(cfg.sampler.batch_size))
 
 
 def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
-    rl = cfg.rl
-    loss = LossConfig(clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=rl.dual_clip, kl_coef=rl.kl_coef,
-                      entropy_coef=rl.entropy_coef, aggregation=rl.aggregation, kl_clamp=rl.kl_clamp,
-                      log_ratio_clamp=rl.log_ratio_clamp, kl_estimator=rl.kl_estimator, tis_cap=rl.tis_cap)
-    return GRPOConfig(optimizer_steps=rl.optimizer_steps, micro_batch_size=rl.micro_batch_size,
-                      logprob_batch_size=rl.logprob_batch_size, shuffle_rows=rl.shuffle_rows,
-                      min_seq_len=rl.min_seq_len, loss=loss, logits_chunk=int(rl.get("logits_chunk", 0)),
-                      optim=OptimConfig(**cfg.optim.to_dict(), total_steps=cfg.train.steps * rl.optimizer_steps))
+    # The cosine schedule's length: every optimizer step of the run.
+    optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps)
+    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg), optim=optim)
 
 
 def output_path(path: str) -> str:
@@ -86,12 +108,8 @@ def output_path(path: str) -> str:
 
 
 def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
-    t = cfg.train
-    return LoopConfig(steps=t.steps, batch_questions=cfg.rl.batch_questions, group_size=cfg.rl.group_size,
-                      seed=t.seed, output_dir=output_path(t.output_dir), save_every=t.save_every, keep=t.keep,
-                      sampling_dtype=cfg.model.dtype, eval_every=t.eval_every,
-                      log_samples_every=t.log_samples_every, wandb_project=t.wandb_project,
-                      filter_groups=cfg.rl.filter_groups, max_refill=cfg.rl.max_refill)
+    # Weights move to the sampler in the model's compute dtype.
+    return typed(LoopConfig, cfg, output_dir=output_path(cfg.train.output_dir), sampling_dtype=cfg.model.dtype)
 
 
 def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
@@ -110,6 +128,11 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
         if cfg.rl[key] < 1:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
+    trajectories = cfg.rl.batch_questions * cfg.rl.group_size
+    if cfg.rl.optimizer_steps > trajectories >= 1:
+        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} trajectories "
+                        "(rl.batch_questions * rl.group_size): some mini-batches would be empty; set "
+                        f"rl.optimizer_steps <= {trajectories}")
     try:
         prefill_query_block(cfg)
     except TrainConfigError as e:
@@ -135,6 +158,7 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append("retrieval.kind=http needs retrieval.url")
     if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
         problems.append("retrieval.kind=index needs retrieval.index_dir")
+    problems += objectives_problems(cfg)
     if training and not cfg.world.enabled and cfg.sft.steps > 0:
         problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
                         "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
@@ -162,8 +186,22 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     try:
         agent_config(cfg)
         grpo_config(cfg)
+        loop_config(cfg)
     except (ValueError, TypeError) as e:
         raise TrainConfigError(f"invalid training config: {e}") from e
+
+
+def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """world.objectives: an integer >= 1, and above 1 only on the synthetic world."""
+    n = cfg.world.get("objectives", 1)
+    try:
+        check_objectives(n)
+    except ValueError as e:
+        return [str(e)]
+    if n > 1 and not cfg.world.enabled:
+        return [f"world.objectives={n} joins questions of the synthetic world; with world.enabled=false set "
+                "world.objectives=1"]
+    return []
 
 
 def load_reward_fn(spec: str) -> Callable:
@@ -226,8 +264,9 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                             stop_ids=stop_token_ids(cfg, tokenizer),
                             tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema))
     if world_paths is not None:
-        train_q = read_jsonl(world_paths.train)
-        eval_sets = {"synthetic-heldout": read_jsonl(world_paths.heldout)}
+        n = cfg.world.get("objectives", 1)
+        train_q = join_objectives(read_jsonl(world_paths.train), n, seed=cfg.world.seed)
+        eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(world_paths.heldout), n, seed=cfg.world.seed)}
         missing_sets: dict[str, str] = {}
     else:
         train_q = training_questions(os.path.expanduser(cfg.data.train_path)) if training else []
@@ -236,6 +275,17 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     return Setup(tokenizer=tokenizer, builder=builder, retriever=build_retriever(cfg, world_paths),
                  train_questions=train_q, eval_questions=[row for rows in eval_sets.values() for row in rows],
                  tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets, missing_eval_sets=missing_sets)
+
+
+def with_objectives(setup: Setup, n: int, seed: int = 0) -> Setup:
+    """The same set-up (tokenizer, retriever) asking `n` synthetic-world questions at once, in
+    training and in evaluation: e.g. a run trained on 2 objectives evaluated on 1, 4 or 8."""
+    if setup.world is None:
+        raise TrainConfigError(f"objectives={n} joins questions of the synthetic world; this set-up has none "
+                               "(world.enabled=false)")
+    eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(setup.world.heldout), n, seed=seed)}
+    return dataclasses.replace(setup, train_questions=join_objectives(read_jsonl(setup.world.train), n, seed=seed),
+                               eval_sets=eval_sets, eval_questions=list(eval_sets["synthetic-heldout"]))
 
 
 def reading_vocab_dir(cfg: ml_collections.ConfigDict) -> str | None:
@@ -392,16 +442,21 @@ def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
 
 
 def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:
-    """Greedy episodes; EM / F1 / reward means and per-turn context statistics."""
+    """Greedy episodes; EM / F1 / reward means and the context they used (token_metrics:
+    peak_tokens, tokens_per_question, searches, turns, prompt_tokens_by_turn).
+
+    Question i is group i and trajectory i in every batch (ids unique across batches, as
+    AgentRunner.run asks: each trajectory samples from its own id)."""
     trajs: list[Trajectory] = []
     for i in range(0, len(questions), batch):
-        trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i)
+        trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i, first_traj_id=i)
     results = score_trajectories(trajs)
     mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0
     return {
         "em": mean([r.em for r in results]), "f1": mean([r.f1 for r in results]),
         "reward": mean([r.reward for r in results]), "format_ok": mean([r.format_ok for r in results]),
         "turns": mean([len(t.context_tokens) for t in trajs]),
+        **trajectory_token_metrics(trajs),
         "trajectories": trajs,
         "results": results,
     }

@@ -14,8 +14,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
                                         eval_questions, eval_runner, evaluate, load_policy, lora_fields,
                                         sampling_mesh, validate)
@@ -25,6 +27,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
 def _log(msg: str):
@@ -93,17 +96,104 @@ def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> f
     return evaluate(runner, eval_questions(cfg, setup))["em"]
 
 
+# ----------------------------------------------------------------------------- the output directory
+
+# What a training run writes in train.output_dir; `--fresh` removes these and nothing else.
+RUN_MARKER = ".memsearcher-run"
+RUN_ENTRIES = frozenset({RUN_MARKER, "checkpoints", "best", "logs", "warmstart", "lora_base", "summary.json",
+                         "learning_curve.png"})
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+
+
+def _is_same_or_parent(path: str, other: str) -> bool:
+    """Whether `path` is `other` or one of its parent directories."""
+    path, other = os.path.realpath(path), os.path.realpath(other)
+    return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
+
+
+def check_output_dir(out: str, fresh: bool) -> None:
+    """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
+    a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
+    parent of them) and a directory holding anything a run did not write there."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserInputError(f"train.output_dir={out} is a file, not a directory: choose another train.output_dir")
+    parent = out
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserInputError(f"train.output_dir={out}: {parent} is not writable; choose another train.output_dir")
+    if not fresh or not os.path.isdir(out):
+        return
+    for name, where in (("the working directory", os.getcwd()), ("your home directory", os.path.expanduser("~"))):
+        if _is_same_or_parent(out, where):
+            raise UserInputError(f"--fresh with train.output_dir={out}: that is {name} (or holds it); --fresh only "
+                                 "clears a run's own directory: give train.output_dir a directory of its own")
+    foreign = sorted(set(os.listdir(out)) - RUN_ENTRIES)
+    if foreign:
+        raise UserInputError(f"--fresh with train.output_dir={out}: it holds {os.path.join(out, foreign[0])}"
+                             f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no training run "
+                             "wrote; nothing was removed. Move those files or choose another train.output_dir")
+
+
+def prepare_output_dir(out: str, fresh: bool) -> None:
+    """Create the output dir with its marker; fresh: first remove what an earlier run wrote
+    there (RUN_ENTRIES), after `check_output_dir` has refused anything else."""
+    check_output_dir(out, fresh)
+    if fresh and os.path.isdir(out):
+        for name in sorted(set(os.listdir(out)) & RUN_ENTRIES):
+            path = os.path.join(out, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    os.makedirs(out, exist_ok=True)
+    marker = os.path.join(out, RUN_MARKER)
+    if not os.path.exists(marker):
+        _write_json(marker, {"written_by": "memsearcher-jax train", "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def check_retriever(cfg: ml_collections.ConfigDict) -> None:
+    """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
+    if cfg.retrieval.kind == "http":
+        from retrieval.client import HTTPRetriever
+
+        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
+            retriever.check_reachable()
+
+
+def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
+    """The local files and directories the config names exist (before any world or model is built)."""
+    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
+    if not cfg.world.enabled:
+        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)]
+    if cfg.retrieval.kind == "index":
+        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
+    for key, value, exists in wanted:
+        if value and "://" not in value and not exists(os.path.expanduser(value)):
+            raise UserInputError(f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file'}")
+
+
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
     validate(cfg)
+    check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
+    check_retriever(cfg)
     out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
-    if not resume and os.path.exists(out):
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
+    check_output_dir(out, fresh=not resume)
+    setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
+    prepare_output_dir(out, fresh=not resume)
     _log(f"output dir {out}")
-    setup = build_setup(cfg)
     _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
     policy = None
     if cfg.sft.steps > 0:
@@ -114,22 +204,26 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
     summary_path = os.path.join(out, "summary.json")
-    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    summary = _read_json(summary_path) if os.path.exists(summary_path) else {}
     if n_eval and "em_before" not in summary:
         _log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
         before = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
-        json.dump(summary, open(summary_path, "w"), indent=2)
+        _write_json(summary_path, summary)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    except SearchFailuresError as e:  # the checkpoints written so far stay; resuming continues from them
+        raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. The checkpoints up to step {trainer.step} "
+                             "are kept: fix the retriever, then resume with the same command") from None
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
         after = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
                        turns_after=after["turns"], steps=trainer.step)
-        json.dump(summary, open(summary_path, "w"), indent=2)
+        _write_json(summary_path, summary)
     metrics = read_metrics(out)
     print("\nlearning curve (training trajectories, temperature "
           f"{cfg.agent.temperature}):\n{curve_table(metrics)}", flush=True)
@@ -193,10 +287,29 @@ def restore_policy(checkpoint: str, step: int | None = None, best: bool = False)
     return nnx.merge(graphdef, params), meta
 
 
+def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
+    """Refuse, before any checkpoint is read, an export that would write over the user's files:
+    an --out that is a file, inside the checkpoint's directory, or non-empty without --overwrite."""
+    out_abs = os.path.abspath(os.path.expanduser(out))
+    if os.path.exists(out_abs) and not os.path.isdir(out_abs):
+        raise UserInputError(f"--out {out} is a file, not a directory: give a new directory")
+    run_dir = os.path.abspath(os.path.expanduser(checkpoint))
+    if os.path.basename(run_dir.rstrip(os.sep)) in ("checkpoints", "best"):
+        run_dir = os.path.dirname(run_dir.rstrip(os.sep))
+    if _is_same_or_parent(run_dir, out_abs) or _is_same_or_parent(out_abs, run_dir):
+        raise UserInputError(f"--out {out} is (or holds, or lies inside) the checkpoint directory {checkpoint}: "
+                             "give a directory outside the training run")
+    if os.path.isdir(out_abs) and os.listdir(out_abs) and not overwrite:
+        raise UserInputError(f"--out {out} is not empty (it holds {sorted(os.listdir(out_abs))[0]}, ...): give a "
+                             "new directory, or --overwrite to replace only its model files")
+
+
 def export_checkpoint(checkpoint: str, out: str, step: int | None = None, dtype: str | None = None,
-                      best: bool = False, adapters_only: bool = False) -> str:
+                      best: bool = False, adapters_only: bool = False, overwrite: bool = False) -> str:
     """A Hugging Face model directory from a checkpoint (a LoRA run's adapters merged into the
-    weights), or with adapters_only its LoRA adapters in PEFT's format."""
+    weights), or with adapters_only its LoRA adapters in PEFT's format. `out` must be new or
+    empty unless overwrite (then only its model files are replaced)."""
+    check_export_dir(checkpoint, out, overwrite)
     model, meta = restore_policy(checkpoint, step, best)
     if adapters_only:
         if not model.config.lora:
@@ -216,9 +329,39 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
     return [(i + 1, float(np.mean(v)), int(np.max(v)), len(v)) for i, v in sorted(by_turn.items())]
 
 
+def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, split: str | None, limit: int) -> None:
+    """What `eval` can refuse in a second: a negative --limit, an unknown synthetic --split, a
+    checkpoint that is not there (before any world is built or model loaded)."""
+    if limit < 0:
+        raise TrainConfigError(f"--limit {limit}: must be >= 0 (0: every question)")
+    if cfg.world.enabled and split not in (None, "heldout", "all", "train"):
+        raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
+    if checkpoint:
+        _checkpoint_manager(checkpoint)  # FileNotFoundError naming it
+
+
+def check_same_tokenizer(model_dir: str, setup: Setup) -> None:
+    """A synthetic-world evaluation of --model must read with the model's own tokenizer: a model
+    directory without its base's reading_vocab.json makes the world build another vocabulary."""
+    mine, used = os.path.join(model_dir, "tokenizer.json"), os.path.join(setup.tokenizer_dir, "tokenizer.json")
+    if setup.world is None or not os.path.isfile(mine) or os.path.abspath(mine) == os.path.abspath(used):
+        return
+    with open(mine, "rb") as a, open(used, "rb") as b:
+        if a.read() == b.read():
+            return
+    raise TrainConfigError(f"--model {model_dir}: its tokenizer.json differs from the synthetic world's "
+                           f"({used}), so its answers would be read with another vocabulary. "
+                           + ("" if os.path.isfile(os.path.join(model_dir, "reading_vocab.json")) else
+                              f"{model_dir} has no reading_vocab.json: copy it from the base the model was "
+                              "trained from (memsearcher_jax/bases/...), or ") +
+                           "set world.* to the world the model was trained on")
+
+
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
-             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None) -> dict:
-    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL."""
+             split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None,
+             objectives: int | None = None) -> dict:
+    """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL.
+    objectives: questions asked at once (overrides world.objectives; EM and F1 are then per objective)."""
     if bool(model_dir) == bool(checkpoint):
         raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
@@ -226,8 +369,15 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")
         cfg.model.source = model_dir  # its tokenizer too, unless data.tokenizer_dir or the world says otherwise
+    if objectives is not None:
+        cfg.world.objectives = objectives
+    check_eval_args(cfg, checkpoint, split, limit)
     validate(cfg, training=False)
+    check_input_paths(cfg)
+    check_retriever(cfg)
     setup = build_setup(cfg, training=False)
+    if model_dir:
+        check_same_tokenizer(model_dir, setup)
     if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:
@@ -238,8 +388,6 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     if cfg.world.enabled:
         if split == "train":
             benchmarks = {"synthetic-train": setup.train_questions}
-        elif split not in (None, "heldout", "all"):
-            raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
     else:
         for name, why in setup.missing_eval_sets.items():
             if split in (None, "all", name):
@@ -268,6 +416,10 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     print(f"\n{'turn':>4}{'mean prompt tokens':>20}{'max':>8}{'n':>6}")
     for turn, mean, mx, n in table:
         print(f"{turn:>4}{mean:>20.1f}{mx:>8}{n:>6}")
+    tokens = {k: v for k, v in trajectory_token_metrics([t for _, t, _ in all_trajs]).items()
+              if k != "prompt_tokens_by_turn"}
+    print(f"peak tokens per question: mean {tokens['peak_tokens']:.1f}, max {tokens['peak_tokens_max']:.0f}; "
+          f"tokens processed per question {tokens['tokens_per_question']:.1f}; searches {tokens['searches']:.2f}")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "trajectories.jsonl"), "w", encoding="utf-8") as f:
@@ -279,5 +431,5 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                     "conversations": [setup.builder.decode(c.prompt_ids + c.response_ids)
                                       for c in t.conversations]}) + "\n")
         with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-            json.dump({"benchmarks": rows, "context_by_turn": table}, f, indent=2)
-    return {"benchmarks": rows, "context_by_turn": table}
+            json.dump({"benchmarks": rows, "context_by_turn": table, "tokens": tokens}, f, indent=2)
+    return {"benchmarks": rows, "context_by_turn": table, "tokens": tokens}

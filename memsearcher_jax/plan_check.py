@@ -5,7 +5,7 @@ trainer would build (random weights of the planned shape, the config's cache dty
 block and mesh) on one call shaped like the plan's largest (`plan.sampler_call`), then reads
 what XLA really holds: the live KV cache and the compiled prefill program's temporaries.
 
-    python bench/plan_check.py --config configs/recipe_qwen2_5_3b_h100_8.py --rows 8
+    python bench/plan_check.py --config configs/recipe.py:qwen2_5_3b,h100_8 --rows 8
 
 `tests/test_planner.py` runs `measure_sampler_call` on CPU; on a GPU or TPU it is the check
 the planner's docs ask for before trusting a recipe near its limit.

@@ -5,6 +5,10 @@ is the GRPO reward by default, and also what evaluation and the demonstrator che
 here, below rl/, data/ and experiment.py, so that data/ scores a demo without knowing a learner.
 It is computed once per trajectory, on the decoded assistant blocks of its final conversation
 (the act text, with its pre-filled `<think>` re-attached, and the memory-update text if any).
+
+A multi-objective question (MEM1's task, `data.synthetic.join_objectives`) gives golds as one
+alias list per objective; its answer lists the N answers separated by ";", and EM and F1 are
+the means over the objectives. One objective is scored exactly as before.
 """
 from __future__ import annotations
 
@@ -56,10 +60,47 @@ def token_f1(prediction: str, golds: Sequence[str]) -> float:
     return max((_f1_one(prediction, g) for g in golds), default=0.0)
 
 
+ANSWER_SEPARATOR = ";"
+
+
+def split_answers(answer: str, n: int) -> list[str]:
+    """The answer's parts for n objectives, in order: split on ";" at most n-1 times (so text
+    past an n-th separator stays in the last part and lowers its score), stripped, and padded
+    with "" when parts are missing. n=1: the whole answer, as a single-question answer is read."""
+    if n < 1:
+        raise ValueError(f"split_answers: n (objectives) must be >= 1, got {n}")
+    parts = [p.strip() for p in answer.split(ANSWER_SEPARATOR, n - 1)] if n > 1 else [answer]
+    return parts + [""] * (n - len(parts))
+
+
+def objective_golds(golds) -> list[list[str]]:
+    """golds as one alias list per objective: a flat list of aliases is one objective; a list of
+    alias lists is one per objective. ValueError naming golds for anything else or empty."""
+    if isinstance(golds, (str, bytes)) or not golds:
+        raise ValueError(f"golds must be a non-empty list of answer strings (or of alias lists, one per "
+                         f"objective), got {golds!r}")
+    if all(isinstance(g, str) for g in golds):
+        return [list(golds)]
+    if all(not isinstance(g, (str, bytes)) and g and all(isinstance(a, str) for a in g) for g in golds):
+        return [list(g) for g in golds]
+    raise ValueError(f"golds must be a list of answer strings or a list of non-empty alias lists (one per "
+                     f"objective), not a mix: {golds!r}")
+
+
+def objective_scores(answer: str, golds) -> tuple[float, float]:
+    """(EM, F1) of an answer, each the mean over the objectives of the part's EM / token F1
+    against that objective's aliases. golds: as `objective_golds` takes them."""
+    per_objective = objective_golds(golds)
+    parts = split_answers(answer, len(per_objective))
+    ems = [1.0 if exact_match(p, g) else 0.0 for p, g in zip(parts, per_objective)]
+    f1s = [token_f1(p, g) for p, g in zip(parts, per_objective)]
+    return sum(ems) / len(ems), sum(f1s) / len(f1s)
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardResult:
     reward: float
-    em: float  # 1.0 or 0.0
+    em: float  # 1.0 or 0.0; with several objectives, the share answered exactly
     f1: float
     format_ok: bool
     answer: str | None  # the last boxed answer of the last block, if any
@@ -90,16 +131,16 @@ def compute_reward(assistant_blocks: Sequence[str], ended_with_eos: bool, golds:
     assistant_blocks: decoded model outputs of the final conversation, in order, each act
         block including the `<think>` that the prompt pre-filled.
     ended_with_eos: whether the final generation stopped on the end-of-turn token.
-    golds: the gold answer aliases (at least one).
+    golds: the gold answer aliases (at least one); or, for a multi-objective question, one
+        alias list per objective (the answer's ";"-separated parts are scored in order and the
+        EM and F1 are their means).
     Returns reward 0 if the format gate fails; otherwise F1 against the best alias, or
     FORMAT_CREDIT (0.1) when that F1 is 0.
     """
-    if isinstance(golds, str) or not golds:
-        raise ValueError(f"golds must be a non-empty list of answer strings, got {golds!r}")
+    objective_golds(golds)  # a malformed golds fails here, whatever the output
     failure = format_failure(assistant_blocks, ended_with_eos)
     answer = extract_boxed(assistant_blocks[-1]) if assistant_blocks else None
     if failure is not None:
         return RewardResult(reward=0.0, em=0.0, f1=0.0, format_ok=False, answer=answer, failure=failure)
-    f1 = token_f1(answer, golds)
-    em = 1.0 if exact_match(answer, golds) else 0.0
+    em, f1 = objective_scores(answer, golds)
     return RewardResult(reward=f1 if f1 > 0 else FORMAT_CREDIT, em=em, f1=f1, format_ok=True, answer=answer)

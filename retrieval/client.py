@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 
+from memsearcher_jax.errors import UserInputError
 from retrieval.base import ERROR_HIT_ID, Hit
 
 APIS = ("memsearcher", "search-r1")
@@ -25,6 +26,10 @@ class SearchHTTPError(RuntimeError):
     def __init__(self, message: str, retryable: bool):
         super().__init__(message)
         self.retryable = retryable
+
+
+class RetrieverUnreachable(UserInputError):
+    """The retriever at the configured URL does not answer a probe search."""
 
 
 class HTTPRetriever:
@@ -55,6 +60,19 @@ class HTTPRetriever:
         resp = self._client.get(self.base_url + "/health", timeout=self.timeout)
         resp.raise_for_status()
         return resp.json()
+
+    def check_reachable(self, timeout: float = 10.0) -> None:
+        """One probe search, no retries (a start-up check, before any model is loaded):
+        RetrieverUnreachable naming the URL when it fails."""
+        saved, self.timeout = self.timeout, min(self.timeout, timeout)
+        try:
+            self._once(["health check"], 1)
+        except SearchHTTPError as e:
+            raise RetrieverUnreachable(
+                f"retrieval.url={self.base_url} (api {self.api}) does not answer a search: {e}. Start the retriever "
+                "(memsearcher-jax serve-retriever ...) or fix retrieval.url / retrieval.api") from None
+        finally:
+            self.timeout = saved
 
     def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
         out: list[list[Hit] | None] = [None] * len(queries)

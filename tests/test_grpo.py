@@ -241,3 +241,47 @@ def test_truncated_importance_sampling_reaches_the_update():
     initial = jax.tree.leaves(jax.tree.map(np.asarray, nnx.split(model, nnx.Param)[1]))
     step = lambda got: sum(float(np.abs(a - b).sum()) for a, b in zip(got, initial))
     assert step(shrunk) < step(plain)
+
+
+def _learner(optimizer_steps, aggregation="token_mean", **loss):
+    return GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
+                       GRPOConfig(optimizer_steps=optimizer_steps, micro_batch_size=2, logprob_batch_size=4,
+                                  loss=LossConfig(aggregation=aggregation, **loss),
+                                  optim=OptimConfig(learning_rate=1e-3)))
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "trajectory_mean"])
+def test_empty_minibatches_are_skipped_not_stepped(aggregation):
+    # 3 rows of 2 trajectories: 2 mini-batches under trajectory_mean, 3 under token_mean; asking
+    # for 5 optimizer steps leaves the rest empty. An empty mini-batch has nothing to learn:
+    # no AdamW step on zero gradients (momentum and weight decay would still move the weights)
+    # and no place in the loss average. So 5 requested steps train exactly like the non-empty count.
+    rows = _toy_rows(n=3)
+    rows.traj_ids = np.array([0, 0, 1])
+    non_empty = 2 if aggregation == "trajectory_mean" else 3
+    asked, exact = _learner(5, aggregation), _learner(non_empty, aggregation)
+    m_asked = asked.train_on_rows(rows, np.random.default_rng(0))
+    m_exact = exact.train_on_rows(rows, np.random.default_rng(0))
+    for a, b in zip(jax.tree.leaves(asked.params), jax.tree.leaves(exact.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert m_asked["loss"] == m_exact["loss"]
+    assert m_asked["empty_minibatches"] == 5 - non_empty and m_exact["empty_minibatches"] == 0
+
+
+def test_tis_log_ratio_clamp_is_the_configured_one():
+    # The trainer finds every sampled token e^3 times likelier than the sampler did; with a large
+    # cap the TIS weight is exp(min(3, log_ratio_clamp)), so a clamp of 0.5 must give a smaller update.
+    rows = _toy_rows()
+    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1))
+    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
+
+    rows.sampler_logp = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens),
+                                                              jnp.asarray(rows.attention))[0]) - 3.0
+    initial = jax.tree.leaves(jax.tree.map(np.asarray, nnx.split(model, nnx.Param)[1]))
+
+    def step(clamp):
+        learner = _learner(1, tis_cap=100.0, log_ratio_clamp=clamp)
+        learner.train_on_rows(rows, np.random.default_rng(0))
+        return sum(float(np.abs(np.asarray(a) - b).sum()) for a, b in zip(jax.tree.leaves(learner.params), initial))
+
+    assert step(0.5) < 0.9 * step(20.0)

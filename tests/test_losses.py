@@ -339,7 +339,7 @@ def test_masked_aux_sums():
 def test_tis_weights_and_their_place_in_the_loss():
     from memsearcher_jax.rl.losses import tis_weights
 
-    w = tis_weights(np.array([[0.0, -1.0]]), np.array([[-1.0, 0.0]]), cap=2.0)
+    w = tis_weights(np.array([[0.0, -1.0]]), np.array([[-1.0, 0.0]]), cap=2.0, log_ratio_clamp=20.0)
     np.testing.assert_allclose(w, [[2.0, np.exp(-1.0)]], rtol=1e-6)  # e capped at 2; e^-1 as it is
     logp, old, ref, ent = (np.full((1, 2), v, np.float32) for v in (-0.5, -0.7, -0.6, 1.3))
     adv = np.array([1.5], np.float32)
@@ -350,3 +350,29 @@ def test_tis_weights_and_their_place_in_the_loss():
     np.testing.assert_allclose(np.asarray(weighted - base), np.asarray(aux["pg_loss"]) * (w - 1.0), rtol=1e-5)
     with pytest.raises(ValueError, match="tis_cap"):
         LossConfig(tis_cap=-1.0)
+
+
+def test_tis_weights_clamp_the_log_ratio_at_the_configured_bound():
+    from memsearcher_jax.rl.losses import tis_weights
+
+    old, sampler = np.array([[0.0, 0.0]]), np.array([[-3.0, 1.0]])
+    w = tis_weights(old, sampler, cap=100.0, log_ratio_clamp=0.5)
+    np.testing.assert_allclose(w, [[np.exp(0.5), np.exp(-0.5)]], rtol=1e-6)
+    w = tis_weights(old, sampler, cap=100.0, log_ratio_clamp=20.0)
+    np.testing.assert_allclose(w, [[np.exp(3.0), np.exp(-1.0)]], rtol=1e-6)
+
+
+def test_metric_sums_of_two_halves_combine_to_the_whole():
+    from memsearcher_jax.rl.losses import AUX_METRIC_KEYS, METRIC_SUM_KEYS, combine_metric_sums, empty_metric_sums
+
+    b = make_batch(7)
+    _, aux = per_token_loss(b["lp"], b["olp"], b["rlp"], b["ent"], b["row_adv"], CFG)
+    aux = dict(aux, entropy=jnp.asarray(b["ent"], jnp.float32))
+    sums = lambda rows: masked_aux_sums({k: aux[k][rows] for k in AUX_METRIC_KEYS}, b["mask"][rows])
+    whole = sums(slice(None))
+    assert set(whole) == set(METRIC_SUM_KEYS)
+    for xp in (jnp, np):  # in the jitted scan and on the host
+        halves = combine_metric_sums(combine_metric_sums(empty_metric_sums(xp), sums(slice(0, 3)), xp),
+                                     sums(slice(3, None)), xp)
+        for k in METRIC_SUM_KEYS:
+            assert float(halves[k]) == pytest.approx(float(whole[k]), rel=1e-5), k

@@ -144,3 +144,89 @@ def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path)
     ref, resumed = sigkill_then_resume(lambda out, steps, worlds: _train_cmd(ROOT, out, steps, worlds), tmp_path)
     for k in ref:
         np.testing.assert_array_equal(ref[k], resumed[k], err_msg=k)
+
+
+# ----------------------------------------------------------------------------- zero_std: a step with nothing to learn
+
+class _RecordingSampler:
+    """Counts the weight copies the Trainer hands the sampler."""
+
+    def __init__(self):
+        self.updates = 0
+
+    def update_params(self, model):
+        self.updates += 1
+
+
+class _FixedRewardRunner:
+    """The Trainer's view of a turn loop: one short conversation per trajectory over a 64-token
+    vocabulary, its gold answer the trajectory's reward (so a test picks which groups tie)."""
+
+    def __init__(self, reward_of):
+        from memsearcher_jax.agent.rollout import RolloutStats
+
+        self.sampler, self.stats, self.reward_of = _RecordingSampler(), RolloutStats(), reward_of
+
+    def run(self, questions, group_size=1, seed=0, first_group_id=0, first_traj_id=0):
+        from memsearcher_jax.agent.rollout import Conversation, Trajectory
+
+        rng = np.random.default_rng(seed)
+        trajs = []
+        for qi, q in enumerate(questions):
+            for g in range(group_size):
+                tid, gid = first_traj_id + len(trajs), first_group_id + qi
+                t = Trajectory(traj_id=tid, group_id=gid, question=q["question"], golds=[str(self.reward_of(g))])
+                conv = Conversation(prompt_ids=rng.integers(1, 64, 6).tolist(), traj_id=tid, group_id=gid)
+                conv.add_generated(rng.integers(1, 64, 5).tolist(), [-1.0] * 5)
+                t.conversations.append(conv)
+                t.finish("answer")
+                trajs.append(t)
+        return trajs
+
+
+def _gold_is_reward(blocks, ended_with_eos, golds):
+    from memsearcher_jax.rl.reward import RewardResult
+
+    return RewardResult(reward=float(golds[0]), em=0.0, f1=0.0, format_ok=True, answer=None)
+
+
+def _zero_std_trainer(tmp_path, reward_of):
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
+    from memsearcher_jax.rl.trainer import LoopConfig, Trainer
+
+    learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(0)),
+                          GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=4, min_seq_len=16,
+                                     optim=OptimConfig(learning_rate=1e-3)))
+    loop = LoopConfig(steps=1, batch_questions=2, group_size=2, seed=0, output_dir=str(tmp_path),
+                      filter_groups="zero_std", max_refill=1)
+    questions = [{"question": f"q{i}", "golden_answers": ["x"]} for i in range(4)]
+    return Trainer(learner, _FixedRewardRunner(reward_of), questions, pad_id=0, loop=loop, progress=False,
+                   reward_fn=_gold_is_reward)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_zero_std_step_where_every_group_ties_leaves_the_weights_alone(tmp_path):
+    trainer = _zero_std_trainer(tmp_path, reward_of=lambda g: 1.0)  # every group (and every refill) ties
+    params, opt_state = _leaves(trainer.learner.params), _leaves(trainer.learner.opt_state)
+    m = trainer.train_step()
+    # Nothing to learn: no optimizer step (params and AdamW state bit-identical), no weight copy
+    # to the sampler, and the step is counted as skipped with its reason.
+    assert all(np.array_equal(a, b) for a, b in zip(params, _leaves(trainer.learner.params)))
+    assert all(np.array_equal(a, b) for a, b in zip(opt_state, _leaves(trainer.learner.opt_state)))
+    assert trainer.sampler.updates == 0
+    assert m["skipped_update"] == 1 and m["skipped_update_reason"] == "every group's rewards tie"
+    assert m["filtered_groups"] == 2 and m["refill_rounds"] == 1 and trainer.step == 1
+
+
+def test_zero_std_step_with_a_spread_group_updates(tmp_path):
+    trainer = _zero_std_trainer(tmp_path, reward_of=lambda g: float(g))  # rewards 0, 1 in every group
+    params = _leaves(trainer.learner.params)
+    m = trainer.train_step()
+    assert not all(np.array_equal(a, b) for a, b in zip(params, _leaves(trainer.learner.params)))
+    assert trainer.sampler.updates == 1 and m["skipped_update"] == 0 and m["filtered_groups"] == 0

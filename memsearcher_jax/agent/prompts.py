@@ -36,7 +36,7 @@ def tool_schema(default_top_n: int, tool: SearchTool = DEFAULT_TOOL) -> dict:
     return tool.schema(default_top_n)
 
 
-def _tool_block(default_top_n: int, tool: SearchTool = DEFAULT_TOOL) -> str:
+def tool_block(default_top_n: int, tool: SearchTool = DEFAULT_TOOL) -> str:
     example = json.dumps({"name": tool.name, "arguments": {tool.query_arg: "...", tool.top_n_arg: default_top_n}})
     return (
         "# Tools\n<tools>\n" + json.dumps(tool.schema(default_top_n)) + "\n</tools>\n\n"
@@ -48,7 +48,7 @@ def memsearcher_system_prompt(default_top_n: int = 5, tool: SearchTool = DEFAULT
     return (
         "You answer questions by searching Wikipedia. Each turn you see the question and your memory: "
         "the notes you kept from earlier searches.\n\n"
-        + _tool_block(default_top_n, tool)
+        + tool_block(default_top_n, tool)
         + "\n# Steps\n"
         "1. Think inside <think> </think>.\n"
         "2. If your memory is enough, give the final answer as \\boxed{answer}, a few words only. "
@@ -61,7 +61,7 @@ def memsearcher_system_prompt(default_top_n: int = 5, tool: SearchTool = DEFAULT
 def react_system_prompt(default_top_n: int = 5, tool: SearchTool = DEFAULT_TOOL) -> str:
     return (
         "You answer questions by searching Wikipedia.\n\n"
-        + _tool_block(default_top_n, tool)
+        + tool_block(default_top_n, tool)
         + "\n# Steps\n"
         "1. Think inside <think> </think>.\n"
         "2. If you know enough, give the final answer as \\boxed{answer}, a few words only. "
@@ -143,6 +143,7 @@ class PromptBuilder:
         self._turn_end_newline = [e, *nl]
         self._assistant_header = [s, *self._enc("assistant\n")]
         self._newline = nl
+        self._system_cache: dict[str, list[int]] = {}
         self._obs_user_header = [*nl, *self._user_header]
         self._update_instruction = self._enc(update)
         # Asserts the pieces do not merge across boundaries: "user\n" + "<question>" etc.
@@ -180,6 +181,28 @@ class PromptBuilder:
                 body = body[:max(share - len(note), 0)] + note
             ids += [self.tool_response_open_id, *body, self.tool_response_close_id]
         return ids
+
+    # ------------------------------------------------------------------ generic pieces (any workflow)
+    def system_ids(self, system: str) -> list[int]:
+        """`<|im_start|>system\\n{system}<|im_end|>\\n`, tokenized once per distinct text."""
+        if system not in self._system_cache:
+            self._system_cache[system] = [self.im_start_id, *self._enc("system\n" + system), self.eos_id,
+                                          *self._newline]
+        return self._system_cache[system]
+
+    def chat_context(self, system: str, user: str) -> list[int]:
+        """A system message, one user message, then the assistant header with `<think>` pre-filled."""
+        return [*self.system_ids(system), *self._user_header, *self._enc(user), *self._turn_end_newline,
+                *self._assistant_header, self.think_id]
+
+    def tool_message(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0, instruction: str = "",
+                     reopen_think: bool = False) -> list[int]:
+        """Tokens injected after an act (which ended with its stop token): the tool responses as a
+        user message (then `instruction` on its own line, if any), the assistant header, and
+        `<think>` when the next call is an act."""
+        tail = [*self._newline, *self._enc(instruction)] if instruction else []
+        return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *tail, *self._turn_end_newline,
+                *self._assistant_header, *([self.think_id] if reopen_think else [])]
 
     # ------------------------------------------------------------------ MemSearcher
     def memsearcher_context(self, question: str, memory: str = "") -> list[int]:

@@ -1,27 +1,29 @@
-"""The batched turn loop: MemSearcher and ReAct workflows over many trajectories at once.
+"""The batched turn loop, shared by every workflow (agent/workflows/), over many trajectories at once.
 
-One turn of the memory workflow (docs/method.md §1), for every live trajectory together:
-  1. act:     one sampler call for all live rows; context = system + question + memory m_{t-1}
-  2. observe: every tool call of every row in ONE batched retriever call (host side)
-  3. update:  one sampler call for all rows that searched; the first non-empty <memory> span
-              becomes m_t (its token count is checked against the memory budget)
-Each turn is one conversation = one training row: prompt = context, response = act tokens
-(+ observation tokens + memory-update tokens), loss mask 1 exactly on generated tokens.
-
-The ReAct baseline keeps ONE growing conversation per trajectory: every act and observation
-is appended; retrieved text is masked out of the loss.
+One turn, for every live trajectory together (docs/method.md §1):
+  1. act:     one sampler call for all live rows; each row's context is what its workflow built
+              (memsearcher: system + question + memory m_{t-1}; react: the whole history so far;
+              mem1: question + last act + last observation; memory_ops: question + entry bank)
+  2. observe: every tool call of every row in ONE batched retriever call (host side); the
+              workflow places the observation
+  3. second:  for workflows that have one (memsearcher's memory update, memory_ops' operations),
+              one sampler call for all rows that searched; the workflow reads what it carries
+Each conversation is one training row: prompt = context, response = generated tokens (loss
+mask 1) and injected observations (mask 0). Every call's prompt and output sizes are recorded
+on the trajectory (`Trajectory.calls`, `peak_tokens`, `tokens_processed`).
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Protocol, Sequence
 
-from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory, outside_think, parse_tool_calls
+from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
+from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401 (re-exported)
+from memsearcher_jax.agent.workflows import Workflow, get_workflow, workflow_names
 from retrieval.base import ERROR_HIT_ID, Hit, Retriever
-
-WORKFLOWS = ("memsearcher", "react")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +33,7 @@ class AgentConfig:
     workflow: str = "memsearcher"
     max_turns: int = 5
     max_new_tokens: int = 512           # per generation call
-    memory_budget: int = 1024           # tokens of m_t
+    memory_budget: int = 1024           # tokens of m_t (memory_ops: of the whole entry bank)
     max_response_tokens: int = 8192     # response tokens of one conversation (act + obs + update)
     max_context_tokens: int = 32768     # prompt + response of one generation call
     default_top_n: int = 5              # what the prompt tells the model
@@ -49,8 +51,9 @@ class AgentConfig:
 
     def __post_init__(self):
         problems = []
-        if self.workflow not in WORKFLOWS:
-            problems.append(f"workflow must be one of {WORKFLOWS}, got {self.workflow!r}")
+        if self.workflow not in workflow_names():
+            problems.append(f"workflow must be one of the registered workflows {workflow_names()}, "
+                            f"got {self.workflow!r}")
         for name in ("max_turns", "max_new_tokens", "memory_budget", "max_response_tokens",
                      "max_context_tokens", "default_top_n", "max_top_n"):
             if getattr(self, name) < 1:
@@ -91,63 +94,28 @@ class TokenSampler(Protocol):
 
 
 @dataclasses.dataclass
-class Conversation:
-    """One training row. response_ids, loss_mask and sampler_logprobs are aligned."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = dataclasses.field(default_factory=list)
-    loss_mask: list[int] = dataclasses.field(default_factory=list)
-    sampler_logprobs: list[float] = dataclasses.field(default_factory=list)
-    traj_id: int = 0
-    group_id: int = 0
-    turn: int = 0
-    is_final: bool = False
-    blocks: list[str] = dataclasses.field(default_factory=list)  # decoded generated blocks
-    ended_with_eos: bool = False
-
-    def add_generated(self, tokens: Sequence[int], logprobs: Sequence[float]):
-        self.response_ids += list(tokens)
-        self.loss_mask += [1] * len(tokens)
-        self.sampler_logprobs += [float(x) for x in logprobs]
-
-    def add_injected(self, tokens: Sequence[int]):
-        self.response_ids += list(tokens)
-        self.loss_mask += [0] * len(tokens)
-        self.sampler_logprobs += [0.0] * len(tokens)
-
-
-@dataclasses.dataclass
-class Trajectory:
-    traj_id: int
-    group_id: int
-    question: str
-    golds: list[str]
-    conversations: list[Conversation] = dataclasses.field(default_factory=list)
-    memory: str = ""
-    memories: list[str] = dataclasses.field(default_factory=list)
-    memory_tokens: list[int] = dataclasses.field(default_factory=list)  # token count of each kept memory
-    done: bool = False
-    end_reason: str = ""
-    num_searches: int = 0
-    context_tokens: list[int] = dataclasses.field(default_factory=list)  # prompt tokens per act call
-
-    @property
-    def final(self) -> Conversation:
-        return self.conversations[-1]
-
-    def finish(self, reason: str):
-        self.done = True
-        self.end_reason = reason
-        self.final.is_final = True
-
-
-@dataclasses.dataclass
 class RolloutStats:
+    """Counts of one training step's rollout (the trainer starts a new one every step)."""
+
     sampler_seconds: float = 0.0
     retrieval_seconds: float = 0.0
     generated_tokens: int = 0
     sampler_calls: int = 0
     retriever_calls: int = 0
+    searches: int = 0                   # non-empty queries sent to the retriever
+    search_errors: int = 0              # of those, answered with an error hit (the retriever failed)
+    max_search_error_fraction: float = 0.5  # more failures than this share of the searches stops the step
+
+    def check_search_errors(self, example: str) -> None:
+        """SearchFailuresError once more than max_search_error_fraction of the searches failed."""
+        if self.search_errors > self.max_search_error_fraction * self.searches:
+            raise SearchFailuresError(
+                f"{self.search_errors} of {self.searches} searches of this step failed (more than "
+                f"{self.max_search_error_fraction:.0%}); the retriever said: {example}")
+
+
+class SearchFailuresError(RuntimeError):
+    """Too many searches failed in one step: training on "search failed" observations teaches nothing."""
 
 
 def _run_searches(retriever: Retriever, calls_per_row: list[list], stats: RolloutStats) -> list[list[list[Hit]]]:
@@ -165,6 +133,15 @@ def _run_searches(retriever: Retriever, calls_per_row: list[list], stats: Rollou
         results = [[Hit(id=ERROR_HIT_ID, contents=f"{type(e).__name__}: {e}")] for _ in flat]
     stats.retrieval_seconds += time.perf_counter() - t0
     stats.retriever_calls += 1
+    # An error hit for a real query means the retriever failed (an empty query is the model's doing).
+    sent = [r for c, r in zip(flat, results) if c.query and c.query.strip()]
+    failed = [r[0].contents for r in sent if len(r) == 1 and r[0].id == ERROR_HIT_ID]
+    stats.searches += len(sent)
+    stats.search_errors += len(failed)
+    if failed:
+        print(f"warning: {len(failed)} of {len(sent)} searches failed ({failed[0][:200]}); counted in "
+              "the step's search_errors", file=sys.stderr, flush=True)
+        stats.check_search_errors(failed[0][:300])
     out, k = [], 0
     for calls in calls_per_row:
         per = []
@@ -226,20 +203,56 @@ class AgentRunner:
         for qi, q in enumerate(questions):
             for g in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
-                                        question=q["question"], golds=list(q.get("golden_answers", []))))
-        if self.config.workflow == "memsearcher":
-            self._run_memsearcher(trajs, seed)
-        else:
-            self._run_react(trajs, seed)
+                                        question=q["question"], golds=list(q.get("golden_answers", [])),
+                                        question_row=dict(q)))
+        self._run(get_workflow(self.config.workflow), trajs, seed)
         return trajs
 
-    # ------------------------------------------------------------------ the act call, shared
-    def _act(self, rows: list[Trajectory], prompts: list[list[int]], budgets: list[int], seed: int):
+    def _run(self, wf: Workflow, trajs: list[Trajectory], seed: int):
+        cfg, b = self.config, self.builder
+        for t in trajs:
+            wf.start(t, b, cfg)
+        for turn in range(cfg.max_turns):
+            live = [t for t in trajs if not t.done]
+            if not live:
+                break
+            runnable, budgets = [], []
+            for t in live:
+                wf.open_turn(t, turn, b, cfg)
+                n = wf.act_budget(t, cfg)
+                if n < 1:
+                    t.finish("response_budget")
+                else:
+                    runnable.append(t)
+                    budgets.append(n)
+            if not runnable:
+                break
+            searching, calls = self._act(runnable, [t.final.prompt_ids + t.final.response_ids for t in runnable],
+                                         budgets, seed=_seed(seed, turn, 0), turn=turn)
+            if not searching:
+                continue
+            results = _run_searches(self.retriever, calls, self.stats)
+            second = []
+            for t, row_calls, row_results in zip(searching, calls, results):
+                t.num_searches += len(row_calls)
+                wf.observe(t, row_results, b, cfg)
+                if wf.second_call:
+                    second.append(t)
+            if second:
+                self._second(wf, second, seed=_seed(seed, turn, 1), turn=turn)
+        for t in trajs:
+            if not t.done:
+                t.finish("max_turns")
+
+    # ------------------------------------------------------------------ the two calls of a turn
+    def _act(self, rows: list[Trajectory], prompts: list[list[int]], budgets: list[int], seed: int, turn: int = 0):
         """One batched act call: record each completion on its row, end the rows that answered,
         stopped illegally or wrote no valid act. Returns (rows that search, their parsed calls)."""
         cfg, b = self.config, self.builder
         searching, calls = [], []
-        for t, (tokens, logprobs, reason) in zip(rows, self._generate(prompts, budgets, seed=seed, rows=rows)):
+        for t, p, (tokens, logprobs, reason) in zip(rows, prompts,
+                                                    self._generate(prompts, budgets, seed=seed, rows=rows)):
+            t.record_call(ACT, turn, len(p), len(tokens))
             conv = t.final
             conv.add_generated(tokens, logprobs)
             conv.blocks.append(b.decode_act(tokens))
@@ -260,94 +273,33 @@ class AgentRunner:
                                               max_top_n=cfg.max_top_n, tool=b.tool))
         return searching, calls
 
-    # ------------------------------------------------------------------ MemSearcher
-    def _run_memsearcher(self, trajs: list[Trajectory], seed: int):
+    def _second(self, wf: Workflow, rows: list[Trajectory], seed: int, turn: int):
+        """One batched second call (memory update, operations) on each row's conversation so far."""
         cfg, b = self.config, self.builder
-        for turn in range(cfg.max_turns):
-            live = [t for t in trajs if not t.done]
-            if not live:
-                break
-            for t in live:
-                ctx = b.memsearcher_context(t.question, t.memory)
-                t.conversations.append(Conversation(prompt_ids=ctx, traj_id=t.traj_id, group_id=t.group_id, turn=turn))
-                t.context_tokens.append(len(ctx))
-            budgets = [max(1, min(cfg.max_new_tokens, cfg.max_context_tokens - len(t.final.prompt_ids),
-                                  cfg.max_response_tokens)) for t in live]
-            searching, calls = self._act(live, [t.final.prompt_ids for t in live], budgets,
-                                         seed=_seed(seed, turn, 0))
-            if not searching:
+        go, prompts, budgets = [], [], []
+        for t in rows:
+            conv = t.final
+            room = min(cfg.max_new_tokens, cfg.max_response_tokens - len(conv.response_ids),
+                       cfg.max_context_tokens - len(conv.prompt_ids) - len(conv.response_ids))
+            if room < 1:
+                t.finish("response_budget")
                 continue
-            results = _run_searches(self.retriever, calls, self.stats)
-            update_rows, update_prompts, update_budgets = [], [], []
-            for t, row_calls, row_results in zip(searching, calls, results):
-                t.num_searches += len(row_calls)
-                conv = t.final
-                conv.add_injected(b.observation(row_results, cfg.max_observation_tokens))
-                room = min(cfg.max_new_tokens, cfg.max_response_tokens - len(conv.response_ids),
-                           cfg.max_context_tokens - len(conv.prompt_ids) - len(conv.response_ids))
-                if room < 1:
-                    t.finish("response_budget")
-                    continue
-                update_rows.append(t)
-                update_prompts.append(conv.prompt_ids + conv.response_ids)
-                update_budgets.append(room)
-            if not update_rows:
-                continue
-            updates = self._generate(update_prompts, update_budgets, seed=_seed(seed, turn, 1), rows=update_rows)
-            for t, (tokens, logprobs, reason) in zip(update_rows, updates):
-                conv = t.final
-                conv.add_generated(tokens, logprobs)
-                text = b.decode_update(tokens)
-                conv.blocks.append(text)
-                conv.ended_with_eos = b.ends_turn(tokens, reason)
-                memory = extract_memory(text)
-                if not conv.ended_with_eos:
-                    t.finish("length" if reason == "length" else "illegal_stop")
-                elif memory is None:
-                    t.finish("no_memory")
-                elif (n_memory := b.memory_tokens(memory)) > cfg.memory_budget:
-                    t.finish("memory_over_budget")
-                else:
-                    t.memory = memory
-                    t.memories.append(memory)
-                    t.memory_tokens.append(n_memory)
-        for t in trajs:
-            if not t.done:
-                t.finish("max_turns")
-
-    # ------------------------------------------------------------------ ReAct baseline
-    def _run_react(self, trajs: list[Trajectory], seed: int):
-        cfg, b = self.config, self.builder
-        for t in trajs:
-            t.conversations.append(Conversation(prompt_ids=b.react_context(t.question), traj_id=t.traj_id,
-                                                group_id=t.group_id, turn=0))
-        for turn in range(cfg.max_turns):
-            live = [t for t in trajs if not t.done]
-            if not live:
-                break
-            budgets = []
-            for t in live:
-                conv = t.final
-                t.context_tokens.append(len(conv.prompt_ids) + len(conv.response_ids))
-                budgets.append(min(cfg.max_new_tokens, cfg.max_response_tokens - len(conv.response_ids),
-                                   cfg.max_context_tokens - t.context_tokens[-1]))
-            runnable = [(t, n) for t, n in zip(live, budgets) if n >= 1]
-            for t, n in zip(live, budgets):
-                if n < 1:
-                    t.finish("response_budget")
-            if not runnable:
-                break
-            searching, calls = self._act([t for t, _ in runnable],
-                                         [t.final.prompt_ids + t.final.response_ids for t, _ in runnable],
-                                         [n for _, n in runnable], seed=_seed(seed, turn, 0))
-            if searching:
-                results = _run_searches(self.retriever, calls, self.stats)
-                for t, row_calls, row_results in zip(searching, calls, results):
-                    t.num_searches += len(row_calls)
-                    t.final.add_injected(b.react_observation(row_results, cfg.max_observation_tokens))
-        for t in trajs:
-            if not t.done:
-                t.finish("max_turns")
+            go.append(t)
+            prompts.append(conv.prompt_ids + conv.response_ids)
+            budgets.append(room)
+        if not go:
+            return
+        for t, p, (tokens, logprobs, reason) in zip(go, prompts, self._generate(prompts, budgets, seed=seed, rows=go)):
+            t.record_call(SECOND, turn, len(p), len(tokens))
+            conv = t.final
+            conv.add_generated(tokens, logprobs)
+            text = b.decode_update(tokens)
+            conv.blocks.append(text)
+            conv.ended_with_eos = b.ends_turn(tokens, reason)
+            if not conv.ended_with_eos:
+                t.finish("length" if reason == "length" else "illegal_stop")
+            else:
+                wf.after_second(t, text, b, cfg)
 
 
 def _seed(seed: int, turn: int, phase: int) -> int:

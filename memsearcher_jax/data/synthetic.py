@@ -18,6 +18,11 @@ one fact that no training question ever uses, and the two splits share no questi
 Question rows: {"id", "question", "golden_answers", "hops", "gold_passage_ids" (one per hop,
 in hop order), "intermediate" ("" for 1-hop), "subject", "relation", "facts" (the supporting
 sentence of each hop), "queries" (a search query per hop that retrieves that hop's passage)}.
+
+Multi-objective questions (MEM1's long-horizon task, `world.objectives=N`): `join_objectives`
+asks N questions of one split at once ("q1; q2; ..."); the answer lists N answers separated by
+";". Such a row is {"id", "question", "golden_answers" (one alias list per objective, in order),
+"objectives" (the N rows asked, each with all its own fields)}.
 """
 from __future__ import annotations
 
@@ -356,3 +361,49 @@ def load_world(world_dir: str) -> World:
                  corpus=_read_jsonl(os.path.join(world_dir, "corpus.jsonl")),
                  train=_read_jsonl(os.path.join(world_dir, "train.jsonl")),
                  heldout=_read_jsonl(os.path.join(world_dir, "heldout.jsonl")))
+
+
+# ----------------------------------------------------------------------------- multi-objective questions
+
+OBJECTIVE_SEPARATOR = "; "
+
+
+def check_objectives(n) -> int:
+    """`world.objectives` as an int >= 1, else a ValueError naming the key and the fix."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"world.objectives must be an integer >= 1 (questions asked at once; 1: one question "
+                         f"as usual), got {n!r}")
+    return n
+
+
+def objectives_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The single questions a row asks, in answer order: its `objectives`, or the row itself."""
+    return list(row["objectives"]) if "objectives" in row else [row]
+
+
+def join_objectives(rows: list[dict[str, Any]], n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Multi-objective questions of N distinct rows each (MEM1's task); n=1 gives `rows` as they are.
+
+    One question per row: question i asks row i and N-1 other rows drawn at random, in a random
+    order, so every row is asked once as an anchor and the set size does not shrink with N. The
+    question text is the N questions joined by "; "; golden_answers holds one alias list per
+    objective, in that order (qa_metrics scores the answer's ";"-separated parts against them);
+    objectives holds the N rows. Deterministic in (rows, n, seed).
+    """
+    check_objectives(n)
+    if n == 1:
+        return list(rows)
+    if len(rows) < n:
+        raise ValueError(f"world.objectives={n}: a question joins {n} distinct questions but the split has only "
+                         f"{len(rows)}; lower world.objectives or grow world.num_entities")
+    rng = random.Random(seed * 104_729 + n)
+    out = []
+    for i, anchor in enumerate(rows):
+        others = rng.sample(range(len(rows) - 1), n - 1)  # indices into rows without i
+        picked = [anchor] + [rows[j + (j >= i)] for j in others]
+        rng.shuffle(picked)
+        out.append({"id": f"{anchor['id']}-x{n}",
+                    "question": OBJECTIVE_SEPARATOR.join(r["question"] for r in picked),
+                    "golden_answers": [list(r["golden_answers"]) for r in picked],
+                    "objectives": picked})
+    return out

@@ -14,10 +14,12 @@ error names the key or file, before any array is created or anything compiled.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from typing import Callable
 
 import jax
@@ -354,15 +356,11 @@ def save_adapters(model: Qwen2, path: str | os.PathLike, *, base_model_name_or_p
     path = os.fspath(path)
     np_dtype = np.dtype(jnp.dtype(dtype or "float32"))
     tensors = {k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in peft_state_dict(model)}
-    tmp = path.rstrip("/") + ".tmp-export"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    save_file(tensors, os.path.join(tmp, PEFT_WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(tmp, PEFT_CONFIG), "w", encoding="utf-8") as f:
-        json.dump(peft_config(model.config, base_model_name_or_path), f, indent=2)
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    with _staging_dir(path) as tmp:
+        save_file(tensors, os.path.join(tmp, PEFT_WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, PEFT_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(peft_config(model.config, base_model_name_or_path), f, indent=2)
+        _install(tmp, path)
     return path
 
 
@@ -372,15 +370,22 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, tokenizer_dir: str
     model.safetensors (or shards + model.safetensors.index.json), and tokenizer files.
 
     dtype: tensor dtype to store (defaults to the model's param_dtype).
-    The directory is assembled under a temporary name and renamed into place.
+    The files are written in a temporary directory beside `path`, then moved in: model files an
+    earlier export left in `path` are replaced, anything else there is kept.
     """
     path = os.fspath(path)
+    out_dtype = dtype or model.config.param_dtype
+    with _staging_dir(path) as tmp:
+        _write_model_files(model, tmp, tokenizer_dir, max_shard_bytes, out_dtype)
+        _install(tmp, path)
+    return path
+
+
+def _write_model_files(model: Qwen2, tmp: str, tokenizer_dir: str | None, max_shard_bytes: int,
+                       out_dtype: str) -> None:
+    """save_pretrained's files, written into the staging directory `tmp`."""
     cfg = model.config
-    out_dtype = dtype or cfg.param_dtype
     np_dtype = np.dtype(jnp.dtype(out_dtype))
-    tmp = path.rstrip("/") + ".tmp-export"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     shards: list[dict[str, np.ndarray]] = [{}]
     sizes = [0]
     total = 0
@@ -431,8 +436,38 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, tokenizer_dir: str
                 copied += 1
         if not copied:
             raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {tokenizer_dir}")
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    return path
+
+
+def is_model_file(name: str) -> bool:
+    """A file save_pretrained or save_adapters writes (the only files an export replaces)."""
+    return (name in ("config.json", "generation_config.json", "model.safetensors.index.json", PEFT_WEIGHTS,
+                     PEFT_CONFIG) or name in TOKENIZER_FILES
+            or (name.startswith("model") and name.endswith(".safetensors")))
+
+
+@contextlib.contextmanager
+def _staging_dir(path: str):
+    """A temporary directory beside `path` (same file system, so files move by rename),
+    removed on the way out whatever happens; a `path` that is a file is refused first."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserInputError(f"{path} is a file, not a directory: choose another output directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _install(tmp: str, path: str) -> None:
+    """Move the files written in `tmp` into `path`: the model files an earlier export left there
+    are replaced (a stale shard would otherwise be read with the new index); nothing else in
+    `path` (a README, the user's notes) is touched."""
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(path):
+        if is_model_file(name) and os.path.isfile(os.path.join(path, name)):
+            os.remove(os.path.join(path, name))
+    for name in os.listdir(tmp):
+        os.replace(os.path.join(tmp, name), os.path.join(path, name))
 

@@ -16,6 +16,24 @@ def _as_1d(name: str, x) -> np.ndarray:
     return a
 
 
+def _group_spans(r: np.ndarray, g: np.ndarray):
+    """Per group (in np.unique order of g): (inverse index [N], member counts, lowest and highest reward)."""
+    _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    lo, hi = np.full(counts.size, np.inf), np.full(counts.size, -np.inf)
+    np.minimum.at(lo, inv, r)
+    np.maximum.at(hi, inv, r)
+    return inv, counts, lo, hi
+
+
+def _rewards_and_groups(rewards, group_ids) -> tuple[np.ndarray, np.ndarray]:
+    r = _as_1d("rewards", rewards).astype(np.float64)
+    g = _as_1d("group_ids", group_ids)
+    if r.shape != g.shape:
+        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    return r, g
+
+
 def group_advantages(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
     """A_i = (R_i - mean_g) / (std_g + eps), with the unbiased (N-1) std of i's group.
 
@@ -23,16 +41,12 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
     A group of one has mean 0 and std 1 (so A = R / (1 + eps)); equal rewards give 0.
     Returns [N] float32. Computed in float64.
     """
-    r = _as_1d("rewards", rewards).astype(np.float64)
-    g = _as_1d("group_ids", group_ids)
-    if r.shape != g.shape:
-        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    r, g = _rewards_and_groups(rewards, group_ids)
     if not np.all(np.isfinite(r)):
         raise ValueError(f"rewards must be finite, got {r[~np.isfinite(r)][:5]}")
     if r.size == 0:
         return np.zeros(0, np.float32)
-    _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)
+    inv, counts, lo, hi = _group_spans(r, g)
     sums = np.bincount(inv, weights=r)
     means = sums / counts
     sq = np.bincount(inv, weights=(r - means[inv]) ** 2)
@@ -43,10 +57,6 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
     std = np.where(single, 1.0, std)
     adv = (r - means[inv]) / (std[inv] + eps)
     # Equal rewards give exactly 0 (the float mean can differ from them by an ulp, / eps).
-    lo = np.full(counts.size, np.inf)
-    hi = np.full(counts.size, -np.inf)
-    np.minimum.at(lo, inv, r)
-    np.maximum.at(hi, inv, r)
     flat = (lo == hi) & ~single
     adv[flat[inv]] = 0.0
     return adv.astype(np.float32)
@@ -86,18 +96,10 @@ def zero_variance_fraction(rewards, group_ids) -> float:
 
     Singleton groups are left out (their advantage is R, not 0). 0.0 if no such group exists.
     """
-    r = _as_1d("rewards", rewards).astype(np.float64)
-    g = _as_1d("group_ids", group_ids)
-    if r.shape != g.shape:
-        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    r, g = _rewards_and_groups(rewards, group_ids)
     if r.size == 0:
         return 0.0
-    _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)
-    lo = np.full(counts.size, np.inf)
-    hi = np.full(counts.size, -np.inf)
-    np.minimum.at(lo, inv, r)
-    np.maximum.at(hi, inv, r)
+    _, counts, lo, hi = _group_spans(r, g)
     multi = counts >= 2
     if not multi.any():
         return 0.0
@@ -111,16 +113,8 @@ def groups_with_spread(rewards, group_ids) -> np.ndarray:
     and adds no signal, only tokens. Rewards are continuous (F1), so ties are checked on the
     values, not on a mean. A group of one has no spread. bool [N].
     """
-    r = _as_1d("rewards", rewards).astype(np.float64)
-    g = _as_1d("group_ids", group_ids)
-    if r.shape != g.shape:
-        raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
+    r, g = _rewards_and_groups(rewards, group_ids)
     if r.size == 0:
         return np.zeros(0, bool)
-    _, inv = np.unique(g, return_inverse=True)
-    inv = inv.reshape(-1)
-    n = inv.max() + 1
-    lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
-    np.minimum.at(lo, inv, r)
-    np.maximum.at(hi, inv, r)
+    inv, _, lo, hi = _group_spans(r, g)
     return (hi - lo > 0)[inv]

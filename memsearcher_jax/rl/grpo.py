@@ -1,12 +1,18 @@
-"""Multi-context GRPO: from trajectories to one optimizer update. START HERE for the RL step.
+"""Multi-context GRPO: from scored trajectories to the optimizer updates of one training step.
+
+The step itself (rollout, filtering, this file's pieces, the sampler's new weights) is
+`rl/trainer.py::Trainer.train_step`; this file is what it calls between rollout and sampler:
 
     trajectories --rewards--> R_i --group_advantages--> A_i --broadcast--> every conversation row
     rows --pack--> [R, S] token arrays --trainer log-probs--> old / ref log-probs
-    rows --shuffle, split into `optimizer_steps` mini-batches--> for each mini-batch:
+    rows --shuffle, split into `optimizer_steps` mini-batches--> for each non-empty mini-batch:
         aggregation weights over the mini-batch (exact global token mean by default)
         --micro-batches under lax.scan, gradients summed--> / denominator --AdamW--> params
 
-Everything numeric is a pure function of arrays; `GRPOLearner` only holds the jitted programs.
+The per-token loss, aggregation weights and metric sums are pure functions in `rl/losses.py`.
+`GRPOLearner` holds the params, the frozen reference, the optimizer state and the jitted
+programs, and its host-side `train_on_rows` splits the rows into mini-batches, pads them into
+micro-batches, weighs them, runs the updates and reduces their metrics.
 """
 from __future__ import annotations
 
@@ -26,11 +32,12 @@ from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
-from memsearcher_jax.rl.learner import (Learner, OptimConfig, apply_update, make_optimizer, merge_params,
-                                        token_logprobs)
-from memsearcher_jax.rl.losses import (LossConfig, aggregation_weights, masked_aux_sums, per_token_loss, tis_weights,
+from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, merge_params
+from memsearcher_jax.rl.losses import (AUX_METRIC_KEYS, LossConfig, aggregation_weights, combine_metric_sums,
+                                       empty_metric_sums, masked_aux_sums, per_token_loss, tis_weights,
                                        weighted_loss_sum)
 from memsearcher_jax.sampling.buckets import bucket
+from memsearcher_jax.sampling.distributions import token_logprobs
 
 # ----------------------------------------------------------------------------- rows
 
@@ -103,7 +110,7 @@ def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float])
     return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
 
 
-# ----------------------------------------------------------------------------- pure math
+# ----------------------------------------------------------------------------- the loss through the model (traced)
 
 def _logp_entropy(logits: jax.Array, targets: jax.Array):
     logp = token_logprobs(logits, targets)
@@ -145,8 +152,7 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=No
     loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg,
                                mb.get("tis"))
     aux = dict(aux, entropy=entropy, trainer_logp=logp)
-    sums = masked_aux_sums({k: aux[k] for k in ("ratio", "is_clipped", "is_dual_clipped", "kl", "pg_loss", "entropy")},
-                           mb["loss_mask"])
+    sums = masked_aux_sums({k: aux[k] for k in AUX_METRIC_KEYS}, mb["loss_mask"])
     return weighted_loss_sum(loss, mb["weights"]), sums
 
 
@@ -164,22 +170,18 @@ def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossCo
         g_acc, l_acc, s_acc = carry
         (loss, sums), g = grad_fn(params, graphdef, mb, loss_cfg, frozen, logits_chunk)
         g_acc = jax.tree.map(jnp.add, g_acc, g)
-        s_acc = {k: (jnp.maximum(s_acc[k], v) if k == "ratio_max" else jnp.minimum(s_acc[k], v) if k == "ratio_min"
-                     else s_acc[k] + v) for k, v in sums.items()}
-        return (g_acc, l_acc + loss, s_acc), None
+        return (g_acc, l_acc + loss, combine_metric_sums(s_acc, sums)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    init_sums = {k: jnp.zeros((), jnp.float32) for k in ("ratio", "is_clipped", "is_dual_clipped", "kl", "pg_loss",
-                                                          "entropy", "n_tokens")}
-    init_sums["ratio_max"] = jnp.array(-jnp.inf, jnp.float32)
-    init_sums["ratio_min"] = jnp.array(jnp.inf, jnp.float32)
-    (grads, loss_sum, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32), init_sums), micro_batches)
+    (grads, loss_sum, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32), empty_metric_sums()),
+                                              micro_batches)
     return grads, loss_sum, sums
 
 
 def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.random.Generator,
                           shuffle: bool = True, whole_trajectories: bool = False) -> list[np.ndarray]:
     """Split rows [R] into `optimizer_steps` mini-batches (row indices), shuffled unless told not to.
+    With fewer rows (or trajectories) than optimizer_steps some are empty; the learner skips those.
 
     whole_trajectories: keep every trajectory's rows in one mini-batch (shuffling trajectories,
     not rows). `trajectory_mean` needs it: a trajectory split over two optimizer steps would
@@ -275,64 +277,65 @@ class GRPOLearner(Learner):
             out.append(_to_host(lp)[:n])
         return np.concatenate(out)
 
+    def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[dict, float]:
+        """One mini-batch (row indices idx, non-empty) as [M, micro_batch_size, ...] device arrays,
+        M a bucketed count (zero rows pad it: weight 0, so they add nothing), and its loss denominator."""
+        cfg = self.config
+        mbs = cfg.micro_batch_size
+        n_used = math.ceil(len(idx) / mbs)
+        n_micro = bucket(n_used, 1, steps_per_octave=2)  # few distinct shapes: few compilations
+        weights, denom = aggregation_weights(cfg.loss.aggregation, rows.loss_mask[idx], rows.traj_ids[idx],
+                                             np.arange(len(idx)) // mbs, n_used)
+        pad = n_micro * mbs - len(idx)
+
+        def stack(a):
+            a = np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) if pad else a
+            return a.reshape((n_micro, mbs) + a.shape[1:])
+
+        micro = {"tokens": rows.tokens[idx], "attention": rows.attention[idx], "loss_mask": rows.loss_mask[idx],
+                 "weights": weights, "advantages": rows.advantages[idx], "old_logp": old_logp[idx],
+                 "ref_logp": ref_logp[idx], **({"tis": tis[idx]} if tis is not None else {})}
+        return {k: self._put(stack(v), 1) for k, v in micro.items()}, denom
+
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
-        """Old/ref log-probs, then `optimizer_steps` updates over shuffled mini-batches."""
+        """Old/ref log-probs, then one update per non-empty mini-batch of the shuffled rows.
+
+        An empty mini-batch (more optimizer_steps than rows, or than trajectories under
+        trajectory_mean) is skipped: an AdamW step on zero gradients would still move the
+        weights (momentum, weight decay). The loss is averaged over the updates taken."""
         cfg = self.config
         t0 = time.perf_counter()
         old_logp = self.compute_logprobs(self.params, rows)
         ref_logp = self.compute_logprobs(self.ref_params, rows)
         time_logprobs = time.perf_counter() - t0
-        chunks = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
-                                       whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
-        metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0}
-        totals: dict[str, float] = {}
-        ratio_max, ratio_min = -np.inf, np.inf
-        mask = rows.loss_mask
-        gap = np.abs(rows.sampler_logp - old_logp)[mask > 0]
-        tis = tis_weights(old_logp, rows.sampler_logp, cfg.loss.tis_cap) if cfg.loss.tis_cap > 0 else None
-        for idx in chunks:
-            mbs = cfg.micro_batch_size
-            n_micro = bucket(max(1, math.ceil(len(idx) / mbs)), 1, steps_per_octave=2)
-            micro_ids = np.arange(len(idx)) // mbs
-            weights, denom = aggregation_weights(cfg.loss.aggregation, mask[idx], rows.traj_ids[idx], micro_ids,
-                                                 max(1, math.ceil(len(idx) / mbs)))
-            total_rows = n_micro * mbs
-            pad = total_rows - len(idx)
-
-            def stack(a, fill=0):
-                a = np.concatenate([a, np.full((pad,) + a.shape[1:], fill, a.dtype)]) if pad else a
-                return a.reshape((n_micro, mbs) + a.shape[1:])
-
-            micro = {
-                "tokens": stack(rows.tokens[idx]), "attention": stack(rows.attention[idx]),
-                "loss_mask": stack(mask[idx]), "weights": stack(weights), "advantages": stack(rows.advantages[idx]),
-                "old_logp": stack(old_logp[idx]), "ref_logp": stack(ref_logp[idx]),
-                **({"tis": stack(tis[idx])} if tis is not None else {}),
-            }
-            micro = {k: self._put(v, 1) for k, v in micro.items()}
+        minibatches = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
+                                            whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
+        minibatches = [idx for idx in minibatches if len(idx)]
+        tis = (tis_weights(old_logp, rows.sampler_logp, cfg.loss.tis_cap, log_ratio_clamp=cfg.loss.log_ratio_clamp)
+               if cfg.loss.tis_cap > 0 else None)
+        metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0,
+                   "empty_minibatches": cfg.optimizer_steps - len(minibatches)}
+        totals = empty_metric_sums(np)
+        for idx in minibatches:
+            micro, denom = self._micro_batches(rows, idx, old_logp, ref_logp, tis)
             self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(
                 self.params, self.opt_state, self.frozen, micro, jnp.float32(denom))
-            skipped = bool(skipped)
-            self.skipped_steps += int(skipped)
-            metrics["skipped"] += int(skipped)
-            metrics["loss"] += float(loss) / len(chunks)
+            skipped = int(bool(skipped))
+            self.skipped_steps += skipped
+            metrics["skipped"] += skipped
+            metrics["loss"] += float(loss) / len(minibatches)
             metrics["grad_norm"] = max(metrics["grad_norm"], float(gnorm))
-            for k, v in sums.items():
-                if k == "ratio_max":
-                    ratio_max = max(ratio_max, float(v))
-                elif k == "ratio_min":
-                    ratio_min = min(ratio_min, float(v))
-                else:
-                    totals[k] = totals.get(k, 0.0) + float(v)
-        n = max(totals.get("n_tokens", 0.0), 1.0)
+            totals = combine_metric_sums(totals, {k: np.float64(v) for k, v in sums.items()}, np)
+        n = max(float(totals["n_tokens"]), 1.0)
+        gap = np.abs(rows.sampler_logp - old_logp)[rows.loss_mask > 0]
         metrics.update({
-            "clip_fraction": totals.get("is_clipped", 0.0) / n,
-            "dual_clip_fraction": totals.get("is_dual_clipped", 0.0) / n,
-            "approx_kl": totals.get("kl", 0.0) / n,
-            "entropy": totals.get("entropy", 0.0) / n,
-            "ratio_max": ratio_max, "ratio_min": ratio_min,
+            "clip_fraction": float(totals["is_clipped"]) / n,
+            "dual_clip_fraction": float(totals["is_dual_clipped"]) / n,
+            "approx_kl": float(totals["kl"]) / n,
+            "entropy": float(totals["entropy"]) / n,
+            "ratio_max": float(totals["ratio_max"]), "ratio_min": float(totals["ratio_min"]),
             "logprob_gap_max": float(gap.max()) if gap.size else 0.0,
-            "trained_tokens": int(mask.sum()),
+            "trained_tokens": int(rows.loss_mask.sum()),
             "time_logprobs": time_logprobs,
         })
         return metrics

@@ -156,10 +156,12 @@ def per_token_loss(
     return loss, aux
 
 
-def tis_weights(old_logp: np.ndarray, sampler_logp: np.ndarray, cap: float) -> np.ndarray:
+def tis_weights(old_logp: np.ndarray, sampler_logp: np.ndarray, cap: float, *, log_ratio_clamp: float) -> np.ndarray:
     """min(exp(old_logp - sampler_logp), cap): how much likelier the trainer finds each sampled
-    token than the sampler did, capped (verl's truncated importance sampling). [N, T] float32."""
-    return np.minimum(np.exp(np.clip(old_logp - sampler_logp, -20.0, 20.0)), cap).astype(np.float32)
+    token than the sampler did, capped (verl's truncated importance sampling). The log-ratio is
+    clamped to +-log_ratio_clamp (LossConfig's, as in the loss) before exp. [N, T] float32."""
+    log_ratio = np.clip(old_logp - sampler_logp, -log_ratio_clamp, log_ratio_clamp)
+    return np.minimum(np.exp(log_ratio), cap).astype(np.float32)
 
 
 def weighted_loss_sum(loss: Array, weights: Array) -> Array:
@@ -170,6 +172,27 @@ def weighted_loss_sum(loss: Array, weights: Array) -> Array:
     """
     weights = jnp.asarray(weights, jnp.float32)
     return jnp.sum(jnp.where(weights != 0, loss * weights, 0.0))
+
+
+# ----------------------------------------------------------------------------- metric sums
+# What a micro-batch reports for the step's metrics, and how two reports combine: the one key
+# table and the one reducer, used inside the jitted scan and again on the host across mini-batches.
+
+AUX_METRIC_KEYS = ("ratio", "is_clipped", "is_dual_clipped", "kl", "pg_loss", "entropy")  # masked sums
+_EXTREMES = {"ratio_max": ("max", -np.inf), "ratio_min": ("min", np.inf)}  # every other key is summed from 0
+METRIC_SUM_KEYS = AUX_METRIC_KEYS + ("n_tokens",) + tuple(_EXTREMES)
+
+
+def empty_metric_sums(xp=jnp) -> dict:
+    """The identity of `combine_metric_sums`: 0 for sums, -inf / inf for the ratio's max / min.
+    xp: the array module (jnp inside a jitted program, np on the host)."""
+    return {k: xp.asarray(_EXTREMES.get(k, (None, 0.0))[1], xp.float32) for k in METRIC_SUM_KEYS}
+
+
+def combine_metric_sums(acc: dict, new: dict, xp=jnp) -> dict:
+    """Two micro-batches' (or mini-batches') metric sums as one: sums add, extremes take max / min."""
+    ops = {"max": xp.maximum, "min": xp.minimum}
+    return {k: ops[_EXTREMES[k][0]](acc[k], new[k]) if k in _EXTREMES else acc[k] + new[k] for k in METRIC_SUM_KEYS}
 
 
 def masked_aux_sums(aux: dict[str, Array], loss_mask: Array) -> dict[str, Array]:

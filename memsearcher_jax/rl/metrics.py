@@ -18,6 +18,7 @@ from etils import epath
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.rl.advantages import zero_variance_fraction
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
 def rollout_metrics(trajs: list[Trajectory], results, num_rows: int) -> dict:
@@ -37,6 +38,8 @@ def rollout_metrics(trajs: list[Trajectory], results, num_rows: int) -> dict:
         "context_tokens_max": float(np.max(ctx)) if ctx else 0.0,
         "response_tokens_mean": float(np.mean([len(c.response_ids) for t in trajs for c in t.conversations])),
         "rows": int(num_rows),
+        # the context each workflow pays per question (token_metrics; by-turn detail in evaluation)
+        **{k: v for k, v in trajectory_token_metrics(trajs).items() if k in ("peak_tokens", "tokens_per_question")},
     }
 
 

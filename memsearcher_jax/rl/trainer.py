@@ -5,7 +5,8 @@ runs them: for each step
     questions -> AgentRunner (sampler + retriever) -> rewards -> rows -> GRPOLearner update
     -> the sampler gets the new weights
 with metrics to TensorBoard + JSONL, a progress bar, and atomic Orbax checkpoints that a
-resumed run continues from exactly (params, optimizer state, step, data position, RNG).
+resumed run continues from exactly (params, optimizer state, step; the data position and the
+seeds follow from the step).
 
 Multi-host (jax.process_count() > 1, after `distributed.initialize_from_env`): the learner
 runs on the global mesh; each host rolls out its contiguous slice of the step's questions
@@ -113,6 +114,7 @@ class Trainer:
         self.out_dir = epath.Path(loop.output_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.step = 0
+        self.skipped_updates = 0  # steps whose update was skipped: nothing to learn (train_step)
         self._ckpt = self._best = None
         self._last_samples: list = []
 
@@ -145,8 +147,9 @@ class Trainer:
         self.best.wait_until_finished()
 
     def save(self, block: bool = False):
-        meta = {"step": self.step, "data_position": self.step * self.loop.batch_questions,
-                "skipped_steps": self.learner.skipped_steps, "seed": self.loop.seed,
+        # The data position and the step's seeds follow from step and seed (batch_for_step, _step_seed).
+        meta = {"step": self.step, "skipped_steps": self.learner.skipped_steps,
+                "skipped_updates": self.skipped_updates, "seed": self.loop.seed,
                 "model_config": dataclasses.asdict(self.learner.model().config), **self.meta}
         # Params, optimizer state and metadata are separate items: export restores params alone.
         self.checkpoints.save(self.step, args=ocp.args.Composite(
@@ -166,6 +169,7 @@ class Trainer:
         self.learner.params = restored["params"]
         self.learner.opt_state = restored["opt_state"]
         self.learner.skipped_steps = int(restored["meta"]["skipped_steps"])
+        self.skipped_updates = int(restored["meta"].get("skipped_updates", 0))  # absent before it was recorded
         self.step = int(restored["meta"]["step"])
         self.sampler.update_params(self._sampling_model())
         return True
@@ -187,50 +191,70 @@ class Trainer:
                                 first_traj_id=first_q * loop.group_size)
         return trajs, score_trajectories(trajs, self.reward_fn), len(questions)
 
+    def _keep_groups_with_spread(self, trajs, results, n_groups: int):
+        """Dynamic sampling (filter_groups="zero_std"): drop groups whose rewards all tie and refill
+        from fresh questions, up to max_refill rounds. Returns (kept, their results, #dropped, #refills)."""
+        loop = self.loop
+        keep = groups_with_spread([r.reward for r in results], [t.group_id for t in trajs])
+        kept, kept_results = [t for t, k in zip(trajs, keep) if k], [r for r, k in zip(results, keep) if k]
+        dropped, refills = n_groups - len(kept) // loop.group_size, 0
+        while len(kept) < n_groups * loop.group_size and refills < loop.max_refill:
+            refills += 1
+            more, more_results, _ = self._rollout(refills)
+            keep = groups_with_spread([r.reward for r in more_results], [t.group_id for t in more])
+            kept += [t for t, k in zip(more, keep) if k]
+            kept_results += [r for r, k in zip(more_results, keep) if k]
+        return kept[:n_groups * loop.group_size], kept_results[:n_groups * loop.group_size], dropped, refills
+
+    def _update(self, trajs, results) -> tuple[int, dict]:
+        """Advantages, rows (gathered over hosts), the learner's updates, the sampler's new weights.
+        Returns (#rows, the update's metrics)."""
+        grpo = self.learner.config
+        adv = trajectory_advantages(trajs, [r.reward for r in results])
+        rows = pack_rows(trajs, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
+        if self.num_hosts > 1:
+            rows = gather_rows(rows, self.pad_id)
+        t0 = time.perf_counter()
+        update = self.learner.train_on_rows(rows, np.random.default_rng([self.loop.seed, self.step, 1]))
+        update["time_update"] = time.perf_counter() - t0 - update["time_logprobs"]
+        self.sampler.update_params(self._sampling_model())
+        return rows.num_rows, update
+
     def train_step(self) -> dict:
+        """One GRPO step: rollout (and, under zero_std, dynamic sampling), then the update.
+
+        Under zero_std a step where every group's rewards tie (after the refills) has nothing to
+        learn: every advantage is 0, so an update would move the weights by KL, entropy, AdamW
+        momentum and weight decay alone. It is skipped (no optimizer step, the sampler keeps its
+        weights) and counted: skipped_update=1 and skipped_update_reason in the metrics."""
         loop = self.loop
         t0 = time.perf_counter()
         self.runner.stats = type(self.runner.stats)()
         trajs, results, n_groups = self._rollout()
         kept, kept_results, dropped, refills = trajs, results, 0, 0
-        if loop.filter_groups == "zero_std":  # dynamic sampling: drop groups whose rewards all tie
-            keep = groups_with_spread([r.reward for r in results], [t.group_id for t in trajs])
-            kept, kept_results = [t for t, k in zip(trajs, keep) if k], [r for r, k in zip(results, keep) if k]
-            dropped = n_groups - len(kept) // loop.group_size
-            while len(kept) < n_groups * loop.group_size and refills < loop.max_refill:
-                refills += 1
-                more, more_results, _ = self._rollout(refills)
-                keep = groups_with_spread([r.reward for r in more_results], [t.group_id for t in more])
-                kept += [t for t, k in zip(more, keep) if k]
-                kept_results += [r for r, k in zip(more_results, keep) if k]
-            kept, kept_results = kept[:n_groups * loop.group_size], kept_results[:n_groups * loop.group_size]
+        if loop.filter_groups == "zero_std":
+            kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
-        if not kept:  # every group tied: nothing to learn from this step
-            kept, kept_results = trajs, results
-        adv = trajectory_advantages(kept, [r.reward for r in kept_results])
-        grpo = self.learner.config
-        rows = pack_rows(kept, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
-        if self.num_hosts > 1:
-            rows = gather_rows(rows, self.pad_id)
-        t1 = time.perf_counter()
-        rng = np.random.default_rng([loop.seed, self.step, 1])
-        update = self.learner.train_on_rows(rows, rng)
-        t_update = time.perf_counter() - t1
-        self.sampler.update_params(self._sampling_model())
+        if kept:
+            num_rows, update = self._update(kept, kept_results)
+            skip = {"skipped_update": 0}
+        else:
+            num_rows, update = 0, {"time_logprobs": 0.0, "time_update": 0.0}
+            skip = {"skipped_update": 1, "skipped_update_reason": "every group's rewards tie"}
+            self.skipped_updates += 1
         self.step += 1
         stats = self.runner.stats
         # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
         # "rows" and the update's metrics are global.
-        metrics = rollout_metrics(trajs, results, rows.num_rows)
-        metrics.update(filtered_groups=dropped, refill_rounds=refills)
+        metrics = rollout_metrics(trajs, results, num_rows)
+        metrics.update(filtered_groups=dropped, refill_rounds=refills, **skip)
         if self.loop.log_samples_every and self.step % self.loop.log_samples_every == 0:
             self._last_samples = sample_records(trajs, results, self.runner.builder.decode, self.loop.samples_per_log)
         metrics.update(update)
         metrics.update({
-            "skipped_steps_total": self.learner.skipped_steps,
+            "skipped_steps_total": self.learner.skipped_steps, "skipped_updates_total": self.skipped_updates,
             "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
-            "time_retrieval": stats.retrieval_seconds, "time_logprobs": update["time_logprobs"],
-            "time_update": t_update - update["time_logprobs"],
+            "time_retrieval": stats.retrieval_seconds, "search_errors": stats.search_errors,
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
         return metrics
@@ -256,7 +280,11 @@ class Trainer:
                         writer.write_samples(self.step, self._last_samples)
                         self._last_samples = []
                 bar.update(1)
-                bar.set_postfix(reward=f"{m['reward_mean']:.3f}", em=f"{m['em']:.2f}", kl=f"{m['approx_kl']:.4f}")
+                if m["skipped_update"]:
+                    if lead:
+                        tqdm.write(f"GRPO step {self.step}: update skipped ({m['skipped_update_reason']})")
+                else:
+                    bar.set_postfix(reward=f"{m['reward_mean']:.3f}", em=f"{m['em']:.2f}", kl=f"{m['approx_kl']:.4f}")
                 if self.step % self.loop.save_every == 0 or self.step == steps:
                     self.save()
         finally:

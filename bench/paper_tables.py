@@ -1,0 +1,281 @@
+"""The papers' claims, measured: every workflow trained the same way, in four tables.
+
+    python bench/paper_tables.py [--quick] [--workflows memsearcher,react,mem1,memory_ops]
+                                 [--out runs/paper_tables] [--config configs/default.py] [--config.x=v ...]
+
+From the same shipped base, world, steps, B and G, each workflow is warm-started on its own
+scripted demonstrations (its own format, the same flaws), then trained with GRPO on
+`--train-objectives` (2) questions at once, by the default job (`jobs.train_job`). Each model is
+then evaluated greedily on the held-out questions:
+
+- Table 1: per workflow, held-out EM and F1 at 1 and 2 objectives, peak tokens, tokens per
+  question, GRPO minutes; a "warm start only" row per workflow (the model GRPO started from).
+- Table 2: prompt tokens per act call by turn (mean / max) per workflow, at the training
+  objective count (MemSearcher's claim: flat for a memory agent, growing for ReAct).
+- Table 3: EM per objective and peak tokens at 1, 2, 4 and 8 objectives (MEM1's claim).
+- Table 4: memsearcher EM against its memory budget (agent.memory_budget), by default the
+  trained memsearcher model evaluated at each budget; `--budget-training` trains one per budget.
+
+Episodes get room for the task: training runs max(agent.max_turns, 2N+1) turns at N
+objectives (a 2-hop question needs two searches), evaluation max(agent.eval_max_turns, 2N+2).
+Results go to OUT/results.json and OUT/tables.md (with the date and the command), and
+OUT/prompt_tokens_by_turn.png; each workflow's run lives in OUT/<workflow>/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import ml_collections
+
+from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.curves import plot_prompt_tokens_by_turn
+from memsearcher_jax.experiment import (build_sampler, build_setup, eval_runner, evaluate, sampling_mesh, validate,
+                                        with_objectives)
+from memsearcher_jax.jobs import restore_policy, train_job
+from memsearcher_jax.models import from_pretrained
+
+WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
+OBJECTIVES = (1, 2, 4, 8)
+BUDGETS = (16, 32, 64, 128)
+# --quick: every table in minutes on a CPU (tiny steps and few questions: a check, not a result).
+QUICK = {"sft.steps": 40, "sft.num_demos": 160, "train.steps": 2, "rl.batch_questions": 4, "rl.group_size": 4,
+         "rl.micro_batch_size": 16, "train.save_every": 2}
+QUICK_EVAL_QUESTIONS = 12
+SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens", "peak_tokens_max",
+           "tokens_per_question")
+
+
+# ----------------------------------------------------------------------------- configs
+
+def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str, train_objectives: int,
+                    memory_budget: int | None = None) -> ml_collections.ConfigDict:
+    """base with this workflow, its own output dir, N training objectives and turns for them."""
+    cfg = ml_collections.ConfigDict(base.to_dict())
+    cfg.agent.workflow = workflow
+    cfg.world.objectives = train_objectives
+    cfg.agent.max_turns = max(cfg.agent.max_turns, 2 * train_objectives + 1)
+    cfg.train.output_dir = out_dir
+    cfg.train.eval_questions = 0  # the bench evaluates itself, at every objective count
+    cfg.train.eval_every = 0
+    if memory_budget is not None:
+        cfg.agent.memory_budget = memory_budget
+    return cfg
+
+
+def eval_config(cfg: ml_collections.ConfigDict, objectives: int, memory_budget: int | None = None):
+    out = ml_collections.ConfigDict(cfg.to_dict())
+    out.world.objectives = objectives
+    out.agent.eval_max_turns = max(cfg.agent.eval_max_turns, 2 * objectives + 2)
+    if memory_budget is not None:
+        out.agent.memory_budget = memory_budget
+    return out
+
+
+# ----------------------------------------------------------------------------- train and evaluate
+
+def evaluate_model(cfg, setup, model, objectives, questions: int, memory_budget: int | None = None) -> dict:
+    """Greedy held-out scores of `model` at each objective count: {n: metrics} (scalars and
+    prompt_tokens_by_turn)."""
+    sampler = build_sampler(cfg, model, sampling_mesh(cfg))
+    out = {}
+    for n in objectives:
+        ecfg = eval_config(cfg, n, memory_budget)
+        setup_n = with_objectives(setup, n, seed=cfg.world.seed)
+        got = evaluate(eval_runner(ecfg, setup_n, sampler), setup_n.eval_questions[:questions])
+        out[n] = {**{k: float(got[k]) for k in SCALARS}, "prompt_tokens_by_turn": got["prompt_tokens_by_turn"],
+                  "questions": len(got["results"])}
+        print(f"  {cfg.agent.workflow} {n} objective(s): EM {100 * got['em']:.1f} F1 {100 * got['f1']:.1f} "
+              f"peak tokens {got['peak_tokens']:.0f}", flush=True)
+    return out
+
+
+def run_workflow(cfg, objectives, eval_questions: int, warm_objectives=None) -> dict:
+    """Warm start + GRPO by the default job, then the held-out evaluations of both models."""
+    t0 = time.perf_counter()
+    summary = train_job(cfg, resume=False)
+    setup = build_setup(cfg)
+    warm_dir = os.path.join(cfg.train.output_dir, "warmstart")
+    result = {"workflow": cfg.agent.workflow, "grpo_minutes": summary["grpo_seconds"] / 60}
+    if warm_objectives is None:  # Table 1's columns
+        warm_objectives = sorted({1, 2, cfg.world.objectives})
+    if cfg.sft.steps > 0 and warm_objectives:
+        warm = from_pretrained(warm_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+        result["warm_start"] = evaluate_model(cfg, setup, warm, warm_objectives, eval_questions)
+    trained, _ = restore_policy(cfg.train.output_dir)
+    result["grpo"] = evaluate_model(cfg, setup, trained, objectives, eval_questions)
+    result["job_minutes"] = (time.perf_counter() - t0) / 60
+    return result
+
+
+def budget_sweep(cfg, budgets, eval_questions: int, train_each: bool, trained_dir: str | None) -> dict:
+    """memsearcher EM at each memory budget: the trained model evaluated at each (default), or
+    (train_each) a run trained at each budget."""
+    n = cfg.world.objectives
+    if train_each:
+        parent = os.path.dirname(cfg.train.output_dir)
+        return {b: run_workflow(workflow_config(cfg, "memsearcher", os.path.join(parent, f"memsearcher_budget{b}"), n,
+                                                memory_budget=b), (n,), eval_questions, warm_objectives=())["grpo"][n]
+                for b in budgets}
+    model, _ = restore_policy(trained_dir)
+    setup = build_setup(cfg)
+    return {b: evaluate_model(cfg, setup, model, (n,), eval_questions, memory_budget=b)[n] for b in budgets}
+
+
+# ----------------------------------------------------------------------------- tables (pure)
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}"
+
+
+def _num(x, fmt=".0f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _get(d: dict, *keys):
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k, d.get(str(k)))
+    return d
+
+
+def table1(results: dict, train_objectives: int = 2) -> str:
+    """Per workflow: GRPO row and warm-start row; EM/F1 at 1 and 2 objectives, peak tokens and
+    tokens per question at the training objective count, GRPO minutes."""
+    n = train_objectives
+    lines = [f"| workflow | model | EM @1 | F1 @1 | EM @2 | F1 @2 | peak tokens @{n} | tokens / question @{n} | "
+             "GRPO minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for w, r in results.items():
+        for label, key in (("GRPO", "grpo"), ("warm start only", "warm_start")):
+            if key not in r:
+                continue
+            m = r[key]
+            minutes = _num(r.get("grpo_minutes"), ".1f") if key == "grpo" else "—"
+            lines.append(f"| {w} | {label} | {_pct(_get(m, 1, 'em'))} | {_pct(_get(m, 1, 'f1'))} | "
+                         f"{_pct(_get(m, 2, 'em'))} | {_pct(_get(m, 2, 'f1'))} | {_num(_get(m, n, 'peak_tokens'))} | "
+                         f"{_num(_get(m, n, 'tokens_per_question'))} | {minutes} |")
+    return "\n".join(lines)
+
+
+def table2(results: dict, objectives: int = 2) -> str:
+    """Prompt tokens per act call by turn (mean / max, and episodes that reached it) per workflow."""
+    by_wf = {w: _get(r, "grpo", objectives, "prompt_tokens_by_turn") or [] for w, r in results.items()}
+    turns = max((row["turn"] for rows in by_wf.values() for row in rows), default=0)
+    lines = ["| workflow | " + " | ".join(f"turn {t}" for t in range(1, turns + 1)) + " |",
+             "|---|" + "---:|" * turns]
+    for w, rows in by_wf.items():
+        cells = {row["turn"]: f"{row['mean']:.0f} / {row['max']} (n={row['n']})" for row in rows}
+        lines.append(f"| {w} | " + " | ".join(cells.get(t, "—") for t in range(1, turns + 1)) + " |")
+    return "\n".join(lines)
+
+
+def table3(results: dict, objectives=OBJECTIVES) -> str:
+    """EM per objective and peak tokens at each objective count, per workflow (trained on 2)."""
+    head = " | ".join(f"EM @{n} | peak @{n}" for n in objectives)
+    lines = [f"| workflow | {head} |", "|---|" + "---:|---:|" * len(objectives)]
+    for w, r in results.items():
+        cells = " | ".join(f"{_pct(_get(r, 'grpo', n, 'em'))} | {_num(_get(r, 'grpo', n, 'peak_tokens'))}"
+                           for n in objectives)
+        lines.append(f"| {w} | {cells} |")
+    return "\n".join(lines)
+
+
+def table4(budgets: dict) -> str:
+    """memsearcher EM / F1 / peak tokens against its memory budget."""
+    lines = ["| memory budget (tokens) | EM | F1 | peak tokens | turns |", "|---:|---:|---:|---:|---:|"]
+    for b, m in sorted(budgets.items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {b} | {_pct(m.get('em'))} | {_pct(m.get('f1'))} | {_num(m.get('peak_tokens'))} | "
+                     f"{_num(m.get('turns'), '.2f')} |")
+    return "\n".join(lines)
+
+
+def tables_markdown(report: dict) -> str:
+    """Every table with its caption, the date and the command (what tables.md holds)."""
+    res, n = report["workflows"], report["train_objectives"]
+    parts = [f"# Workflow tables ({report['date']})", "", f"Command: `{report['command']}`", "",
+             f"Trained on {n} objectives; {report['eval_questions']} held-out questions per evaluation (greedy).", "",
+             "## Table 1: accuracy and context per workflow", "", table1(res, n), "",
+             f"## Table 2: prompt tokens per act call by turn, mean / max (n = episodes), at {n} objectives", "",
+             table2(res, n), "",
+             "## Table 3: EM per objective and mean peak tokens by number of objectives", "",
+             table3(res, tuple(report["objectives"])), ""]
+    if report.get("budgets"):
+        how = "trained at each budget" if report.get("budget_training") else "the trained model evaluated at each budget"
+        parts += [f"## Table 4: memsearcher against its memory budget ({how}; {n} objectives)", "",
+                  table4(report["budgets"]), ""]
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv):
+    rest, overrides = split_overrides(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a minutes-long check of every table (tiny settings)")
+    ap.add_argument("--workflows", default=",".join(WORKFLOWS), help="comma-separated workflows to train")
+    ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
+    ap.add_argument("--out", default="runs/paper_tables", help="output directory")
+    ap.add_argument("--train-objectives", type=int, default=2)
+    ap.add_argument("--objectives", default=",".join(map(str, OBJECTIVES)), help="objective counts evaluated")
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="memory budgets of Table 4 ('' : none)")
+    ap.add_argument("--budget-training", action="store_true", help="Table 4: train one memsearcher per budget")
+    ap.add_argument("--eval-questions", type=int, default=None,
+                    help=f"held-out questions per evaluation (default: train.eval_questions; --quick "
+                         f"{QUICK_EVAL_QUESTIONS})")
+    args = ap.parse_args(rest)
+    if args.quick:
+        overrides = [(k, str(v)) for k, v in QUICK.items()] + list(overrides)  # the command line wins
+    return args, overrides
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, overrides = parse_args(argv)
+    base = load_config(args.config, overrides)
+    workflows = [w for w in args.workflows.split(",") if w]
+    objectives = tuple(int(n) for n in args.objectives.split(",") if n)
+    budgets = tuple(int(b) for b in args.budgets.split(",") if b)
+    eval_q = args.eval_questions or (QUICK_EVAL_QUESTIONS if args.quick else base.train.eval_questions)
+    out = os.path.abspath(args.out)
+    cfgs = {w: workflow_config(base, w, os.path.join(out, w), args.train_objectives) for w in workflows}
+    for cfg in cfgs.values():  # every workflow's config is checked before anything trains
+        validate(cfg)
+        for n in objectives:
+            validate(eval_config(cfg, n), training=False)
+    report = {"date": time.strftime("%Y-%m-%d"), "command": "python bench/paper_tables.py " + " ".join(argv),
+              "train_objectives": args.train_objectives, "objectives": list(objectives), "eval_questions": eval_q,
+              "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {}}
+    os.makedirs(out, exist_ok=True)
+    for w, cfg in cfgs.items():
+        print(f"=== {w}: warm start, GRPO, evaluation", flush=True)
+        report["workflows"][w] = run_workflow(cfg, objectives, eval_q)
+        write_report(report, out)
+    if budgets and ("memsearcher" in cfgs or args.budget_training):
+        print("=== memsearcher memory budgets", flush=True)
+        cfg = cfgs.get("memsearcher") or workflow_config(base, "memsearcher", os.path.join(out, "memsearcher"),
+                                                          args.train_objectives)
+        report["budgets"] = budget_sweep(cfg, budgets, eval_q, args.budget_training, cfg.train.output_dir)
+    write_report(report, out)
+    print("\n" + tables_markdown(report), flush=True)
+    return 0
+
+
+def write_report(report: dict, out: str) -> None:
+    """results.json, tables.md and the by-turn PNG (rewritten after every workflow)."""
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out, "tables.md"), "w", encoding="utf-8") as f:
+        f.write(tables_markdown(report))
+    n = report["train_objectives"]
+    plot_prompt_tokens_by_turn({w: _get(r, "grpo", n, "prompt_tokens_by_turn") or []
+                                for w, r in report["workflows"].items()},
+                               os.path.join(out, "prompt_tokens_by_turn.png"),
+                               title=f"prompt tokens per act call by turn ({n} objectives)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

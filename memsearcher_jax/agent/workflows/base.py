@@ -1,0 +1,88 @@
+"""The workflow interface and its registry (docs/method.md §1, §8).
+
+A workflow says, for one trajectory, what a turn's context is, what the model's calls mean,
+what carries to the next turn and when the episode ends. The batched turn loop that drives
+every workflow (one act call for all live rows, one batched retriever call, one second call
+where the workflow has one) is shared: `agent.rollout.AgentRunner`.
+
+One turn, as the loop runs it for each live trajectory `t`:
+    wf.open_turn(t, turn)          the act's conversation is t.final; its prompt + response so far
+                                   is the act call's context
+    act call                       (shared) recorded on t.final; an answer, an invalid act or a
+                                   bad stop ends the episode
+    wf.observe(t, hits)            after the batched search: what the observation adds, and where
+    second call (if wf.second_call) (shared) prompt = t.final's prompt + response so far;
+    wf.after_second(t, text)       what the second call's text carries to the next turn (or ends)
+
+Adding a workflow: one file here with a `Workflow` subclass decorated `@register`, plus its
+tests. `agent.workflow=<name>` then selects it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+from memsearcher_jax.agent.trajectory import Conversation, Trajectory
+
+if TYPE_CHECKING:  # the loop's config and the prompt builder, for annotations only
+    from memsearcher_jax.agent.prompts import PromptBuilder
+    from memsearcher_jax.agent.rollout import AgentConfig
+    from retrieval.base import Hit
+
+_REGISTRY: dict[str, "Workflow"] = {}
+
+
+class Workflow:
+    """One workflow. Instances hold no per-episode data: that lives on the Trajectory
+    (`t.memory`, `t.memories`, `t.memory_tokens`, `t.state`)."""
+
+    name: ClassVar[str] = ""
+    second_call: ClassVar[bool] = False   # whether a searching turn makes a second generation call
+
+    def start(self, t: Trajectory, b: "PromptBuilder", cfg: "AgentConfig") -> None:
+        """Before the first turn."""
+
+    def open_turn(self, t: Trajectory, turn: int, b: "PromptBuilder", cfg: "AgentConfig") -> None:
+        """Make `t.final` the conversation this turn's act extends (a new one, or the same)."""
+        raise NotImplementedError
+
+    def act_budget(self, t: Trajectory, cfg: "AgentConfig") -> int:
+        """New tokens the act may write; below 1 the episode ends ("response_budget")."""
+        conv = t.final
+        used = len(conv.prompt_ids) + len(conv.response_ids)
+        return min(cfg.max_new_tokens, cfg.max_response_tokens - len(conv.response_ids),
+                   cfg.max_context_tokens - used)
+
+    def observe(self, t: Trajectory, results: Sequence[Sequence["Hit"]], b: "PromptBuilder",
+                cfg: "AgentConfig") -> None:
+        """The search results of this turn's calls (one hit list per call)."""
+        raise NotImplementedError
+
+    def after_second(self, t: Trajectory, text: str, b: "PromptBuilder", cfg: "AgentConfig") -> None:
+        """The decoded second call (it ended on a stop token): carry its content or end the episode."""
+        raise NotImplementedError(f"workflow {self.name!r} makes no second call")
+
+    @staticmethod
+    def new_conversation(t: Trajectory, prompt_ids: list[int], turn: int) -> Conversation:
+        conv = Conversation(prompt_ids=prompt_ids, traj_id=t.traj_id, group_id=t.group_id, turn=turn)
+        t.conversations.append(conv)
+        return conv
+
+
+def register(cls: type[Workflow]) -> type[Workflow]:
+    """Class decorator: make `cls` selectable as `agent.workflow=cls.name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
+        raise ValueError(f"workflow {cls.name!r} is already registered by {type(_REGISTRY[cls.name]).__name__}")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def workflow_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_workflow(name: str) -> Workflow:
+    if name not in _REGISTRY:
+        raise ValueError(f"agent.workflow={name!r} is not a registered workflow; registered: {workflow_names()}")
+    return _REGISTRY[name]

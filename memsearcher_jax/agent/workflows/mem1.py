@@ -1,0 +1,67 @@
+"""MEM1-style internal state: each turn sees the question, its last act and that act's results only.
+
+    context_0 = system + <question> q </question> + assistant <think>
+    context_t = context_0 + act_{t-1} (its tokens as generated) + observation_{t-1} + <think>
+    act       <think> internal state: everything worth keeping </think>, then tool calls or \\boxed{}
+Everything older than the last act and observation is dropped, so the model must carry what it
+needs inside its thinking. One conversation per turn whose prompt is exactly the act call's
+context and whose response is the act alone: the training row is the context the sampler saw,
+and only generated tokens are in the loss (MEM1's release trains one stitched sequence under
+an attention mask that shows a step less than its rollout did).
+
+Actions use the project's format (`<tool_call>` JSON, `\\boxed{}`), not MEM1's
+`<search>` / `<answer>` tags, so that the reward, the parser and the demonstrator are the same
+for every workflow and only the memory design differs between them.
+"""
+from __future__ import annotations
+
+from memsearcher_jax.agent.parsing import tag_spans
+from memsearcher_jax.agent.prompts import compact_system_prompt, tool_block
+from memsearcher_jax.agent.workflows.base import Workflow, register
+
+
+def mem1_system_prompt(default_top_n: int, tool) -> str:
+    return (
+        "You answer questions by searching Wikipedia. Each turn you see only the question, your previous "
+        "turn and its search results: everything older is gone.\n\n"
+        + tool_block(default_top_n, tool)
+        + "\n# Steps\n"
+        "1. Think inside <think> </think>. Start by restating every fact found so far that helps answer "
+        "the question: only what you write there is kept.\n"
+        "2. If you know enough, give the final answer as \\boxed{answer}, a few words only. "
+        "Otherwise search with tool calls; the results come back in the next message."
+    )
+
+
+def mem1_first_context(b, question: str) -> list[int]:
+    system = (mem1_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
+    return b.chat_context(system, f"<question> {question.strip()} </question>")
+
+
+def mem1_context(b, question: str, last_act: list[int], last_observation: list[int]) -> list[int]:
+    """The act call's context: the first context, then the last act and its observation (if any)."""
+    return [*mem1_first_context(b, question), *last_act, *last_observation]
+
+
+def internal_state(act_text: str) -> str:
+    """The first thinking span of an act block (its `<think>` re-attached), stripped."""
+    bodies, _ = tag_spans(act_text, "<think>", "</think>")
+    return bodies[0].strip() if bodies else ""
+
+
+@register
+class Mem1(Workflow):
+    name = "mem1"
+
+    def open_turn(self, t, turn, b, cfg):
+        prompt = mem1_context(b, t.question, t.state.get("last_act", []), t.state.get("last_observation", []))
+        self.new_conversation(t, prompt, turn)
+
+    def observe(self, t, results, b, cfg):
+        # The act's conversation is complete; what the next turn sees is kept on the trajectory.
+        act = list(t.final.response_ids)
+        t.state["last_act"] = act
+        t.state["last_observation"] = b.tool_message(results, cfg.max_observation_tokens, reopen_think=True)
+        t.memory = internal_state(t.final.blocks[-1])
+        t.memories.append(t.memory)
+        t.memory_tokens.append(len(act))

@@ -1,0 +1,161 @@
+"""A bank of numbered memory entries edited by operations (Memory-R1 / Mem-alpha style).
+
+    context_t = system + <question> q </question> + <memory> [id] entry lines </memory>
+                (+ <errors> the last turn's refused operations </errors>)
+    act       think, then tool calls or \\boxed{answer}
+    observe   the tool responses and the operations instruction, appended (masked)
+    second    <ops> one operation per line </ops>:
+                  ADD text          a new entry (ids count up and are never reused)
+                  UPDATE id text    replace entry id's text
+                  DELETE id         remove entry id
+                  NOOP              change nothing
+Operations apply in order. A malformed one (unknown verb, missing text, an id not in the bank,
+no <ops> block at all) is refused and shown to the model as an error line in the next context;
+the episode goes on. Budget: the bank's lines may hold at most agent.memory_budget tokens; an
+ADD or UPDATE that would exceed it is refused the same way, so the bank never exceeds it.
+One conversation per turn, as in memsearcher.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable
+
+from memsearcher_jax.agent.parsing import tag_spans
+from memsearcher_jax.agent.prompts import compact_system_prompt, tool_block
+from memsearcher_jax.agent.workflows.base import Workflow, register
+
+OPS_OPEN, OPS_CLOSE = "<ops>", "</ops>"
+VERBS = ("ADD", "UPDATE", "DELETE", "NOOP")
+_LINE = re.compile(r"\s*([A-Za-z]+)\b\s*(.*)", re.DOTALL)
+_ID_REST = re.compile(r"\[?(\d{1,9})\]?\s*:?\s*(.*)", re.DOTALL)
+
+OPS_INSTRUCTION = ("Read the search results above. Edit your memory with operations inside <ops> </ops>, one per "
+                   "line: ADD text, UPDATE id text, DELETE id, or NOOP. Keep what helps answer the question.")
+COMPACT_OPS_INSTRUCTION = "Edit memory: <ops>ADD text|UPDATE id text|DELETE id|NOOP</ops>."
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    verb: str                 # one of VERBS
+    entry_id: int | None = None
+    text: str = ""
+
+
+def memory_ops_system_prompt(default_top_n: int, tool) -> str:
+    return (
+        "You answer questions by searching Wikipedia. Each turn you see the question and your memory: "
+        "numbered entries kept from earlier searches.\n\n"
+        + tool_block(default_top_n, tool)
+        + "\n# Steps\n"
+        "1. Think inside <think> </think>.\n"
+        "2. If your memory is enough, give the final answer as \\boxed{answer}, a few words only. "
+        "Otherwise search with tool calls.\n"
+        "3. After the results arrive, edit your memory inside <ops> </ops>, one operation per line: "
+        "ADD text, UPDATE id text, DELETE id, or NOOP."
+    )
+
+
+def render_bank(entries: list[tuple[int, str]]) -> str:
+    """The bank as `[id] text` lines (empty string for an empty bank)."""
+    return "\n".join(f"[{i}] {text}" for i, text in entries)
+
+
+def memory_ops_context(b, question: str, entries: list[tuple[int, str]], errors: list[str]) -> list[int]:
+    system = (memory_ops_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
+    bank = render_bank(entries)
+    user = f"<question> {question.strip()} </question>\n<memory>\n" + (bank + "\n" if bank else "") + "</memory>"
+    if errors:
+        user += "\n<errors>\n" + "\n".join(errors) + "\n</errors>"
+    return b.chat_context(system, user)
+
+
+def ops_observation(b, results, max_tokens: int = 0) -> list[int]:
+    return b.tool_message(results, max_tokens, OPS_INSTRUCTION if b.style == "full" else COMPACT_OPS_INSTRUCTION)
+
+
+def parse_operations(text: str) -> tuple[list[Operation], list[str]]:
+    """The operations of the first `<ops>` block, and an error line for each malformed one.
+    Never raises."""
+    bodies, unclosed = tag_spans(text, OPS_OPEN, OPS_CLOSE)
+    if not bodies:
+        return [], ["no <ops> </ops> block" + (" (unclosed <ops>)" if unclosed else "") + "; memory unchanged"]
+    ops, errors = [], []
+    for line in bodies[0].splitlines():
+        if not line.strip():
+            continue
+        shown = line.strip()[:80]
+        m = _LINE.fullmatch(line)
+        verb = m.group(1).upper() if m else ""
+        rest = m.group(2).strip() if m else ""
+        if verb not in VERBS:
+            errors.append(f"{shown!r}: unknown operation; use ADD text, UPDATE id text, DELETE id or NOOP")
+        elif verb == "NOOP":
+            ops.append(Operation("NOOP"))
+        elif verb == "ADD":
+            text_ = rest[1:].strip() if rest.startswith(":") else rest
+            ops.append(Operation("ADD", None, text_)) if text_ else errors.append(f"{shown!r}: ADD needs text")
+        else:
+            idm = _ID_REST.fullmatch(rest)
+            if not idm:
+                errors.append(f"{shown!r}: {verb} needs an entry id")
+            elif verb == "UPDATE" and not idm.group(2).strip():
+                errors.append(f"{shown!r}: UPDATE needs an id and the new text")
+            else:
+                ops.append(Operation(verb, int(idm.group(1)), idm.group(2).strip() if verb == "UPDATE" else ""))
+    return ops, errors
+
+
+def apply_operations(entries: list[tuple[int, str]], next_id: int, ops: list[Operation], budget: int,
+                     count_tokens: Callable[[str], int]) -> tuple[list[tuple[int, str]], int, list[str]]:
+    """Apply `ops` in order. Returns (entries, next id, error lines); a refused op changes nothing.
+    `count_tokens(render_bank(entries))` must stay <= budget."""
+    entries, errors = list(entries), []
+    for op in ops:
+        ids = [i for i, _ in entries]
+        if op.verb == "NOOP":
+            continue
+        if op.verb in ("UPDATE", "DELETE") and op.entry_id not in ids:
+            errors.append(f"{op.verb} {op.entry_id}: no entry {op.entry_id}")
+            continue
+        if op.verb == "DELETE":
+            entries = [(i, x) for i, x in entries if i != op.entry_id]
+            continue
+        if op.verb == "ADD":
+            trial, label = entries + [(next_id, op.text)], "ADD"
+        else:
+            trial, label = [(i, op.text if i == op.entry_id else x) for i, x in entries], f"UPDATE {op.entry_id}"
+        n = count_tokens(render_bank(trial))
+        if n > budget:
+            errors.append(f"{label} refused: the memory would hold {n} tokens, over its budget of {budget}")
+            continue
+        entries = trial
+        next_id += op.verb == "ADD"
+    return entries, next_id, errors
+
+
+@register
+class MemoryOps(Workflow):
+    name = "memory_ops"
+    second_call = True
+
+    def start(self, t, b, cfg):
+        t.state.update(entries=[], next_id=1, errors=[], op_errors=0)
+
+    def open_turn(self, t, turn, b, cfg):
+        s = t.state
+        self.new_conversation(t, memory_ops_context(b, t.question, s["entries"], s["errors"]), turn)
+
+    def observe(self, t, results, b, cfg):
+        t.final.add_injected(ops_observation(b, results, cfg.max_observation_tokens))
+
+    def after_second(self, t, text, b, cfg):
+        s = t.state
+        ops, errors = parse_operations(text)
+        s["entries"], s["next_id"], refused = apply_operations(s["entries"], s["next_id"], ops, cfg.memory_budget,
+                                                               b.count_tokens)
+        s["errors"] = errors + refused  # shown once, in the next context
+        s["op_errors"] += len(s["errors"])
+        t.memory = render_bank(s["entries"])
+        t.memories.append(t.memory)
+        t.memory_tokens.append(b.count_tokens(t.memory))

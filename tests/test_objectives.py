@@ -1,0 +1,193 @@
+"""Multi-objective questions (MEM1's task): joining N questions, parsing the N-part answer, the
+mean per-objective reward; one objective is scored exactly as a single question always was."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from memsearcher_jax.data.synthetic import (check_objectives, generate_world, join_objectives, objectives_of)
+from memsearcher_jax.qa_metrics import (FORMAT_CREDIT, compute_reward, objective_golds, objective_scores,
+                                       split_answers, token_f1)
+
+
+def final(answer: str) -> str:
+    return "<think>done</think>\nThe answer is \\boxed{" + answer + "}.<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(seed=0, num_entities=40)
+
+
+# ----------------------------------------------------------------------------- joining questions
+
+def test_one_objective_gives_the_rows_as_they_are(world):
+    joined = join_objectives(world.train, 1, seed=3)
+    assert joined == world.train and all(a is b for a, b in zip(joined, world.train))
+    assert objectives_of(world.train[0]) == [world.train[0]]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_n_objectives_join_n_distinct_rows_of_the_split(world, n):
+    joined = join_objectives(world.heldout, n, seed=0)
+    assert len(joined) == len(world.heldout)
+    held_ids = {r["id"] for r in world.heldout}
+    for i, q in enumerate(joined):
+        parts = objectives_of(q)
+        assert len(parts) == n and len({p["id"] for p in parts}) == n
+        assert {p["id"] for p in parts} <= held_ids  # never a training question in a held-out one
+        assert world.heldout[i] in parts  # row i anchors question i
+        assert q["question"] == "; ".join(p["question"] for p in parts)
+        assert q["golden_answers"] == [p["golden_answers"] for p in parts]
+    assert len({q["id"] for q in joined}) == len(joined)
+
+
+def test_join_is_deterministic_in_seed(world):
+    a, b = join_objectives(world.train, 2, seed=5), join_objectives(world.train, 2, seed=5)
+    assert a == b
+    assert join_objectives(world.train, 2, seed=6) != a
+
+
+def test_anchor_is_not_always_first(world):
+    joined = join_objectives(world.train, 2, seed=0)
+    firsts = sum(q["objectives"][0] is row for q, row in zip(joined, world.train))
+    assert 0 < firsts < len(joined)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
+def test_objectives_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match=r"world\.objectives"):
+        check_objectives(bad)
+
+
+def test_too_few_rows_names_the_key(world):
+    with pytest.raises(ValueError, match=r"world\.objectives=4.*only 3"):
+        join_objectives(world.train[:3], 4)
+
+
+# ----------------------------------------------------------------------------- answer parsing
+
+@pytest.mark.parametrize("answer, n, parts", [
+    ("Paris", 1, ["Paris"]),
+    ("Paris; London", 1, ["Paris; London"]),  # one objective: never split, as always
+    (" Paris ; 1923 ", 2, ["Paris", "1923"]),
+    ("Paris;1923", 2, ["Paris", "1923"]),
+    ("Paris", 3, ["Paris", "", ""]),
+    ("Paris;; 1923", 3, ["Paris", "", "1923"]),
+    ("a; b; c; d", 2, ["a", "b; c; d"]),  # extra parts stay in the last one
+    ("", 2, ["", ""]),
+])
+def test_split_answers(answer, n, parts):
+    assert split_answers(answer, n) == parts
+
+
+def test_split_answers_rejects_zero_objectives():
+    with pytest.raises(ValueError, match="objectives"):
+        split_answers("a", 0)
+
+
+@pytest.mark.parametrize("golds, expected", [
+    (["Paris"], [["Paris"]]),
+    (["Lopa", "Lopa city"], [["Lopa", "Lopa city"]]),
+    ([["Lopa", "Lopa city"], ["1923"]], [["Lopa", "Lopa city"], ["1923"]]),
+])
+def test_objective_golds(golds, expected):
+    assert objective_golds(golds) == expected
+
+
+@pytest.mark.parametrize("golds", [[], "Paris", None, [["a"], "b"], [["a"], []], [[1]]])
+def test_malformed_golds_raise_naming_golds(golds):
+    with pytest.raises(ValueError, match="golds"):
+        compute_reward([final("a")], True, golds)
+
+
+# ----------------------------------------------------------------------------- the reward
+
+TWO = [["Lopa", "Lopa city"], ["1923"]]
+
+
+@pytest.mark.parametrize("answer, em, f1", [
+    ("Lopa; 1923", 1.0, 1.0),
+    ("Lopa city;1923", 1.0, 1.0),  # an alias, no space after the separator
+    ("  lopa ;  1923 ", 1.0, 1.0),  # whitespace and case
+    ("1923; Lopa", 0.0, 0.0),  # order matters: part k answers question k
+    ("Lopa", 0.5, 0.5),  # the second part missing
+    ("; 1923", 0.5, 0.5),  # the first part empty
+    ("Lopa; 1923; Rome", 0.5, (1 + 2 / 3) / 2),  # an extra part lowers the last objective
+    ("Lopa town; 1923", 0.5, (2 / 3 + 1) / 2),  # partial credit per objective
+])
+def test_two_objective_scores(answer, em, f1):
+    r = compute_reward([final(answer)], True, TWO)
+    assert r.format_ok and r.answer == answer
+    assert r.em == pytest.approx(em) and r.f1 == pytest.approx(f1)
+    assert r.reward == pytest.approx(f1 if f1 > 0 else FORMAT_CREDIT)
+
+
+def test_format_rules_unchanged_with_several_objectives():
+    assert compute_reward([final("Lopa; 1923")], False, TWO).reward == 0.0  # no end-of-turn token
+    r = compute_reward(["<think>no answer</think>"], True, TWO)
+    assert r.reward == 0.0 and not r.format_ok and "boxed" in r.failure
+
+
+def test_yes_no_exactness_per_objective():
+    em, f1 = objective_scores("no; 1923", [["yes"], ["1923"]])
+    assert em == 0.5 and f1 == 0.5
+
+
+def test_eight_objectives_mean():
+    golds = [[str(1900 + k)] for k in range(8)]
+    answer = "; ".join(str(1900 + k) if k % 4 else "wrong" for k in range(8))
+    em, f1 = objective_scores(answer, golds)
+    assert em == pytest.approx(6 / 8) and f1 == pytest.approx(6 / 8)
+
+
+def test_joined_gold_answers_score_one(world):
+    """The canonical answer of a joined question (each objective's first alias) earns 1."""
+    for q in join_objectives(world.heldout, 4, seed=1)[:20]:
+        answer = "; ".join(g[0] for g in q["golden_answers"])
+        r = compute_reward([final(answer)], True, q["golden_answers"])
+        assert (r.em, r.f1, r.reward) == (1.0, 1.0, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="{}<"), max_size=30),
+       st.lists(st.text(max_size=15), min_size=1, max_size=3))
+def test_one_objective_flat_and_nested_golds_agree(answer, golds):
+    """[aliases] and [[aliases]] are the same single question: the same EM and F1 as always."""
+    flat = compute_reward([final(answer)], True, golds)
+    nested = compute_reward([final(answer)], True, [golds])
+    assert (flat.em, flat.f1, flat.reward) == (nested.em, nested.f1, nested.reward)
+    assert flat.f1 == token_f1(answer, golds)
+
+
+# ----------------------------------------------------------------------------- config: train and eval
+
+def _cfg(**world):
+    from memsearcher_jax.config_utils import load_config
+
+    cfg = load_config("configs/default.py", [])
+    cfg.world.update(world)
+    return cfg
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_validate_names_world_objectives(bad):
+    from memsearcher_jax.experiment import TrainConfigError, validate
+
+    with pytest.raises(TrainConfigError, match=r"world\.objectives must be an integer >= 1"):
+        validate(_cfg(objectives=bad))
+    with pytest.raises(TrainConfigError, match=r"world\.objectives=2 joins questions of the synthetic world"):
+        validate(_cfg(objectives=2, enabled=False), training=False)
+
+
+def test_setup_asks_world_objectives_questions_in_train_and_eval():
+    from memsearcher_jax.experiment import build_setup, with_objectives
+
+    two = build_setup(_cfg(objectives=2))
+    assert all(len(q["objectives"]) == 2 for q in two.train_questions + two.eval_questions)
+    assert all(p["id"].startswith("heldout-") for q in two.eval_questions for p in q["objectives"])
+    one = with_objectives(two, 1)
+    assert all("objectives" not in q for q in one.eval_questions + one.train_questions)
+    eight = with_objectives(two, 8)
+    assert [len(q["golden_answers"]) for q in eight.eval_questions] == [8] * len(one.eval_questions)
+    assert two.retriever is eight.retriever and two.tokenizer is eight.tokenizer

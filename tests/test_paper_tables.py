@@ -1,0 +1,93 @@
+"""bench/paper_tables.py: the four tables assembled from hand-made results, the per-workflow
+configs it trains, and its report files."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import paper_tables as pt  # noqa: E402
+
+
+def _m(em, f1, peak, per_q, by_turn=()):
+    return {"em": em, "f1": f1, "peak_tokens": peak, "tokens_per_question": per_q, "turns": 2.0,
+            "prompt_tokens_by_turn": [{"turn": i + 1, "mean": mean, "max": mx, "n": n}
+                                      for i, (mean, mx, n) in enumerate(by_turn)]}
+
+
+RESULTS = {
+    "memsearcher": {"grpo_minutes": 12.34,
+                    "warm_start": {1: _m(0.10, 0.20, 150, 400), 2: _m(0.05, 0.15, 160, 500)},
+                    "grpo": {1: _m(0.80, 0.85, 170, 600), 2: _m(0.70, 0.75, 180, 900,
+                                                                  [(120.4, 130, 10), (125, 140, 9)]),
+                             4: _m(0.50, 0.55, 190, 1500), 8: _m(0.40, 0.45, 200, 3000)}},
+    "react": {"grpo_minutes": 20.0,
+              "warm_start": {1: _m(0.12, 0.22, 300, 700), 2: _m(0.06, 0.16, 420, 900)},
+              "grpo": {"1": _m(0.78, 0.8, 330, 800), "2": _m(0.66, 0.7, 500, 1200,
+                                                             [(120, 130, 10), (260, 300, 8), (400, 450, 2)]),
+                       "4": _m(0.3, 0.4, 900, 2500)}},  # string keys: as read back from results.json; 8 missing
+}
+
+
+def test_table1_rows_per_workflow_and_stage():
+    lines = pt.table1(RESULTS).splitlines()
+    assert lines[0].startswith("| workflow | model | EM @1 | F1 @1 | EM @2 | F1 @2 | peak tokens @2")
+    assert lines[2] == "| memsearcher | GRPO | 80.0 | 85.0 | 70.0 | 75.0 | 180 | 900 | 12.3 |"
+    assert lines[3] == "| memsearcher | warm start only | 10.0 | 20.0 | 5.0 | 15.0 | 160 | 500 | — |"
+    assert lines[4] == "| react | GRPO | 78.0 | 80.0 | 66.0 | 70.0 | 500 | 1200 | 20.0 |"
+    assert len(lines) == 6
+
+
+def test_table2_by_turn_cells_and_missing_turns():
+    lines = pt.table2(RESULTS).splitlines()
+    assert lines[0] == "| workflow | turn 1 | turn 2 | turn 3 |"
+    assert lines[2] == "| memsearcher | 120 / 130 (n=10) | 125 / 140 (n=9) | — |"
+    assert lines[3] == "| react | 120 / 130 (n=10) | 260 / 300 (n=8) | 400 / 450 (n=2) |"
+
+
+def test_table3_every_objective_count_missing_is_a_dash():
+    lines = pt.table3(RESULTS).splitlines()
+    assert lines[0] == "| workflow | EM @1 | peak @1 | EM @2 | peak @2 | EM @4 | peak @4 | EM @8 | peak @8 |"
+    assert lines[2] == "| memsearcher | 80.0 | 170 | 70.0 | 180 | 50.0 | 190 | 40.0 | 200 |"
+    assert lines[3] == "| react | 78.0 | 330 | 66.0 | 500 | 30.0 | 900 | — | — |"
+
+
+def test_table4_sorted_by_budget():
+    lines = pt.table4({"64": _m(0.5, 0.6, 200, 900), 16: _m(0.2, 0.3, 150, 700)}).splitlines()
+    assert lines[2] == "| 16 | 20.0 | 30.0 | 150 | 2.00 |" and lines[3].startswith("| 64 | 50.0 |")
+
+
+def test_report_files_round_trip(tmp_path):
+    report = {"date": "2026-11-24", "command": "python bench/paper_tables.py --quick", "train_objectives": 2,
+              "objectives": [1, 2, 4, 8], "eval_questions": 12, "quick": True, "budget_training": False,
+              "workflows": RESULTS, "budgets": {16: _m(0.2, 0.3, 150, 700)}}
+    pt.write_report(report, str(tmp_path))
+    again = json.load(open(tmp_path / "results.json"))
+    md = (tmp_path / "tables.md").read_text()
+    assert pt.tables_markdown(again) == md  # the JSON holds everything the tables show
+    assert "2026-11-24" in md and "`python bench/paper_tables.py --quick`" in md
+    assert md.count("## Table") == 4 and "| memsearcher | GRPO | 80.0 |" in md
+    assert (tmp_path / "prompt_tokens_by_turn.png").stat().st_size > 1000
+
+
+def test_workflow_config_gives_room_for_the_objectives():
+    from memsearcher_jax.config_utils import load_config
+
+    base = load_config(os.path.join(ROOT, "configs/default.py"))
+    cfg = pt.workflow_config(base, "react", "/tmp/x/react", 2, memory_budget=32)
+    assert (cfg.agent.workflow, cfg.world.objectives, cfg.agent.memory_budget) == ("react", 2, 32)
+    assert cfg.agent.max_turns == max(base.agent.max_turns, 5) and cfg.train.eval_questions == 0
+    assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
+    ecfg = pt.eval_config(cfg, 8)
+    assert ecfg.world.objectives == 8 and ecfg.agent.eval_max_turns == 18
+
+
+def test_quick_overrides_yield_to_the_command_line():
+    args, overrides = pt.parse_args(["--quick", "--config.train.steps=5"])
+    assert args.quick and ("sft.steps", "40") in overrides
+    assert overrides.index(("train.steps", "5")) > overrides.index(("train.steps", str(pt.QUICK["train.steps"])))

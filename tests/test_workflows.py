@@ -1,0 +1,333 @@
+"""Workflows on hand-made completions: the context each builds, what it carries, when it ends,
+the loss mask, the per-call token records, and one GRPO step per workflow."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from memsearcher_jax.agent.prompts import PromptBuilder
+from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
+from memsearcher_jax.agent.workflows import Workflow, get_workflow, register, workflow_names
+from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context, mem1_first_context
+from memsearcher_jax.agent.workflows.memory_ops import (Operation, apply_operations, memory_ops_context,
+                                                        ops_observation, parse_operations, render_bank)
+from memsearcher_jax.rl.grpo import pack_rows, score_trajectories, trajectory_advantages
+from retrieval.base import Hit
+
+
+@dataclasses.dataclass
+class Out:
+    tokens: list
+    logprobs: list
+    finish_reason: str
+
+
+class ScriptSampler:
+    """act(k, row) / second(k, row) give the text of a row's k-th act / second call (k from 0);
+    every reply ends with <|im_end|> unless finish says otherwise. Records what it was asked."""
+
+    def __init__(self, tok, b, act, second=lambda k, row: "", finish=lambda kind, k: "stop"):
+        self.tok, self.b, self.act, self.second, self.finish = tok, b, act, second, finish
+        self.counts: dict[tuple[str, int], int] = {}
+        self.seen: list[tuple[str, int, list[int], list[int]]] = []  # (kind, row, prompt, reply)
+
+    def generate(self, prompts, *, max_new_tokens, row_seeds=None, **kw):
+        outs = []
+        for i, p in enumerate(prompts):
+            row = row_seeds[i] if row_seeds is not None else i
+            kind = "act" if p[-1] == self.b.think_id else "second"
+            k = self.counts.get((kind, row), 0)
+            self.counts[(kind, row)] = k + 1
+            text = (self.act if kind == "act" else self.second)(k, row)
+            ids = self.tok.encode(text, add_special_tokens=False)
+            finish = self.finish(kind, k)
+            if finish == "stop":
+                ids = ids + [self.b.eos_id]
+            self.seen.append((kind, row, list(p), ids))
+            outs.append(Out(ids, [-0.5] * len(ids), finish))
+        return outs
+
+
+class Docs:
+    def __init__(self):
+        self.queries = []
+
+    def search(self, queries, top_n):
+        self.queries.append(list(queries))
+        return [[Hit(f"{q}{i}", f"About {q}\nThe answer is Paris.") for i in range(top_n)] for q in queries]
+
+    def hits(self, query, top_n):
+        return [[Hit(f"{query}{i}", f"About {query}\nThe answer is Paris.") for i in range(top_n)]]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from tests.assets import qwen_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+
+
+@pytest.fixture(scope="module")
+def b(tok):
+    return PromptBuilder(tok)
+
+
+def search(state: str, query: str = "capital", top_n: int = 2) -> str:
+    return (f'{state}</think>\n<tool_call>{{"name": "wikipedia_search", "arguments": {{"query": "{query}", '
+            f'"top_n": {top_n}}}}}</tool_call>')
+
+
+ANSWER = "done</think>\n\\boxed{Paris}"
+Q = [{"question": "What is the capital?", "golden_answers": ["Paris"]}]
+
+
+def _enc(tok, b, text):
+    return tok.encode(text, add_special_tokens=False) + [b.eos_id]
+
+
+def _assert_mask_is_generated(sampler, traj):
+    """Every loss-masked token of every row is a token the sampler generated, in order, and
+    every generated token is masked: concatenated masked runs == concatenated replies."""
+    replies = [ids for kind, row, _, ids in sampler.seen if row == traj.traj_id]
+    masked = [tk for c in traj.conversations for tk, m in zip(c.response_ids, c.loss_mask) if m == 1]
+    assert masked == [tk for ids in replies for tk in ids]
+    for c in traj.conversations:
+        assert len(c.response_ids) == len(c.loss_mask) == len(c.sampler_logprobs)
+
+
+# ---------------------------------------------------------------- registry and config
+
+def test_registry_names_the_four_workflows_and_config_rejects_a_typo():
+    assert workflow_names()[:4] == ("memsearcher", "react", "mem1", "memory_ops")
+    for name in workflow_names():
+        assert AgentConfig(workflow=name).workflow == name and get_workflow(name).name == name
+    with pytest.raises(ValueError, match="registered workflows .*memsearcher.*react.*mem1.*memory_ops.*'mem2'"):
+        AgentConfig(workflow="mem2")
+    with pytest.raises(ValueError, match="not a registered workflow"):
+        get_workflow("mem2")
+
+
+def test_a_new_workflow_is_one_registered_class(tok, b):
+    @register
+    class AnswerAtOnce(Workflow):  # a workflow that only ever acts once, from the react context
+        name = "test_answer_once"
+
+        def open_turn(self, t, turn, b, cfg):
+            self.new_conversation(t, b.react_context(t.question), turn)
+
+        def observe(self, t, results, b, cfg):
+            t.finish("one_turn_only")
+
+    assert "test_answer_once" in workflow_names()
+    sampler = ScriptSampler(tok, b, lambda k, row: search("s"))
+    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="test_answer_once")).run(Q)
+    assert t.end_reason == "one_turn_only" and len(t.conversations) == 1 and t.num_searches == 1
+    with pytest.raises(ValueError, match="already registered"):
+        register(type("Other", (Workflow,), {"name": "memsearcher"}))
+
+
+# ---------------------------------------------------------------- mem1
+
+def test_mem1_context_is_question_plus_last_act_and_observation(tok, b):
+    acts = [search("Need the capital."), search("Capital unknown yet.", "France capital"), ANSWER]
+    sampler = ScriptSampler(tok, b, lambda k, row: acts[k])
+    docs = Docs()
+    (t,) = AgentRunner(b, sampler, docs, AgentConfig(workflow="mem1", max_turns=5)).run(Q)
+    assert t.end_reason == "answer" and t.num_searches == 2 and len(t.conversations) == 3
+    first = mem1_first_context(b, Q[0]["question"])
+    assert "<question> What is the capital? </question>" in b.decode(first) and first[-1] == b.think_id
+    act0, act1, act2 = (c.response_ids for c in t.conversations)
+    obs0 = b.tool_message(docs.hits("capital", 2), reopen_think=True)
+    obs1 = b.tool_message(docs.hits("France capital", 2), reopen_think=True)
+    assert t.conversations[0].prompt_ids == first
+    assert t.conversations[1].prompt_ids == first + act0 + obs0
+    # Turn 2 keeps only the last act and observation: act 0 and its documents are gone.
+    assert t.conversations[2].prompt_ids == first + act1 + obs1 == mem1_context(b, Q[0]["question"], act1, obs1)
+    assert b.decode(obs1).endswith("<|im_start|>assistant\n<think>") and "Need the capital." not in \
+        b.decode(t.conversations[2].prompt_ids)
+    # Each row is exactly the act call: its prompt is what the sampler saw, its response what it wrote.
+    for conv, (kind, _, prompt, reply) in zip(t.conversations, sampler.seen):
+        assert kind == "act" and conv.prompt_ids == prompt and conv.response_ids == reply
+        assert conv.loss_mask == [1] * len(reply)
+    assert act2 == _enc(tok, b, ANSWER)
+    # The internal state is carried as the memory of each searching turn.
+    assert t.memories == ["Need the capital.", "Capital unknown yet."] and t.memory_tokens == [len(act0), len(act1)]
+    assert internal_state("<think> a </think><think>b</think>") == "a"
+    assert [c.is_final for c in t.conversations] == [False, False, True]
+    assert score_trajectories([t])[0].reward == 1.0
+    _assert_mask_is_generated(sampler, t)
+
+
+def test_mem1_training_rows_equal_the_sampled_contexts(tok, b):
+    """pack_rows turns each conversation into exactly the token ids the sampler saw followed by
+    what it generated, with the loss mask on the generated positions only."""
+    acts = lambda k, row: search(f"state {k} of {row}") if k < row % 3 else ANSWER  # noqa: E731
+    sampler = ScriptSampler(tok, b, acts)
+    trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="mem1", max_turns=4)).run(Q * 2, group_size=2)
+    assert [len(t.conversations) for t in trajs] == [1, 2, 3, 1]
+    rows = pack_rows(trajs, np.zeros(len(trajs)), b.pad_id, min_len=8)
+    seen = iter([s for t in trajs for s in sampler.seen if s[1] == t.traj_id])  # rows are in trajectory order
+    for r in range(rows.num_rows):
+        kind, _, prompt, reply = next(seen)
+        n = len(prompt) + len(reply)
+        assert rows.tokens[r, :n].tolist() == prompt + reply and rows.attention[r, :n].all()
+        assert rows.loss_mask[r].tolist() == [0.0] * len(prompt) + [1.0] * len(reply) + [0.0] * (rows.tokens.shape[1] - n)
+
+
+def test_mem1_endings(tok, b):
+    cases = {"invalid_act": (lambda k, r: "no closing think", lambda kind, k: "stop"),
+             "length": (lambda k, r: search("s"), lambda kind, k: "length"),
+             "max_turns": (lambda k, r: search("s"), lambda kind, k: "stop")}
+    for reason, (act, finish) in cases.items():
+        sampler = ScriptSampler(tok, b, act, finish=finish)
+        (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="mem1", max_turns=3)).run(Q)
+        assert t.end_reason == reason and t.final.is_final
+    # A context that leaves no room for the act ends the episode instead of calling the sampler.
+    sampler = ScriptSampler(tok, b, lambda k, r: search("s"))
+    first = len(mem1_first_context(b, Q[0]["question"]))
+    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="mem1", max_turns=3,
+                                                       max_context_tokens=first + 60)).run(Q)
+    assert t.end_reason == "response_budget" and len(sampler.seen) == 1 and len(t.conversations) == 2
+
+
+# ---------------------------------------------------------------- memory_ops
+
+def test_parse_operations():
+    ops, errors = parse_operations("<ops>\nADD Paris is the capital.\nupdate 2 Lyon is big\nUPDATE [3]: x\n"
+                                   "DELETE 4\nNOOP\n\nADD: colon text\n</ops> trailing <ops>ADD ignored</ops>")
+    assert ops == [Operation("ADD", None, "Paris is the capital."), Operation("UPDATE", 2, "Lyon is big"),
+                   Operation("UPDATE", 3, "x"), Operation("DELETE", 4), Operation("NOOP"),
+                   Operation("ADD", None, "colon text")]
+    assert errors == []
+    ops, errors = parse_operations("<ops>\nFROB 1\nADD\nDELETE x\nUPDATE 2\nADD ok\n</ops>")
+    assert ops == [Operation("ADD", None, "ok")] and len(errors) == 4
+    assert "unknown operation" in errors[0] and "ADD needs text" in errors[1]
+    assert "DELETE needs an entry id" in errors[2] and "UPDATE needs an id and the new text" in errors[3]
+    assert parse_operations("no block")[1] == ["no <ops> </ops> block; memory unchanged"]
+    assert "unclosed" in parse_operations("<ops> ADD x")[1][0]
+    for junk in (None, b"\xff<ops>ADD \xfe</ops>", "<ops>" + "DELETE 99999999999999999999\n" * 3 + "</ops>"):
+        parse_operations(junk)  # never raises
+
+
+def test_apply_operations_and_the_budget():
+    count = lambda s: len(s.split())  # noqa: E731  (one token per word)
+    entries, nxt, errors = apply_operations([], 1, [Operation("ADD", None, "a b"), Operation("ADD", None, "c"),
+                                                    Operation("UPDATE", 1, "a b d"), Operation("DELETE", 2),
+                                                    Operation("NOOP"), Operation("DELETE", 7)], 100, count)
+    assert entries == [(1, "a b d")] and nxt == 3 and errors == ["DELETE 7: no entry 7"]
+    assert render_bank(entries) == "[1] a b d" and render_bank([]) == ""
+    # "[1] a b d" is 4 "tokens": a budget of 6 refuses an ADD of 3 words but takes 1 word; ids go on.
+    entries2, nxt2, errors2 = apply_operations(entries, nxt, [Operation("ADD", None, "x y z"),
+                                                              Operation("ADD", None, "w")], 6, count)
+    assert entries2 == [(1, "a b d"), (3, "w")] and nxt2 == 4
+    assert errors2 == ["ADD refused: the memory would hold 8 tokens, over its budget of 6"]
+    _, _, errors3 = apply_operations(entries2, nxt2, [Operation("UPDATE", 3, "w w w w")], 6, count)
+    assert errors3[0].startswith("UPDATE 3 refused")
+
+
+def test_memory_ops_rollout_applies_operations_and_shows_errors(tok, b):
+    acts = [search("first"), search("second", "Lyon"), ANSWER]
+    seconds = ["<ops>\nADD Paris is the capital.\nADD Lyon is big.\n</ops>",
+               "<ops>\nUPDATE 2 Lyon is in France.\nDELETE 7\nFROB x\n</ops>"]
+    sampler = ScriptSampler(tok, b, lambda k, r: acts[k], lambda k, r: seconds[k])
+    docs = Docs()
+    (t,) = AgentRunner(b, sampler, docs, AgentConfig(workflow="memory_ops", max_turns=5)).run(Q)
+    assert t.end_reason == "answer" and len(t.conversations) == 3 and t.num_searches == 2
+    q = Q[0]["question"]
+    c0, c1, c2 = t.conversations
+    assert c0.prompt_ids == memory_ops_context(b, q, [], [])
+    bank1 = [(1, "Paris is the capital."), (2, "Lyon is big.")]
+    assert c1.prompt_ids == memory_ops_context(b, q, bank1, [])
+    bank2 = [(1, "Paris is the capital."), (2, "Lyon is in France.")]
+    assert c2.prompt_ids == memory_ops_context(b, q, bank2, t.state["errors"]) and len(t.state["errors"]) == 2
+    text2 = b.decode(c2.prompt_ids)
+    # Malformed lines first, then operations the bank refused.
+    assert ("<memory>\n[1] Paris is the capital.\n[2] Lyon is in France.\n</memory>\n<errors>\n'FROB x': unknown "
+            "operation; use ADD text, UPDATE id text, DELETE id or NOOP\nDELETE 7: no entry 7\n</errors>") in text2
+    assert t.state["op_errors"] == 2
+    # A searching turn's row: act (mask 1), the observation with the instruction (mask 0), ops (mask 1).
+    act = _enc(tok, b, acts[0])
+    obs = ops_observation(b, docs.hits("capital", 2))
+    assert c0.response_ids == act + obs + _enc(tok, b, seconds[0])
+    assert c0.loss_mask == [1] * len(act) + [0] * len(obs) + [1] * (len(c0.response_ids) - len(act) - len(obs))
+    assert b.decode(obs).endswith("NOOP. Keep what helps answer the question.<|im_end|>\n<|im_start|>assistant\n")
+    assert t.memories == [render_bank(bank1), render_bank(bank2)]
+    assert t.memory_tokens == [b.count_tokens(render_bank(bank1)), b.count_tokens(render_bank(bank2))]
+    assert score_trajectories([t])[0].reward == 1.0
+    _assert_mask_is_generated(sampler, t)
+
+
+def test_memory_ops_budget_and_malformed_blocks_do_not_end_the_episode(tok, b):
+    seconds = ["<ops>\nADD " + "word " * 30 + "\nADD short fact\n</ops>", "I forgot the tags", "<ops>NOOP</ops>"]
+    sampler = ScriptSampler(tok, b, lambda k, r: search("s"), lambda k, r: seconds[k])
+    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="memory_ops", max_turns=3, memory_budget=12)).run(Q)
+    assert t.end_reason == "max_turns" and len(t.conversations) == 3
+    text1 = b.decode(t.conversations[1].prompt_ids)
+    assert "[1] short fact" in text1 and "ADD refused" in text1 and "budget of 12" in text1
+    text2 = b.decode(t.conversations[2].prompt_ids)
+    assert "[1] short fact" in text2 and "no <ops> </ops> block" in text2 and "ADD refused" not in text2
+    assert max(t.memory_tokens) <= 12
+    # A cut-off operations call ends the episode like any cut-off generation.
+    sampler = ScriptSampler(tok, b, lambda k, r: search("s"), lambda k, r: "<ops>ADD x",
+                            finish=lambda kind, k: "length" if kind == "second" else "stop")
+    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="memory_ops")).run(Q)
+    assert t.end_reason == "length" and len(t.conversations) == 1
+
+
+# ---------------------------------------------------------------- token records (metrics)
+
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_every_call_is_recorded(tok, b, workflow):
+    second = {"memsearcher": ["<memory>Paris is the capital.</memory>"] * 2,
+              "memory_ops": ["<ops>\nADD Paris is the capital.\n</ops>", "<ops>\nNOOP\n</ops>"]}.get(workflow)
+    sampler = ScriptSampler(tok, b, lambda k, r: search(f"s{k}") if k < 2 else ANSWER, lambda k, r: second[k])
+    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow=workflow, max_turns=5)).run(Q)
+    assert t.end_reason == "answer"
+    assert [(c.kind, c.turn, c.prompt_tokens, c.generated_tokens) for c in t.calls] == \
+        [(kind, c.turn, len(p), len(ids)) for (kind, _, p, ids), c in zip(sampler.seen, t.calls)]
+    has_second = workflow in ("memsearcher", "memory_ops")
+    assert [c.kind for c in t.calls] == (["act", "second"] * 2 if has_second else ["act"] * 2) + ["act"]
+    assert t.turns == 3 and t.num_searches == 2 and t.act_prompt_tokens == t.context_tokens
+    assert len(t.second_prompt_tokens) == (2 if has_second else 0)
+    sizes = [len(p) + len(ids) for _, _, p, ids in sampler.seen]
+    assert t.peak_tokens == max(sizes) and t.tokens_processed == sum(sizes)
+    assert t.prompt_tokens_processed == sum(len(p) for _, _, p, _ in sampler.seen)
+    if workflow == "react":  # the history grows every turn
+        assert t.act_prompt_tokens[0] < t.act_prompt_tokens[1] < t.act_prompt_tokens[2]
+    else:  # rebuilt contexts: the third act's prompt is no longer than the second's plus a few tokens
+        assert t.act_prompt_tokens[2] <= t.act_prompt_tokens[1] + 2
+
+
+# ---------------------------------------------------------------- one GRPO step per workflow
+
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_one_grpo_step_per_workflow(tok, b, workflow):
+    import jax
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
+
+    second = {"memsearcher": "<memory>fact</memory>", "memory_ops": "<ops>\nADD fact\n</ops>"}.get(workflow, "")
+    # Even rows answer right after one search, odd rows wrongly: the group's rewards differ.
+    act = lambda k, row: search("s") if k == 0 else ("ok</think>\\boxed{Paris}" if row % 2 == 0  # noqa: E731
+                                                      else "ok</think>\\boxed{Rome}")
+    sampler = ScriptSampler(tok, b, act, lambda k, r: second)
+    trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow=workflow, max_turns=3)).run(Q, group_size=4)
+    rewards = [r.reward for r in score_trajectories(trajs)]
+    assert rewards == [1.0, 0.1, 1.0, 0.1]
+    rows = pack_rows(trajs, trajectory_advantages(trajs, rewards), b.pad_id, min_len=16)
+    assert rows.num_rows == sum(len(t.conversations) for t in trajs) == (8 if workflow != "react" else 4)
+    assert int(rows.loss_mask.sum()) == sum(len(ids) for *_, ids in sampler.seen)
+    model = Qwen2(ModelConfig.tiny(vocab_size=len(tok), num_layers=1), rngs=nnx.Rngs(0))
+    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=8,
+                                            optim=OptimConfig(learning_rate=1e-3)))
+    before = jax.tree.map(np.asarray, learner.params)
+    m = learner.train_on_rows(rows, np.random.default_rng(0))
+    assert m["skipped"] == 0 and np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    after = jax.tree.map(np.asarray, learner.params)
+    assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
