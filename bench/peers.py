@@ -258,7 +258,8 @@ def main():
         print(f"  done {case}: " + "; ".join(f"{r['row']} ours {r['ours']:.2f}s Tunix {r['tunix']:.2f}s {r['check']}"
                                              for r in results[-(2 if case == 'update' else 1):]), flush=True)
     tunix.close()
-    print("\n| row | batch | work | ours s | Tunix s | speed-up | floor s | ours % of floor | Tunix % of floor | check |")
+    print("\n| row | batch | work | ours s | Tunix s | speed-up | floor s | ours % of floor | Tunix % of floor "
+          "| check |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['row']} | {r['batch']} | {r['work']} | {r['ours']:.2f} | {r['tunix']:.2f} | "

@@ -30,10 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-
 from tunix.generate import sampler as sampler_lib
-from tunix.models.qwen2 import model as model_lib
-from tunix.models.qwen2 import params as params_lib
+from tunix.models.qwen2 import model as model_lib, params as params_lib
 from tunix.rl import algo_core, common
 from tunix.sft import peft_trainer
 

@@ -37,7 +37,7 @@ class CompileCount(NamedTuple):
     from_cache: int = 0    # of those, loaded from the persistent cache
     seconds: float = 0.0   # time spent obtaining them
 
-    def __sub__(self, other: "CompileCount") -> "CompileCount":
+    def __sub__(self, other: CompileCount) -> CompileCount:
         return CompileCount(self.programs - other.programs, self.from_cache - other.from_cache,
                             self.seconds - other.seconds)
 

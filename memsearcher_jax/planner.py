@@ -35,7 +35,7 @@ import math
 import os
 import re
 import types
-from typing import Sequence
+from collections.abc import Sequence
 
 import ml_collections
 
@@ -71,7 +71,7 @@ class MemoryPlan:
     capacity_bytes: int | None            # usable bytes per device (None: unknown)
     device_kind: str
     model_name: str
-    sampler_call: "SamplerCall | None" = None  # the rollout call the rollout rows are sized for
+    sampler_call: SamplerCall | None = None  # the rollout call the rollout rows are sized for
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if r.phase == phase)
@@ -217,7 +217,9 @@ def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
 def _context_tokens(cfg) -> int:
     """Longest context a conversation starts from: system prompt + question (+ memory)."""
     a = cfg.agent
-    memory = a.memory_budget if a.get("workflow", "memsearcher") == "memsearcher" else 0
+    from memsearcher_jax.agent.workflows import get_workflow  # light: no JAX
+
+    memory = get_workflow(a.get("workflow", "memsearcher")).carried_tokens(a)
     return _PROMPT_OVERHEAD_TOKENS + memory
 
 
@@ -313,13 +315,227 @@ def capacity_bytes(cfg, device_memory_gib: float | None) -> int | None:
 
 # ----------------------------------------------------------------------------- the plan
 
-def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None,
-                vocab_size: int | None = None) -> MemoryPlan:
-    """Per-device memory table for training `cfg` on mesh cfg.mesh (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class _Sizing:
+    """What every row is sized from: the model, the learner's mesh, bytes per element."""
+
+    mc: object                    # the ModelConfig
+    mesh: tuple[int, int, int]    # (data, fsdp, tp)
+    pbytes: int                   # parameter dtype
+    abytes: int                   # compute (activation) dtype
+    cbytes: int                   # KV-cache dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class _WeightElements:
+    """Per-device element counts of the weights in their layouts (LoRA adapters apart)."""
+
+    shapes: dict                  # base tensors (adapters excluded): name -> shape
+    train: int                    # base weights in the training layout (FSDP+TP)
+    adapters: int                 # LoRA adapters in the training layout (0 without LoRA)
+    sampler: int                  # the Sampler's copy of every base tensor (TP-only layout)
+    relaid: int                   # the tensors whose placement differs between the layouts
+    n_relaid: int                 # how many tensors those are
+
+
+def _placement(name: str, shape, sharding, fake) -> tuple:
+    """The mesh axes each dimension of a parameter is split over; axes of size 1 are left out,
+    since they do not change where bytes live."""
+    from memsearcher_jax.models.sharding import fit_spec, param_spec
+
+    spec = fit_spec(shape, param_spec(name, len(shape), sharding), fake)
+    out = []
+    for axes in spec:
+        names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        out.append(tuple(a for a in names if fake.shape[a] > 1))
+    return tuple(out)
+
+
+def weight_elements(mc, mesh: tuple[int, int, int]) -> _WeightElements:
+    """Exact per-device element counts, walking the abstract parameter tree.
+
+    The trainer re-lays the trained params out in the TP-only layout (a real copy only for the
+    tensors whose placement differs, made in the compute dtype: shard_model(move_dtype=...)),
+    then the Sampler slices that into its own per-layer arrays in the compute dtype: a full
+    copy of every tensor, which it keeps. LoRA: the adapters are their own rows; every other
+    row is about the base weights (the sampler's copy has the adapters merged in)."""
+    from memsearcher_jax.models import ShardingConfig
+    from memsearcher_jax.models.qwen2 import is_lora_name
+
+    all_shapes = param_shapes(mc)
+    shapes = {n: s for n, s in all_shapes.items() if not is_lora_name(n)}
+    adapters = {n: s for n, s in all_shapes.items() if is_lora_name(n)}
+    train, sampling = ShardingConfig.training(), ShardingConfig.sampling()
+    samp_el = _layout_elems(shapes, mesh, sampling)
+    fake = _fake_mesh(mesh)
+    differs = [n for n, s in shapes.items() if _placement(n, s, train, fake) != _placement(n, s, sampling, fake)]
+    return _WeightElements(shapes=shapes, train=sum(_layout_elems(shapes, mesh, train).values()),
+                           adapters=sum(_layout_elems(adapters, mesh, train).values()),
+                           sampler=sum(samp_el.values()), relaid=sum(samp_el[n] for n in differs),
+                           n_relaid=len(differs))
+
+
+def persistent_rows(sz: _Sizing, w: _WeightElements) -> list[PlanRow]:
+    """Weights, reference, optimizer state and the Sampler's copy: held for the whole run."""
+    mc = sz.mc
+    sampler_note = f"the Sampler's per-layer copy of all {len(w.shapes)} tensors"
+    if mc.lora:
+        # The optimizer, gradients and update cover the float32 adapters alone; the frozen base is
+        # the KL reference, scored with an all-zero copy of the adapters (no copy of the weights).
+        return [
+            PlanRow("params", "persistent", w.train * sz.pbytes,
+                    f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP, frozen base (the KL reference)"),
+            PlanRow("LoRA adapters", "persistent", 2 * w.adapters * 4,
+                    f"{mc.num_lora_params() / 1e6:.1f}M x float32 (rank {mc.lora_rank}, "
+                    f"{','.join(mc.lora_targets)}) + the zero copy that scores the reference"),
+            PlanRow("optimizer state", "persistent", 2 * w.adapters * 4, "AdamW mu + nu of the adapters"),
+            PlanRow("sampler weights", "persistent", w.sampler * sz.abytes,
+                    f"{sampler_note}, adapters merged, {mc.dtype}, TP-only"),
+        ]
+    return [
+        PlanRow("params", "persistent", w.train * sz.pbytes,
+                f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
+        PlanRow("reference params", "persistent", w.train * sz.pbytes, "frozen copy for the KL term"),
+        # optax.adamw keeps mu and nu in the parameter dtype and layout.
+        PlanRow("optimizer state", "persistent", 2 * w.train * sz.pbytes, "AdamW mu + nu"),
+        PlanRow("sampler weights", "persistent", w.sampler * sz.abytes, f"{sampler_note}, {mc.dtype}, TP-only"),
+    ]
+
+
+def sampler_call_bytes(sz: _Sizing, call: SamplerCall, block: int) -> tuple[int, int, int]:
+    """(KV cache bytes, prefill activation bytes, query block) of one Sampler call, per device.
+
+    The Sampler's cache, per layer k, v [B, K, S, Dh] with the cache spec, and what its prefill
+    program holds besides (sampler.py `_prefill_impl`): the packed grid's own cache (every
+    layer's K/V over the prefix + suffix slots, gathered into the decode cache at the end; at
+    worst one grid row per call row), the [rows, T, P + T] mask, and one layer's larger phase:
+    attention (one query block's f32 scores + the softmax's temporary or the probabilities
+    [rows, heads, block, P + T], and q/k/v) or the MLP (~4 [rows, T, F] buffers), plus the
+    residual. Calibrated against XLA's buffer assignment for the compiled prefill on CPU:
+    0.86-1.31x of what XLA holds over the 8 shapes of tests/test_planner.py (a sweep of 14 gave
+    the same range)."""
     from jax.sharding import PartitionSpec as P
 
     from memsearcher_jax.models import ShardingConfig
+    from memsearcher_jax.sampling.layers import query_block_size
 
+    mc, abytes = sz.mc, sz.abytes
+    L, D, F, H, K, Dh = mc.num_layers, mc.hidden_size, mc.intermediate_size, mc.num_heads, mc.num_kv_heads, mc.head_dim
+    cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
+    layer_spec = P(cs[1], cs[3], cs[2], cs[4])
+    # Each row's own slots, and the shared prefix once (replicated over the row shards).
+    own = per_device_elems((call.batch, K, call.suffix + call.new, Dh), layer_spec, call.mesh)
+    kv = 2 * L * (own + per_device_elems((1, K, call.prefix, Dh), layer_spec, call.mesh)) * sz.cbytes
+    keys = call.prefix + call.suffix  # the grid's slots
+    grid = 2 * L * per_device_elems((call.batch, K, keys, Dh), layer_spec, call.mesh) * sz.cbytes
+    rows_loc = call.batch // (call.mesh[0] * call.mesh[1])
+    h_loc, k_loc, f_loc = (_split(n, call.mesh[2]) for n in (H, K, F))
+    blk = query_block_size(call.suffix, block)
+    tokens = rows_loc * call.suffix
+    mask = tokens * keys
+    attention = rows_loc * h_loc * blk * keys * (4 + abytes) + tokens * (h_loc + 2 * k_loc) * Dh * abytes
+    mlp = 4 * tokens * f_loc * abytes  # gate and up, their product, a layout copy
+    return kv, grid + mask + max(attention, mlp) + tokens * D * abytes, blk
+
+
+def rollout_rows(cfg, sz: _Sizing) -> tuple[SamplerCall, list[PlanRow]]:
+    """The largest rollout call (of every prefix/suffix split it may take) and its two rows."""
+    from memsearcher_jax.sampling.sampler import check_query_block
+
+    try:
+        block = check_query_block(cfg.sampler.prefill_query_block)
+    except ValueError as e:
+        raise PlanError(f"sampler.{e}") from None
+    call = max(sampler_calls(cfg), key=lambda c: sum(sampler_call_bytes(sz, c, block)[:2]))
+    kv_b, prefill_b, blk = sampler_call_bytes(sz, call, block)
+    on = (f"host-local mesh {'x'.join(map(str, call.mesh))}" if call.mesh != sz.mesh
+          else f"{call.mesh[0] * call.mesh[1]} batch shards")
+    H = sz.mc.num_heads
+    h_note = f"{H}/{call.mesh[2]}" if H % call.mesh[2] == 0 else str(H)
+    return call, [
+        PlanRow("KV cache", "rollout", kv_b,
+                f"{call.batch} rows ({call.rows} live) x (T {call.suffix} + N {call.new}) slots + "
+                f"one {call.prefix}-slot prefix, {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"),
+        PlanRow("prefill activations", "rollout", prefill_b,
+                f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "
+                f"{h_note} heads, {blk} queries, {call.prefix + call.suffix}] scores, one MLP"),
+    ]
+
+
+def layer_activation_bytes(sz: _Sizing, rows: int, seq: int) -> int:
+    """One layer's live activations while it runs (forward or its recomputation), per device."""
+    mc, abytes, tp = sz.mc, sz.abytes, sz.mesh[2]
+    h_loc, k_loc, f_loc = _split(mc.num_heads, tp), _split(mc.num_kv_heads, tp), _split(mc.intermediate_size, tp)
+    qkv = rows * seq * (h_loc + 2 * k_loc) * mc.head_dim * abytes * 2   # pre/post rope
+    scores = rows * h_loc * seq * seq * (4 + abytes)                     # f32 scores + probs
+    mask = rows * seq * seq                                              # bool [B, T, S]
+    mlp = 3 * rows * seq * f_loc * abytes                                # gate, up, silu*up
+    resid = 4 * rows * seq * mc.hidden_size * abytes                     # x, norms, attention out
+    lora = rows * seq * mc.lora_rank * len(mc.lora_targets) * abytes if mc.lora else 0  # x A per target
+    return qkv + scores + mask + mlp + resid + lora
+
+
+def training_rows(cfg, sz: _Sizing, w: _WeightElements) -> list[PlanRow]:
+    """Scoring (old/reference log-probs) and the update, on rows of one padded conversation."""
+    from memsearcher_jax.sampling.buckets import bucket
+
+    mc, mesh, abytes = sz.mc, sz.mesh, sz.abytes
+    # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves).
+    seq = bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
+    # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
+    # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
+    chunk = int(cfg.rl.get("logits_chunk", 0) or 0)
+    positions = min(chunk, seq) if chunk > 0 else seq
+
+    def logits_bytes(rows: int, copies: int) -> int:  # f32, vocabulary split over tp
+        return copies * rows * positions * _split(mc.vocab_size, mesh[2]) * 4
+
+    # Rows a device holds; not divisible by the batch shards: replicated (as _put does).
+    mb_t = _split(int(cfg.rl.micro_batch_size), mesh[0] * mesh[1])
+    mb_s = _split(int(cfg.rl.logprob_batch_size), mesh[0] * mesh[1])
+    # Scoring is a forward pass: one layer live at a time, plus logits and softmax.
+    rows = [PlanRow("log-prob activations", "scoring", layer_activation_bytes(sz, mb_s, seq) + logits_bytes(mb_s, 2),
+                    f"{mb_s} rows/device x {seq} tokens, forward only")]
+    if mc.lora:
+        rows += [PlanRow("gradients", "update", 2 * w.adapters * 4, "f32 accumulator + one micro-batch's, adapters"),
+                 PlanRow("update temporaries", "update", w.adapters * 4,
+                         "AdamW update tree of the adapters (adapters, moments donated)")]
+    else:
+        # GRPOLearner donates params and optimizer state: they are updated in place, and what the
+        # step adds is the optimizer's update tree (one params-shaped temporary).
+        rows += [PlanRow("gradients", "update", 2 * w.train * 4, "f32 accumulator + one micro-batch's"),
+                 PlanRow("update temporaries", "update", w.train * sz.pbytes,
+                         "AdamW update tree (params, moments donated)")]
+    if mc.remat:
+        # Per-layer checkpointing keeps only each layer's input; one layer is recomputed at a time
+        # and its backward roughly doubles that layer's working set.
+        act = mc.num_layers * mb_t * seq * mc.hidden_size * abytes + 2 * layer_activation_bytes(sz, mb_t, seq)
+        how = "remat: L layer inputs + 1 layer recomputed"
+    else:
+        act = (mc.num_layers + 1) * layer_activation_bytes(sz, mb_t, seq)
+        how = "no remat: every layer's activations saved"
+    rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
+    # Logits and softmax saved for the backward, their cotangent and one temporary.
+    rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4),
+                        f"[{mb_t}, {positions}, V/{mesh[2]}] f32 x 4"
+                        + (f" (chunks of {positions} of {seq} positions)" if positions < seq else "")))
+    return rows
+
+
+def refresh_row(sz: _Sizing, w: _WeightElements) -> PlanRow:
+    """After the update: the Sampler's new copy of the weights, built while the old one is held."""
+    if sz.mc.lora:
+        held = piece_refresh_bytes(sz.mc, w.shapes, sz.mesh, sz.pbytes, sz.abytes)
+        return PlanRow("sampler refresh", "refresh", held, "layer by layer in place (Sampler layer_by_layer): "
+                       "one piece's new arrays and its f32 merge or gathered matrix")
+    return PlanRow("sampler refresh", "refresh", (w.relaid + w.sampler) * sz.abytes,
+                   f"new per-layer copy while the old is held + {w.n_relaid} tensors re-laid out for it")
+
+
+def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None,
+                vocab_size: int | None = None) -> MemoryPlan:
+    """Per-device memory table for training `cfg` on mesh cfg.mesh (see the module docstring):
+    the persistent rows, then each phase's rows, in the order the table prints them."""
     mesh = _mesh_shape(cfg)
     n_dev = math.prod(mesh)
     hw = cfg.get("hardware", None)
@@ -327,178 +543,11 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
         raise PlanError(f"mesh data={mesh[0]} x fsdp={mesh[1]} x tp={mesh[2]} = {n_dev} devices, but "
                         f"hardware.num_devices is {hw.num_devices}")
     mc = model_config_for_plan(cfg, vocab_size)
-    pbytes = _ITEMSIZE[mc.param_dtype]
-    abytes = _ITEMSIZE[mc.dtype]
-    cbytes = _ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))]
-    from memsearcher_jax.models.qwen2 import is_lora_name
-
-    all_shapes = param_shapes(mc)
-    # LoRA: the adapters are their own rows; every other row is about the base weights (the
-    # sampler's copy has the adapters merged in, so it is base-shaped).
-    shapes = {n: s for n, s in all_shapes.items() if not is_lora_name(n)}
-    adapter_el = sum(_layout_elems({n: s for n, s in all_shapes.items() if is_lora_name(n)}, mesh,
-                                   ShardingConfig.training()).values())
-    train_el = _layout_elems(shapes, mesh, ShardingConfig.training())
-    samp_el = _layout_elems(shapes, mesh, ShardingConfig.sampling())
-    p_el = sum(train_el.values())
-    # The trainer re-lays the trained params out in the TP-only layout (a real copy only for the
-    # tensors whose placement differs, made in the compute dtype: shard_model(move_dtype=...)),
-    # then the Sampler slices that into its own per-layer arrays in the compute dtype: a full
-    # copy of every tensor, which it keeps.
-    from memsearcher_jax.models.sharding import fit_spec, param_spec
-
-    fake = _fake_mesh(mesh)
-
-    def placement(name, shape, sharding):  # axes of size 1 do not change where bytes live
-        spec = fit_spec(shape, param_spec(name, len(shape), sharding), fake)
-        out = []
-        for axes in spec:
-            names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
-            out.append(tuple(a for a in names if fake.shape[a] > 1))
-        return tuple(out)
-
-    differs = [n for n, s in shapes.items()
-               if placement(n, s, ShardingConfig.training()) != placement(n, s, ShardingConfig.sampling())]
-    relaid_el = sum(samp_el[n] for n in differs)
-    sampler_el = sum(samp_el.values())
-
-    if mc.lora:
-        # The optimizer, gradients and update cover the float32 adapters alone; the frozen base is
-        # the KL reference, scored with an all-zero copy of the adapters (no copy of the weights).
-        rows = [
-            PlanRow("params", "persistent", p_el * pbytes,
-                    f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP, frozen base (the KL reference)"),
-            PlanRow("LoRA adapters", "persistent", 2 * adapter_el * 4,
-                    f"{mc.num_lora_params() / 1e6:.1f}M x float32 (rank {mc.lora_rank}, "
-                    f"{','.join(mc.lora_targets)}) + the zero copy that scores the reference"),
-            PlanRow("optimizer state", "persistent", 2 * adapter_el * 4, "AdamW mu + nu of the adapters"),
-            PlanRow("sampler weights", "persistent", sampler_el * abytes,
-                    f"the Sampler's per-layer copy of all {len(shapes)} tensors, adapters merged, {mc.dtype}, TP-only"),
-        ]
-    else:
-        rows = [
-            PlanRow("params", "persistent", p_el * pbytes, f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
-            PlanRow("reference params", "persistent", p_el * pbytes, "frozen copy for the KL term"),
-            # optax.adamw keeps mu and nu in the parameter dtype and layout.
-            PlanRow("optimizer state", "persistent", 2 * p_el * pbytes, "AdamW mu + nu"),
-            PlanRow("sampler weights", "persistent", sampler_el * abytes,
-                    f"the Sampler's per-layer copy of all {len(shapes)} tensors, {mc.dtype}, TP-only"),
-        ]
-
-    batch_ways = mesh[0] * mesh[1]
-    tp = mesh[2]
-    L, D, F, H, K, Dh, V = (mc.num_layers, mc.hidden_size, mc.intermediate_size, mc.num_heads, mc.num_kv_heads,
-                            mc.head_dim, mc.vocab_size)
-    # Rollout: the Sampler's cache, per layer k, v [B, K, S, Dh] with the cache spec, and what
-    # its prefill program holds besides (sampler.py `_prefill_impl`): the packed grid's own
-    # cache (every layer's K/V over the prefix + suffix slots, gathered into the decode cache at
-    # the end; at worst one grid row per call row), the [rows, T, P + T] mask, and one layer's
-    # larger phase: attention (one query block's f32 scores + the softmax's temporary or the
-    # probabilities [rows, heads, block, P + T], and q/k/v) or the MLP (~4 [rows, T, F]
-    # buffers), plus the residual. Calibrated against XLA's buffer assignment for the compiled
-    # prefill on CPU: 0.86-1.31x of what XLA holds over the 8 shapes of tests/test_planner.py
-    # (a sweep of 14 gave the same range).
-    from memsearcher_jax.sampling.layers import query_block_size
-    from memsearcher_jax.sampling.sampler import check_query_block
-
-    cs = tuple(ShardingConfig.sampling().cache)  # [L, B, S, K, Dh] -> per layer [B, K, S, Dh]
-    layer_spec = P(cs[1], cs[3], cs[2], cs[4])
-    try:
-        block = check_query_block(cfg.sampler.prefill_query_block)
-    except ValueError as e:
-        raise PlanError(f"sampler.{e}") from None
-
-    def rollout_rows(call: SamplerCall) -> tuple[int, int, int]:
-        # Each row's own slots, and the shared prefix once (replicated over the row shards).
-        own = per_device_elems((call.batch, K, call.suffix + call.new, Dh), layer_spec, call.mesh)
-        kv = 2 * L * (own + per_device_elems((1, K, call.prefix, Dh), layer_spec, call.mesh)) * cbytes
-        keys = call.prefix + call.suffix  # the grid's slots
-        grid = 2 * L * per_device_elems((call.batch, K, keys, Dh), layer_spec, call.mesh) * cbytes
-        rows_loc = call.batch // (call.mesh[0] * call.mesh[1])
-        h_loc, k_loc, f_loc = (_split(n, call.mesh[2]) for n in (H, K, F))
-        blk = query_block_size(call.suffix, block)
-        tokens = rows_loc * call.suffix
-        mask = tokens * keys
-        attention = rows_loc * h_loc * blk * keys * (4 + abytes) + tokens * (h_loc + 2 * k_loc) * Dh * abytes
-        mlp = 4 * tokens * f_loc * abytes  # gate and up, their product, a layout copy
-        return kv, grid + mask + max(attention, mlp) + tokens * D * abytes, blk
-
-    call = max(sampler_calls(cfg), key=lambda c: sum(rollout_rows(c)[:2]))
-    kv_b, prefill_b, blk = rollout_rows(call)
-    on = (f"host-local mesh {'x'.join(map(str, call.mesh))}" if call.mesh != mesh
-          else f"{call.mesh[0] * call.mesh[1]} batch shards")
-    rows.append(PlanRow("KV cache", "rollout", kv_b,
-                        f"{call.batch} rows ({call.rows} live) x (T {call.suffix} + N {call.new}) slots + "
-                        f"one {call.prefix}-slot prefix, {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"))
-    h_note = f"{H}/{call.mesh[2]}" if H % call.mesh[2] == 0 else str(H)
-    rows.append(PlanRow("prefill activations", "rollout", prefill_b,
-                        f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "
-                        f"{h_note} heads, {blk} queries, {call.prefix + call.suffix}] scores, one MLP"))
-
-    # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves).
-    from memsearcher_jax.sampling.buckets import bucket
-
-    seq = bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
-
-    def local_rows(n: int) -> int:
-        return _split(n, batch_ways)  # not divisible: replicated (as _put does)
-
-    def fwd_layer_bytes(mb: int) -> int:
-        """One layer's live activations while it runs (forward or its recomputation)."""
-        h_loc, k_loc, f_loc = _split(H, tp), _split(K, tp), _split(F, tp)
-        qkv = mb * seq * (h_loc + 2 * k_loc) * Dh * abytes * 2          # pre/post rope
-        scores = mb * h_loc * seq * seq * (4 + abytes)                   # f32 scores + probs
-        mask = mb * seq * seq                                            # bool [B, T, S]
-        mlp = 3 * mb * seq * f_loc * abytes                              # gate, up, silu*up
-        resid = 4 * mb * seq * D * abytes                                # x, norms, attention out
-        lora = mb * seq * mc.lora_rank * len(mc.lora_targets) * abytes if mc.lora else 0  # x A per target
-        return qkv + scores + mask + mlp + resid + lora
-
-    # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
-    # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
-    chunk = int(cfg.rl.get("logits_chunk", 0) or 0)
-    logit_positions = min(chunk, seq) if chunk > 0 else seq
-
-    def logits_bytes(mb: int, copies: int) -> int:
-        v_loc = _split(V, tp)
-        return copies * mb * logit_positions * v_loc * 4
-
-    mb_t = local_rows(int(cfg.rl.micro_batch_size))
-    mb_s = local_rows(int(cfg.rl.logprob_batch_size))
-    # Scoring is a forward pass: one layer live at a time, plus logits and softmax.
-    rows.append(PlanRow("log-prob activations", "scoring", fwd_layer_bytes(mb_s) + logits_bytes(mb_s, 2),
-                        f"{mb_s} rows/device x {seq} tokens, forward only"))
-    if mc.lora:
-        rows.append(PlanRow("gradients", "update", 2 * adapter_el * 4, "f32 accumulator + one micro-batch's, adapters"))
-        rows.append(PlanRow("update temporaries", "update", adapter_el * 4,
-                            "AdamW update tree of the adapters (adapters, moments donated)"))
-    else:
-        rows.append(PlanRow("gradients", "update", 2 * p_el * 4, "f32 accumulator + one micro-batch's"))
-        # GRPOLearner donates params and optimizer state: they are updated in place, and what the
-        # step adds is the optimizer's update tree (one params-shaped temporary).
-        rows.append(PlanRow("update temporaries", "update", p_el * pbytes,
-                            "AdamW update tree (params, moments donated)"))
-    if mc.remat:
-        # Per-layer checkpointing keeps only each layer's input; one layer is recomputed at a time
-        # and its backward roughly doubles that layer's working set.
-        act = L * mb_t * seq * D * abytes + 2 * fwd_layer_bytes(mb_t)
-        how = "remat: L layer inputs + 1 layer recomputed"
-    else:
-        act = L * fwd_layer_bytes(mb_t) + fwd_layer_bytes(mb_t)
-        how = "no remat: every layer's activations saved"
-    rows.append(PlanRow("train activations", "update", act, f"{mb_t} rows/device x {seq} tokens, {how}"))
-    # Logits and softmax saved for the backward, their cotangent and one temporary: f32, vocab over tp.
-    rows.append(PlanRow("loss logits", "update", logits_bytes(mb_t, 4),
-                        f"[{mb_t}, {logit_positions}, V/{tp}] f32 x 4"
-                        + (f" (chunks of {logit_positions} of {seq} positions)" if logit_positions < seq else "")))
-    if mc.lora:
-        rows.append(PlanRow("sampler refresh", "refresh", piece_refresh_bytes(mc, shapes, mesh, pbytes, abytes),
-                            "layer by layer in place (Sampler layer_by_layer): one piece's new arrays and "
-                            "its f32 merge or gathered matrix"))
-    else:
-        rows.append(PlanRow("sampler refresh", "refresh", (relaid_el + sampler_el) * abytes,
-                            f"new per-layer copy while the old is held + {len(differs)} tensors re-laid out for it"))
-
+    sz = _Sizing(mc=mc, mesh=mesh, pbytes=_ITEMSIZE[mc.param_dtype], abytes=_ITEMSIZE[mc.dtype],
+                 cbytes=_ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))])
+    w = weight_elements(mc, mesh)
+    call, rollout = rollout_rows(cfg, sz)
+    rows = persistent_rows(sz, w) + rollout + training_rows(cfg, sz, w) + [refresh_row(sz, w)]
     name = cfg.model.preset if str(cfg.model.preset) in _REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
     kind = (hw.get("device_kind", None) if hw else None) or "device"
     return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),

@@ -66,7 +66,7 @@ def _child(cache_dir: str) -> tuple[int, int]:
     env.pop(compile_stats.CACHE_DIR_ENV, None)
     out = subprocess.run([sys.executable, "-c", _CHILD, cache_dir], env=env, capture_output=True, text=True,
                          check=True).stdout
-    line = [l for l in out.splitlines() if l.startswith("COUNT")][-1]
+    line = [x for x in out.splitlines() if x.startswith("COUNT")][-1]
     return int(line.split()[1]), int(line.split()[2])
 
 

@@ -9,7 +9,7 @@ import pytest
 from memsearcher_jax.sampling import (BucketConfig, bucket, common_prefix_length, filter_mask, find_stop,
                                       normalize_stops, pack_stops, push_window, sample_from_logits, stop_hits,
                                       token_logprobs)
-from memsearcher_jax.sampling.packing import pack_suffixes
+from memsearcher_jax.sampling.packing import layout_prefill, pack_suffixes
 from memsearcher_jax.sampling.stopping import NO_TOKEN
 
 
@@ -149,6 +149,30 @@ def test_pack_suffixes_first_fit_decreasing():
     with pytest.raises(ValueError, match="suffix 1 has 11 tokens"):
         pack_suffixes([3, 11], 10)
 
+
+
+def test_layout_prefill_reads_every_prompt_back_from_the_grid():
+    """Each row's suffix, read from the packed grid at (rows, cols), is its prompt past the shared
+    prefix, left-padded; positions continue after the prefix; identical suffixes share a place."""
+    prefix = list(range(100, 140))  # 40 shared tokens
+    tails = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [1, 2, 3], [11]]
+    prompts = [prefix + t for t in tails]
+    bk = BucketConfig(min_batch=1, min_prompt=8, min_shared_prefix=32)
+    lay = layout_prefill(prompts, bk, batch_shards=1, share_prefix=None, share_duplicates=True, pack=True)
+    (p_ids, p_pos, p_valid), (ids, pos, seg), (rows, cols, next_pos) = lay.prefix, lay.grid, lay.reads
+    assert p_ids.shape == (1, lay.prefix_slots) and lay.prefix_slots >= 40
+    assert p_ids[0, p_valid[0]].tolist() == prefix and p_pos[0, p_valid[0]].tolist() == list(range(40))
+    assert lay.batch >= 4 and ids.shape == (lay.grid_rows, lay.suffix_slots) and lay.suffix_slots >= 7
+    assert sorted(set(seg[seg >= 0].tolist())) == [0, 1, 2]  # the duplicate [1, 2, 3] is prefilled once
+    for j, tail in enumerate(tails):
+        read = cols[j][cols[j] >= 0]
+        assert ids[rows[j], read].tolist() == tail
+        assert pos[rows[j], read].tolist() == list(range(40, 40 + len(tail))) and next_pos[j] == 40 + len(tail)
+        assert (cols[j][:lay.suffix_slots - len(tail)] == -1).all()  # left-padded
+    assert rows[0] == rows[2] and (cols[0] == cols[2]).all()
+    alone = layout_prefill(prompts, bk, batch_shards=1, share_prefix=False, share_duplicates=False, pack=False)
+    assert alone.prefix_slots == 0 and alone.grid[0].shape[0] >= 4  # one grid row per prompt, whole prompts
+    assert alone.grid[0][alone.reads[0][1], alone.reads[1][1][alone.reads[1][1] >= 0]].tolist() == prompts[1]
 
 def test_first_max_index_is_argmax_with_first_index_on_ties():
     from memsearcher_jax.sampling.distributions import first_max_index

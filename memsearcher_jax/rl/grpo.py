@@ -20,25 +20,31 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from memsearcher_jax import compile_stats
-
+from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, merge_params
-from memsearcher_jax.rl.losses import (AUX_METRIC_KEYS, LossConfig, aggregation_weights, combine_metric_sums,
-                                       empty_metric_sums, masked_aux_sums, per_token_loss, tis_weights,
-                                       weighted_loss_sum)
+from memsearcher_jax.rl.losses import (
+    AUX_METRIC_KEYS,
+    LossConfig,
+    aggregation_weights,
+    combine_metric_sums,
+    empty_metric_sums,
+    masked_aux_sums,
+    per_token_loss,
+    tis_weights,
+    weighted_loss_sum,
+)
 from memsearcher_jax.sampling.buckets import bucket
 from memsearcher_jax.sampling.distributions import token_logprobs
 
@@ -68,7 +74,7 @@ class RowBatch:
     def num_rows(self) -> int:
         return self.tokens.shape[0]
 
-    def take(self, idx: np.ndarray) -> "RowBatch":
+    def take(self, idx: np.ndarray) -> RowBatch:
         return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
 
 
@@ -111,6 +117,17 @@ def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: 
 
 def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> np.ndarray:
     return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
+
+
+def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
+    """Every host's packed rows, in process order, on every host (a collective).
+
+    The sequence length becomes the longest host's bucket, which is the bucket one process
+    packing all the trajectories picks (buckets grow with the length); the extra columns are
+    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
+    """
+    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
+    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)

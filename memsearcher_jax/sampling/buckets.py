@@ -53,7 +53,7 @@ class BucketConfig:
                 raise ValueError(f"BucketConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
 
     @classmethod
-    def for_turn_loop(cls, max_new_tokens: int) -> "BucketConfig":
+    def for_turn_loop(cls, max_new_tokens: int) -> BucketConfig:
         """Coarse buckets for an agent's turn loop, so a training run meets all its sampler programs
         in its first steps: its calls range from every row (turn 0) down to a few stragglers and
         memory updates, over prompts that grow turn by turn. Batches and prefill-grid rows from 8

@@ -33,7 +33,8 @@ import collections
 import dataclasses
 import math
 import weakref
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,10 +45,10 @@ from jax.sharding import Mesh, PartitionSpec as P
 from memsearcher_jax.models.hf_io import shard_model
 from memsearcher_jax.models.qwen2 import Qwen2
 from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
-from memsearcher_jax.sampling.buckets import BucketConfig, common_prefix_length
+from memsearcher_jax.sampling.buckets import BucketConfig
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
 from memsearcher_jax.sampling.layers import LayerMath, fuse_qkv, layout_layer, layout_params
-from memsearcher_jax.sampling.packing import pack_suffixes
+from memsearcher_jax.sampling.packing import layout_prefill
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
 
 FINISH_REASONS = ("stop", "length")
@@ -266,7 +267,8 @@ class Sampler:
             return
         if self.layer_by_layer:
             if not isinstance(model_or_state, Qwen2) or model_or_state.config != self.config:
-                raise ValueError("update_params on a layer_by_layer sampler needs a Qwen2 with the sampler's ModelConfig")
+                raise ValueError("update_params on a layer_by_layer sampler needs a Qwen2 with the sampler's "
+                                 "ModelConfig")
             self._check_source(model_or_state)
             self._layout_pieces(model_or_state, into=self._params)
             self._laid_out_from = _weak_refs(leaves)
@@ -438,76 +440,23 @@ class Sampler:
         stops = normalize_stops(stop_token_ids, stop_sequences)
         budgets = validate_request(prompts, max_new_tokens, temperature, top_p, top_k, self.config.vocab_size,
                                    self.max_len, stops)
-        if row_seeds is not None:
-            row_seeds = [int(r) for r in row_seeds]
-            if len(row_seeds) != len(prompts):
-                raise ValueError(f"row_seeds has {len(row_seeds)} entries for {len(prompts)} prompts")
-            if any(not 0 <= r < 2 ** 32 for r in row_seeds):
-                raise ValueError("row_seeds must be integers in [0, 2**32)")
+        row_seeds = checked_row_seeds(row_seeds, len(prompts))
         prompts = [list(map(int, p)) for p in prompts]
-        bk = self.buckets
         n = len(prompts)
-        lens = [len(p) for p in prompts]
-        shared = min(common_prefix_length(prompts), min(lens) - 1)  # each row keeps >= 1 suffix token
-        if share_prefix is None:
-            share_prefix = n > 1 and shared >= bk.min_shared_prefix
-        plen = shared if share_prefix and shared > 0 else 0
-        b = bk.batch(n, self._batch_shards())
-        pb = bk.prompt(plen) if plen else 0
-        tb = bk.prompt(max(lens) - plen)
-        nb = bk.new_tokens(max(budgets))
-        # The suffixes to prefill: identical ones (a group's G samples at turn 0) once.
-        seg_index: dict[tuple, int] = {}
-        segments: list[tuple] = []
-        seg_of_row = []
-        for p in prompts:
-            suffix = tuple(p[plen:])
-            if not share_duplicates or suffix not in seg_index:
-                seg_index[suffix] = len(segments)
-                segments.append(suffix)
-            seg_of_row.append(len(segments) - 1 if not share_duplicates else seg_index[suffix])
-        places, used_rows = pack_suffixes([len(x) for x in segments], tb, pack)
-        rb = bk.batch(used_rows, self._batch_shards())
-
-        prefix_ids = np.zeros((1, pb), np.int32)
-        prefix_pos = np.zeros((1, pb), np.int32)
-        prefix_valid = np.zeros((1, pb), bool)
-        if plen:
-            prefix_ids[0, pb - plen:] = prompts[0][:plen]
-            prefix_pos[0, pb - plen:] = np.arange(plen)
-            prefix_valid[0, pb - plen:] = True
-        ids = np.zeros((rb, tb), np.int32)
-        pos = np.zeros((rb, tb), np.int32)
-        seg = np.full((rb, tb), -1, np.int32)
-        for i, (suffix, (r, c0)) in enumerate(zip(segments, places)):
-            ids[r, c0:c0 + len(suffix)] = suffix
-            pos[r, c0:c0 + len(suffix)] = np.arange(plen, plen + len(suffix))
-            seg[r, c0:c0 + len(suffix)] = i
-        # Row j's suffix, left-padded to tb slots, read from its place in the grid. Padding rows
-        # (budget 0, done from the start, never emitted) read row 0's.
-        rows = np.zeros((b,), np.int32)
-        cols = np.full((b, tb), -1, np.int32)
-        next_pos = np.zeros((b,), np.int32)
-        for j in range(b):
-            i = seg_of_row[j if j < n else 0]
-            (r, c0), m = places[i], len(segments[i])
-            rows[j], next_pos[j] = r, plen + m
-            cols[j, tb - m:] = np.arange(c0, c0 + m)
+        lay = layout_prefill(prompts, self.buckets, self._batch_shards(), share_prefix, share_duplicates, pack)
+        b, nb = lay.batch, self.buckets.new_tokens(max(budgets))
         budget = np.zeros((b,), np.int32)
-        budget[:n] = budgets
-        base = jax.random.key(int(seed))
-        if row_seeds is None:
-            fold = jnp.arange(b)
-        else:  # padding rows (budget 0, never emitted) take seed 0
-            fold = jnp.asarray(np.asarray(row_seeds + [0] * (b - n), np.uint32))
-        row_keys = np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(fold)))
+        budget[:n] = budgets  # padding rows: budget 0, done from the start, never emitted
+        keys = row_keys(seed, row_seeds, b)
         table, lengths = pack_stops(stops)
 
-        self.compiled_keys.add((b, pb, tb, nb, table.shape, rb))  # rb: rows of the prefill grid
+        self.compiled_keys.add((b, lay.prefix_slots, lay.suffix_slots, nb, table.shape, lay.grid_rows))
+        prefix_ids, prefix_pos, prefix_valid = lay.prefix
+        (ids, pos, seg), (rows, cols, next_pos) = lay.grid, lay.reads
         st = self._prefill(self._params, self._put(prefix_ids, False), self._put(prefix_pos, False),
                            self._put(prefix_valid, False), self._put(ids, True), self._put(pos, True),
                            self._put(seg, True), self._put(rows, True), self._put(cols, True),
-                           self._put(next_pos, True), self._put(budget, True), self._put(row_keys, True),
+                           self._put(next_pos, True), self._put(budget, True), self._put(keys, True),
                            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), self._put(table, False),
                            self._put(lengths, False), num_new=nb)
         st = self._decode(self._params, st)
@@ -516,9 +465,32 @@ class Sampler:
                            finish_reason="stop" if stopped[i] else "length") for i in range(n)]
 
 
+def checked_row_seeds(row_seeds: Sequence[int] | None, num_prompts: int) -> list[int] | None:
+    """generate()'s row_seeds as ints, or a ValueError naming what is wrong with them."""
+    if row_seeds is None:
+        return None
+    row_seeds = [int(r) for r in row_seeds]
+    if len(row_seeds) != num_prompts:
+        raise ValueError(f"row_seeds has {len(row_seeds)} entries for {num_prompts} prompts")
+    if any(not 0 <= r < 2 ** 32 for r in row_seeds):
+        raise ValueError("row_seeds must be integers in [0, 2**32)")
+    return row_seeds
+
+
+def row_keys(seed: int, row_seeds: list[int] | None, batch: int) -> np.ndarray:
+    """Each row's random key data: (seed, i) for row i, or (seed, row_seeds[i]) when given
+    (padding rows past the prompts, never emitted, take 0)."""
+    base = jax.random.key(int(seed))
+    if row_seeds is None:
+        fold = jnp.arange(batch)
+    else:
+        fold = jnp.asarray(np.asarray(row_seeds + [0] * (batch - len(row_seeds)), np.uint32))
+    return np.asarray(jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(base, r))(fold)))
+
+
 # Samplers kept by `generate`, keyed on what shapes their programs: a loop of one-shot calls on
 # the same architecture reuses the compiled prefill/decode and only swaps the weights in.
-_SAMPLERS: "collections.OrderedDict[tuple, Sampler]" = collections.OrderedDict()
+_SAMPLERS: collections.OrderedDict[tuple, Sampler] = collections.OrderedDict()
 _MAX_KEPT_SAMPLERS = 2
 
 
