@@ -217,21 +217,49 @@ def generate_world(
         raise ValueError(f"num_entities={num_entities}: need at least 6 (2 people, 2 cities, 2 companies)")
     if heldout_by not in HELDOUT_BY:
         raise ValueError(f"heldout_by must be one of {HELDOUT_BY}, got {heldout_by!r}")
+    # One stream, drawn in this order: names, entities, held-out group, the final shuffles.
     rng = random.Random(seed)
     n_city = max(2, round(0.15 * num_entities))
     n_company = max(2, round(0.25 * num_entities))
     n_person = max(n_company, num_entities - n_city - n_company)  # every company needs a founder
-    taken = template_words()
-    counts = {"country": num_countries, "city": n_city, "company": n_company, "person": n_person}
-    if names is None:
-        drawn = {kind: [make_name(rng, kind, taken) for _ in range(n)] for kind, n in counts.items()}
-    else:
-        short = {k: (n, len(names.get(k, ()))) for k, n in counts.items() if n > len(names.get(k, ()))}
-        if short:
-            raise ValueError(f"names: the world needs more names than given (type: (needed, given)) {short}")
-        drawn = {kind: rng.sample(list(names[kind]), n) for kind, n in counts.items()}
+    drawn = _draw_names(rng, {"country": num_countries, "city": n_city, "company": n_company, "person": n_person},
+                        names)
     countries, cities, companies, people = (drawn[k] for k in ("country", "city", "company", "person"))
+    ent = _make_entities(rng, countries, cities, companies, people)
+    corpus, pid = _passages(ent, cities + companies + people)
+    heldout_group = _heldout_entities(rng, (people, cities, companies), heldout_fraction)
+    rows = [(name in heldout_group, row) for name, row in _one_hop_rows(ent, people + cities + companies, pid)]
+    rows += [(name in heldout_group or mid in heldout_group, row)
+             for name, mid, row in _two_hop_rows(ent, people, companies, pid, corpus)]
+    if heldout_by == "fact":
+        rows = _split_by_fact(rows, seed, heldout_fraction)
+    elif heldout_by == "question":
+        rows = _split_by_question(rows, seed, heldout_fraction)
+    train, heldout = [], []
+    for is_heldout, row in rows:
+        split = heldout if is_heldout else train
+        row["id"] = f"{'heldout' if is_heldout else 'train'}-{len(split)}"
+        split.append(row)
+    # Shuffle within splits so 1-hop and 2-hop questions interleave; ids keep generation order.
+    rng.shuffle(train)
+    rng.shuffle(heldout)
+    return World(seed=seed, entities=ent, corpus=corpus, train=train, heldout=heldout)
 
+
+def _draw_names(rng: random.Random, counts: dict[str, int], names: dict[str, list[str]] | None) -> dict[str, list[str]]:
+    """`counts[kind]` names per kind: made up (avoiding template words), or sampled from `names`."""
+    if names is None:
+        taken = template_words()
+        return {kind: [make_name(rng, kind, taken) for _ in range(n)] for kind, n in counts.items()}
+    short = {k: (n, len(names.get(k, ()))) for k, n in counts.items() if n > len(names.get(k, ()))}
+    if short:
+        raise ValueError(f"names: the world needs more names than given (type: (needed, given)) {short}")
+    return {kind: rng.sample(list(names[kind]), n) for kind, n in counts.items()}
+
+
+def _make_entities(rng: random.Random, countries: list[str], cities: list[str], companies: list[str],
+                   people: list[str]) -> dict[str, dict[str, Any]]:
+    """Every entity's type and attributes; each company's founder is a distinct person."""
     ent: dict[str, dict[str, Any]] = {}
     for c in countries:
         ent[c] = {"type": "country"}
@@ -241,35 +269,54 @@ def generate_world(
         ent[p] = {"type": "person", "born_year": rng.choice(BIRTH_YEARS), "born_in": rng.choice(cities),
                   "works_for": rng.choice(companies), "occupation": rng.choice(OCCUPATIONS),
                   "colour": rng.choice(COLOURS)}
-    founders = rng.sample(people, n_company)
+    founders = rng.sample(people, len(companies))
     for y, f in zip(companies, founders):
         ent[y] = {"type": "company", "founder": f,
                   "founded_year": str(int(ent[f]["born_year"]) + rng.randint(20, 40)),
                   "based_in": rng.choice(cities), "product": rng.choice(PRODUCTS)}
+    return ent
 
-    # One passage per non-country entity; ids are strings like the wiki-18 corpus.
+
+def _passages(ent: dict[str, dict[str, Any]], subjects: list[str]) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """One passage per non-country entity (ids are strings like the wiki-18 corpus), and each
+    entity's passage id."""
     corpus: list[dict[str, str]] = []
     pid: dict[str, str] = {}
-    for name in cities + companies + people:
+    for name in subjects:
         e = ent[name]
         sents = [ONE_HOP[e["type"]][rel][2].format(s=name, a=e[rel]) for rel in PASSAGE_ORDER[e["type"]]]
         pid[name] = str(len(corpus))
         corpus.append({"id": pid[name], "contents": name + "\n" + " ".join(sents)})
+    return corpus, pid
 
-    heldout_group = set()
-    for group in (people, cities, companies):
-        k = max(1, round(heldout_fraction * len(group))) if heldout_fraction > 0 else 0
-        heldout_group.update(rng.sample(group, k))
 
-    rows: list[tuple[bool, dict[str, Any]]] = []
-    for name in people + cities + companies:
+def _heldout_entities(rng: random.Random, groups: tuple[list[str], ...], fraction: float) -> set[str]:
+    """heldout_by="entity": `fraction` of each group (at least one when fraction > 0)."""
+    held = set()
+    for group in groups:
+        k = max(1, round(fraction * len(group))) if fraction > 0 else 0
+        held.update(rng.sample(group, k))
+    return held
+
+
+def _one_hop_rows(ent: dict[str, dict[str, Any]], subjects: list[str], pid: dict[str, str]):
+    """(subject, question row) for every relation of every subject."""
+    rows = []
+    for name in subjects:
         e = ent[name]
         for rel, (q, query, sent) in ONE_HOP[e["type"]].items():
-            rows.append((name in heldout_group, {
+            rows.append((name, {
                 "question": q.format(s=name), "golden_answers": _aliases(e[rel], VALUE_TYPE.get(rel, "")),
                 "hops": 1, "gold_passage_ids": [pid[name]], "intermediate": "", "subject": name,
                 "relation": rel, "facts": [sent.format(s=name, a=e[rel])], "queries": [query.format(s=name)],
             }))
+    return rows
+
+
+def _two_hop_rows(ent: dict[str, dict[str, Any]], people: list[str], companies: list[str], pid: dict[str, str],
+                  corpus: list[dict[str, str]]):
+    """(subject, bridge entity, question row) for every 2-hop chain that does not leak its answer."""
+    rows = []
     for stype, bridge, rel2, qtpl in TWO_HOP:
         for name in (people if stype == "person" else companies):
             mid = ent[name][bridge]
@@ -280,7 +327,7 @@ def generate_world(
             # Skip chains that leak: answer in the question, or already in the first passage.
             if answer.lower() in question.lower() or answer.lower() in first_passage.lower():
                 continue
-            rows.append((name in heldout_group or mid in heldout_group, {
+            rows.append((name, mid, {
                 "question": question, "golden_answers": _aliases(answer, VALUE_TYPE.get(rel2, "")),
                 "hops": 2, "gold_passage_ids": [pid[name], pid[mid]], "intermediate": mid, "subject": name,
                 "relation": f"{bridge}/{rel2}",
@@ -288,31 +335,27 @@ def generate_world(
                           ONE_HOP[mtype][rel2][2].format(s=mid, a=answer)],
                 "queries": [ONE_HOP[stype][bridge][1].format(s=name), ONE_HOP[mtype][rel2][1].format(s=mid)],
             }))
+    return rows
 
-    if heldout_by == "fact":
-        # A separate stream, so the world itself (entities, corpus, questions) is the same
-        # whichever split is asked for.
-        def facts(row):
-            ents = [row["subject"]] + ([row["intermediate"]] if row["hops"] == 2 else [])
-            return list(zip(ents, row["relation"].split("/")))
 
-        every = sorted({f for _, row in rows for f in facts(row)})
-        split_rng = random.Random(seed * 7919 + 1)
-        held = set(split_rng.sample(every, round(heldout_fraction * len(every))))
-        rows = [(any(f in held for f in facts(row)), row) for _, row in rows]
-    elif heldout_by == "question":
-        split_rng = random.Random(seed * 7919 + 2)
-        held_idx = set(split_rng.sample(range(len(rows)), round(heldout_fraction * len(rows))))
-        rows = [(i in held_idx, row) for i, (_, row) in enumerate(rows)]
-    train, heldout = [], []
-    for is_heldout, row in rows:
-        split = heldout if is_heldout else train
-        row["id"] = f"{'heldout' if is_heldout else 'train'}-{len(split)}"
-        split.append(row)
-    # Shuffle within splits so 1-hop and 2-hop questions interleave; ids keep generation order.
-    rng.shuffle(train)
-    rng.shuffle(heldout)
-    return World(seed=seed, entities=ent, corpus=corpus, train=train, heldout=heldout)
+def _row_facts(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (entity, relation) facts a question reads."""
+    ents = [row["subject"]] + ([row["intermediate"]] if row["hops"] == 2 else [])
+    return list(zip(ents, row["relation"].split("/")))
+
+
+def _split_by_fact(rows: list, seed: int, fraction: float) -> list:
+    """heldout_by="fact": a question is held out when it reads a held-out fact. A separate stream,
+    so the world itself (entities, corpus, questions) is the same whichever split is asked for."""
+    every = sorted({f for _, row in rows for f in _row_facts(row)})
+    held = set(random.Random(seed * 7919 + 1).sample(every, round(fraction * len(every))))
+    return [(any(f in held for f in _row_facts(row)), row) for _, row in rows]
+
+
+def _split_by_question(rows: list, seed: int, fraction: float) -> list:
+    """heldout_by="question": `fraction` of the questions, drawn from their own stream."""
+    held_idx = set(random.Random(seed * 7919 + 2).sample(range(len(rows)), round(fraction * len(rows))))
+    return [(i in held_idx, row) for i, (_, row) in enumerate(rows)]
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
