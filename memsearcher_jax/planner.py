@@ -35,7 +35,7 @@ import math
 import os
 import re
 import types
-from typing import Sequence
+from collections.abc import Sequence
 
 import ml_collections
 
@@ -71,7 +71,7 @@ class MemoryPlan:
     capacity_bytes: int | None            # usable bytes per device (None: unknown)
     device_kind: str
     model_name: str
-    sampler_call: "SamplerCall | None" = None  # the rollout call the rollout rows are sized for
+    sampler_call: SamplerCall | None = None  # the rollout call the rollout rows are sized for
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if r.phase == phase)
@@ -391,7 +391,8 @@ def persistent_rows(sz: _Sizing, w: _WeightElements) -> list[PlanRow]:
                     f"{sampler_note}, adapters merged, {mc.dtype}, TP-only"),
         ]
     return [
-        PlanRow("params", "persistent", w.train * sz.pbytes, f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
+        PlanRow("params", "persistent", w.train * sz.pbytes,
+                f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
         PlanRow("reference params", "persistent", w.train * sz.pbytes, "frozen copy for the KL term"),
         # optax.adamw keeps mu and nu in the parameter dtype and layout.
         PlanRow("optimizer state", "persistent", 2 * w.train * sz.pbytes, "AdamW mu + nu"),
@@ -501,7 +502,8 @@ def training_rows(cfg, sz: _Sizing, w: _WeightElements) -> list[PlanRow]:
         # GRPOLearner donates params and optimizer state: they are updated in place, and what the
         # step adds is the optimizer's update tree (one params-shaped temporary).
         rows += [PlanRow("gradients", "update", 2 * w.train * 4, "f32 accumulator + one micro-batch's"),
-                 PlanRow("update temporaries", "update", w.train * sz.pbytes, "AdamW update tree (params, moments donated)")]
+                 PlanRow("update temporaries", "update", w.train * sz.pbytes,
+                         "AdamW update tree (params, moments donated)")]
     if mc.remat:
         # Per-layer checkpointing keeps only each layer's input; one layer is recomputed at a time
         # and its backward roughly doubles that layer's working set.
@@ -521,9 +523,9 @@ def training_rows(cfg, sz: _Sizing, w: _WeightElements) -> list[PlanRow]:
 def refresh_row(sz: _Sizing, w: _WeightElements) -> PlanRow:
     """After the update: the Sampler's new copy of the weights, built while the old one is held."""
     if sz.mc.lora:
-        return PlanRow("sampler refresh", "refresh", piece_refresh_bytes(sz.mc, w.shapes, sz.mesh, sz.pbytes, sz.abytes),
-                       "layer by layer in place (Sampler layer_by_layer): one piece's new arrays and "
-                       "its f32 merge or gathered matrix")
+        held = piece_refresh_bytes(sz.mc, w.shapes, sz.mesh, sz.pbytes, sz.abytes)
+        return PlanRow("sampler refresh", "refresh", held, "layer by layer in place (Sampler layer_by_layer): "
+                       "one piece's new arrays and its f32 merge or gathered matrix")
     return PlanRow("sampler refresh", "refresh", (w.relaid + w.sampler) * sz.abytes,
                    f"new per-layer copy while the old is held + {w.n_relaid} tensors re-laid out for it")
 

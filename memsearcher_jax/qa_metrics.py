@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import re
 import string
-from typing import Sequence
+from collections.abc import Sequence
 
 from memsearcher_jax.agent.parsing import extract_boxed, tags_balanced, tool_call_bodies_valid
 

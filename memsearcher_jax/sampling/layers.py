@@ -37,8 +37,16 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from memsearcher_jax.models.config import ModelConfig
-from memsearcher_jax.models.qwen2 import (apply_rope, attention_weights, masked_scores, merge_lora, rms_norm,
-                                          rope_cos_sin, slot_mask, swiglu)
+from memsearcher_jax.models.qwen2 import (
+    apply_rope,
+    attention_weights,
+    masked_scores,
+    merge_lora,
+    rms_norm,
+    rope_cos_sin,
+    slot_mask,
+    swiglu,
+)
 from memsearcher_jax.models.sharding import ShardingConfig, constrain, fit_spec, param_spec
 
 

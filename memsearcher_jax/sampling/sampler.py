@@ -33,7 +33,8 @@ import collections
 import dataclasses
 import math
 import weakref
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -266,7 +267,8 @@ class Sampler:
             return
         if self.layer_by_layer:
             if not isinstance(model_or_state, Qwen2) or model_or_state.config != self.config:
-                raise ValueError("update_params on a layer_by_layer sampler needs a Qwen2 with the sampler's ModelConfig")
+                raise ValueError("update_params on a layer_by_layer sampler needs a Qwen2 with the sampler's "
+                                 "ModelConfig")
             self._check_source(model_or_state)
             self._layout_pieces(model_or_state, into=self._params)
             self._laid_out_from = _weak_refs(leaves)
@@ -449,7 +451,8 @@ class Sampler:
         table, lengths = pack_stops(stops)
 
         self.compiled_keys.add((b, lay.prefix_slots, lay.suffix_slots, nb, table.shape, lay.grid_rows))
-        (prefix_ids, prefix_pos, prefix_valid), (ids, pos, seg), (rows, cols, next_pos) = lay.prefix, lay.grid, lay.reads
+        prefix_ids, prefix_pos, prefix_valid = lay.prefix
+        (ids, pos, seg), (rows, cols, next_pos) = lay.grid, lay.reads
         st = self._prefill(self._params, self._put(prefix_ids, False), self._put(prefix_pos, False),
                            self._put(prefix_valid, False), self._put(ids, True), self._put(pos, True),
                            self._put(seg, True), self._put(rows, True), self._put(cols, True),
@@ -487,7 +490,7 @@ def row_keys(seed: int, row_seeds: list[int] | None, batch: int) -> np.ndarray:
 
 # Samplers kept by `generate`, keyed on what shapes their programs: a loop of one-shot calls on
 # the same architecture reuses the compiled prefill/decode and only swaps the weights in.
-_SAMPLERS: "collections.OrderedDict[tuple, Sampler]" = collections.OrderedDict()
+_SAMPLERS: collections.OrderedDict[tuple, Sampler] = collections.OrderedDict()
 _MAX_KEPT_SAMPLERS = 2
 
 

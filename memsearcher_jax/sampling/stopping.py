@@ -6,7 +6,7 @@ costs O(num_sequences * W) per step and never looks at prompt tokens.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +35,8 @@ def normalize_stops(stop_token_ids: Sequence[int], stop_sequences: Sequence[Sequ
     return unique
 
 
-def pack_stops(stops: Sequence[tuple[int, ...]], min_count: int = 4, min_width: int = 4) -> tuple[np.ndarray, np.ndarray]:
+def pack_stops(stops: Sequence[tuple[int, ...]], min_count: int = 4,
+               min_width: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """Stops -> (table int32 [N, W], lengths int32 [N]), right-aligned, sizes bucketed.
 
     Unused rows have length 0 and never match. N and W are powers of two >= the minimums,
