@@ -21,8 +21,8 @@ Concurrency: handlers never search on the event loop. They enqueue their queries
 `retriever.search` call (one encoder forward + one FAISS search) and resolves their futures.
 """
 
-# No `from __future__ import annotations`: FastAPI must see the request models defined in
-# create_app as real classes, not strings it cannot resolve in that local scope.
+# No `from __future__ import annotations`: FastAPI must see the request models made in
+# _request_models as real classes, not strings it cannot resolve in create_app's local scope.
 import asyncio
 import concurrent.futures
 import dataclasses
@@ -110,16 +110,12 @@ def _doc(h: Hit) -> dict[str, str]:
     return {"id": h.id, "contents": h.contents}
 
 
-def create_app(retriever, limits: ServerLimits | None = None, *, kind: str | None = None):
-    """A FastAPI app serving `retriever` (anything with `search(queries, top_n)`)."""
-    from contextlib import asynccontextmanager
-
-    from fastapi import FastAPI, HTTPException
-    from fastapi.responses import JSONResponse
+def _request_models(limits: ServerLimits):
+    """The three request bodies (pydantic), with top_n / topk bounded by `limits.max_top_n`."""
     from pydantic import AliasChoices, BaseModel, Field
 
-    limits = limits or ServerLimits()
-    top = lambda: Field(default=10, ge=1, le=limits.max_top_n)  # noqa: E731  (one FieldInfo per model)
+    def top():  # one FieldInfo per model
+        return Field(default=10, ge=1, le=limits.max_top_n)
 
     class SearchRequest(BaseModel):
         query: str
@@ -137,6 +133,42 @@ def create_app(retriever, limits: ServerLimits | None = None, *, kind: str | Non
         topk: int = Field(default=3, ge=1, le=limits.max_top_n)
         return_scores: bool = False
 
+    return SearchRequest, BatchSearchRequest, RetrieveRequest
+
+
+def check_queries(queries: list[str], limits: ServerLimits) -> None:
+    """A 413 for a batch or a query over the limits, a 400 for an empty one, before any search."""
+    from fastapi import HTTPException
+
+    if len(queries) > limits.max_batch:
+        raise HTTPException(413, f"batch of {len(queries)} queries exceeds the limit of {limits.max_batch}")
+    if not queries:
+        raise HTTPException(400, "no queries given; expected a non-empty list of query strings")
+    for i, q in enumerate(queries):
+        if not q.strip():
+            raise HTTPException(400, f"query {i} is empty or whitespace; expected non-empty text")
+        if len(q) > limits.max_query_chars:
+            raise HTTPException(413, f"query {i} has {len(q)} characters; the limit is {limits.max_query_chars}")
+
+
+async def _validation_error(request, exc):
+    """FastAPI's 422 for malformed JSON / schema errors, with a message that names the field."""
+    from fastapi.responses import JSONResponse
+
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    return JSONResponse(status_code=422, content={"detail": errors})
+
+
+def create_app(retriever, limits: ServerLimits | None = None, *, kind: str | None = None):
+    """A FastAPI app serving `retriever` (anything with `search(queries, top_n)`)."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, HTTPException
+    from fastapi.exceptions import RequestValidationError
+
+    limits = limits or ServerLimits()
+    SearchRequest, BatchSearchRequest, RetrieveRequest = _request_models(limits)
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -148,20 +180,10 @@ def create_app(retriever, limits: ServerLimits | None = None, *, kind: str | Non
             state.pop("batcher").close()
 
     app = FastAPI(title="memsearcher-jax retriever", lifespan=lifespan)
-
-    def check(queries: list[str]) -> None:
-        if len(queries) > limits.max_batch:
-            raise HTTPException(413, f"batch of {len(queries)} queries exceeds the limit of {limits.max_batch}")
-        if not queries:
-            raise HTTPException(400, "no queries given; expected a non-empty list of query strings")
-        for i, q in enumerate(queries):
-            if not q.strip():
-                raise HTTPException(400, f"query {i} is empty or whitespace; expected non-empty text")
-            if len(q) > limits.max_query_chars:
-                raise HTTPException(413, f"query {i} has {len(q)} characters; the limit is {limits.max_query_chars}")
+    app.add_exception_handler(RequestValidationError, _validation_error)
 
     async def run(queries: list[str], top_n: int) -> list[list[Hit]]:
-        check(queries)
+        check_queries(queries, limits)
         try:
             return await asyncio.wrap_future(state["batcher"].submit(queries, top_n))
         except Exception as e:
@@ -192,15 +214,6 @@ def create_app(retriever, limits: ServerLimits | None = None, *, kind: str | Non
         if req.return_scores:
             return {"result": [[{"document": _doc(h), "score": h.score} for h in hits] for hits in results]}
         return {"result": [[_doc(h) for h in hits] for hits in results]}
-
-    # Keep FastAPI's 422 for malformed JSON / schema errors, but make the message name the field.
-    from fastapi.exceptions import RequestValidationError
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(request, exc: RequestValidationError):
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-                  for e in exc.errors()]
-        return JSONResponse(status_code=422, content={"detail": errors})
 
     return app
 
