@@ -16,7 +16,8 @@ import importlib
 import importlib.util
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +42,15 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.models import (ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, save_pretrained,
-                                    shard_model)
+from memsearcher_jax.models import (
+    ModelConfig,
+    Qwen2,
+    ShardingConfig,
+    from_pretrained,
+    make_mesh,
+    save_pretrained,
+    shard_model,
+)
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits, lora_fields
@@ -51,8 +59,8 @@ from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
-from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.sampling.sampler import check_query_block
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
 from retrieval.loading import load_retriever
@@ -130,8 +138,8 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
     trajectories = cfg.rl.batch_questions * cfg.rl.group_size
     if cfg.rl.optimizer_steps > trajectories >= 1:
-        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} trajectories "
-                        "(rl.batch_questions * rl.group_size): some mini-batches would be empty; set "
+        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} "
+                        "trajectories (rl.batch_questions * rl.group_size): some mini-batches would be empty; set "
                         f"rl.optimizer_steps <= {trajectories}")
     try:
         prefill_query_block(cfg)

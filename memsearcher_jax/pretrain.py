@@ -181,8 +181,8 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
          f"{mc.vocab_size}x{mc.hidden_size} embedding ({sum(map(len, tied))} name/value rows as "
          f"{'a shared vector per type + a fixed code each' if tied else 'trained one by one'}); "
          f"vocabulary {len(tokenizer)}")
-    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed, warmup=min(t.warmup, t.steps),
-                        max_len=t.max_len, min_len=t.min_len, progress=False)
+    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
+                        warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len, progress=False)
     trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
     curriculum = Curriculum(vocab, builder, _curriculum_config(cfg))
     probe = probe_items(vocab, builder, t.probe_items, seed=t.seed + 1000, pool="reserved")

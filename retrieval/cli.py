@@ -40,7 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory (created; must not already hold an index)")
     p.add_argument("--encoder", help="local Hugging Face BERT directory (required unless --index-type bm25)")
     p.add_argument("--index-type", default="flat", choices=(*INDEX_TYPES, "bm25"),
-                   help="flat = exact IndexFlatIP (default); ivf_flat / ivf_pq / hnsw approximate; bm25 needs no encoder")
+                   help="flat = exact IndexFlatIP (default); ivf_flat / ivf_pq / hnsw approximate; "
+                        "bm25 needs no encoder")
     p.add_argument("--convention", default="auto", choices=("auto", "e5", "sentence-transformers"),
                    help="e5: 'query: '/'passage: ' prefixes + mean pooling; sentence-transformers: mean pooling")
     p.add_argument("--max-length", type=int, help="token limit per passage (default from the convention)")

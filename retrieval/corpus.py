@@ -16,7 +16,8 @@ import dataclasses
 import json
 import mmap
 import os
-from typing import Iterable, Iterator, Protocol, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def read_corpus(path: str, *, skip_bad: bool = False, stats: ReadStats | None = 
     few messages are kept); otherwise the first one raises CorpusFormatError.
     """
     stats = stats if stats is not None else ReadStats()
-    with open(path, "r", encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             stats.lines += 1
             try:

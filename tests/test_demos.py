@@ -7,8 +7,7 @@ import pytest
 from memsearcher_jax.agent.parsing import ActKind
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
-from memsearcher_jax.data.demos import (FLAWS, DemoConfig, check_demonstration, demo_stats,
-                                        make_demonstrations)
+from memsearcher_jax.data.demos import FLAWS, DemoConfig, check_demonstration, demo_stats, make_demonstrations
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.qa_metrics import compute_reward

@@ -94,7 +94,7 @@ def test_probe_items_read_reserved_names_from_context(parts):
     vocab, tok, builder = parts
     reserved = set(vocab.name_ids("reserved"))
     items = probe_items(vocab, builder, 40, seed=2)
-    for ids, target, relation in items:
+    for ids, target, _relation in items:
         text = builder.decode(ids)
         assert text.endswith("\\boxed{") and builder.decode([target]) in text  # the answer is in the context
         assert reserved & set(ids)

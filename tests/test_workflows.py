@@ -11,8 +11,14 @@ from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.agent.workflows import Workflow, get_workflow, register, workflow_names
 from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context, mem1_first_context
-from memsearcher_jax.agent.workflows.memory_ops import (Operation, apply_operations, memory_ops_context,
-                                                        ops_observation, parse_operations, render_bank)
+from memsearcher_jax.agent.workflows.memory_ops import (
+    Operation,
+    apply_operations,
+    memory_ops_context,
+    ops_observation,
+    parse_operations,
+    render_bank,
+)
 from memsearcher_jax.rl.grpo import pack_rows, score_trajectories, trajectory_advantages
 from retrieval.base import Hit
 
@@ -175,7 +181,8 @@ def test_mem1_training_rows_equal_the_sampled_contexts(tok, b):
         kind, _, prompt, reply = next(seen)
         n = len(prompt) + len(reply)
         assert rows.tokens[r, :n].tolist() == prompt + reply and rows.attention[r, :n].all()
-        assert rows.loss_mask[r].tolist() == [0.0] * len(prompt) + [1.0] * len(reply) + [0.0] * (rows.tokens.shape[1] - n)
+        pad = rows.tokens.shape[1] - n
+        assert rows.loss_mask[r].tolist() == [0.0] * len(prompt) + [1.0] * len(reply) + [0.0] * pad
 
 
 def test_mem1_endings(tok, b):

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
@@ -71,7 +72,7 @@ class AgentConfig:
         if problems:
             raise ValueError("invalid AgentConfig: " + "; ".join(problems))
 
-    def evaluation(self, max_turns: int = 20) -> "AgentConfig":
+    def evaluation(self, max_turns: int = 20) -> AgentConfig:
         """The recipe's evaluation setting: greedy, up to 20 turns."""
         return dataclasses.replace(self, temperature=0.0, top_p=1.0, top_k=0, max_turns=max_turns)
 
@@ -201,7 +202,7 @@ class AgentRunner:
         trajectories the whole batch run in one call would."""
         trajs = []
         for qi, q in enumerate(questions):
-            for g in range(group_size):
+            for _ in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
                                         question=q["question"], golds=list(q.get("golden_answers", [])),
                                         question_row=dict(q)))

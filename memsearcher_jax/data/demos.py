@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory
 from memsearcher_jax.agent.prompts import PromptBuilder
@@ -189,7 +189,8 @@ def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retr
     for i, row in enumerate(world_rows):
         for key in ("question", "golden_answers", "hops", "facts", "queries", "relation", "subject"):
             if key not in row:
-                raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world question row")
+                raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world "
+                                 "question row")
         # One generator per row: demo i depends only on (seed, i, row), not on the other rows.
         rng = random.Random(f"{seed}:{i}")
         u = rng.random()

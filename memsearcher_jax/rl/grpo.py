@@ -19,23 +19,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, merge_params
-from memsearcher_jax.rl.losses import (AUX_METRIC_KEYS, LossConfig, aggregation_weights, combine_metric_sums,
-                                       empty_metric_sums, masked_aux_sums, per_token_loss, tis_weights,
-                                       weighted_loss_sum)
+from memsearcher_jax.rl.losses import (
+    AUX_METRIC_KEYS,
+    LossConfig,
+    aggregation_weights,
+    combine_metric_sums,
+    empty_metric_sums,
+    masked_aux_sums,
+    per_token_loss,
+    tis_weights,
+    weighted_loss_sum,
+)
 from memsearcher_jax.sampling.buckets import bucket
 from memsearcher_jax.sampling.distributions import token_logprobs
 
@@ -65,7 +72,7 @@ class RowBatch:
     def num_rows(self) -> int:
         return self.tokens.shape[0]
 
-    def take(self, idx: np.ndarray) -> "RowBatch":
+    def take(self, idx: np.ndarray) -> RowBatch:
         return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
 
 

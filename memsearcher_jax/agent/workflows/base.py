@@ -19,7 +19,8 @@ tests. `agent.workflow=<name>` then selects it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # the loop's config and the prompt builder, for annotations o
     from memsearcher_jax.agent.rollout import AgentConfig
     from retrieval.base import Hit
 
-_REGISTRY: dict[str, "Workflow"] = {}
+_REGISTRY: dict[str, Workflow] = {}
 
 
 class Workflow:
@@ -38,26 +39,26 @@ class Workflow:
     name: ClassVar[str] = ""
     second_call: ClassVar[bool] = False   # whether a searching turn makes a second generation call
 
-    def start(self, t: Trajectory, b: "PromptBuilder", cfg: "AgentConfig") -> None:
+    def start(self, t: Trajectory, b: PromptBuilder, cfg: AgentConfig) -> None:
         """Before the first turn."""
 
-    def open_turn(self, t: Trajectory, turn: int, b: "PromptBuilder", cfg: "AgentConfig") -> None:
+    def open_turn(self, t: Trajectory, turn: int, b: PromptBuilder, cfg: AgentConfig) -> None:
         """Make `t.final` the conversation this turn's act extends (a new one, or the same)."""
         raise NotImplementedError
 
-    def act_budget(self, t: Trajectory, cfg: "AgentConfig") -> int:
+    def act_budget(self, t: Trajectory, cfg: AgentConfig) -> int:
         """New tokens the act may write; below 1 the episode ends ("response_budget")."""
         conv = t.final
         used = len(conv.prompt_ids) + len(conv.response_ids)
         return min(cfg.max_new_tokens, cfg.max_response_tokens - len(conv.response_ids),
                    cfg.max_context_tokens - used)
 
-    def observe(self, t: Trajectory, results: Sequence[Sequence["Hit"]], b: "PromptBuilder",
-                cfg: "AgentConfig") -> None:
+    def observe(self, t: Trajectory, results: Sequence[Sequence[Hit]], b: PromptBuilder,
+                cfg: AgentConfig) -> None:
         """The search results of this turn's calls (one hit list per call)."""
         raise NotImplementedError
 
-    def after_second(self, t: Trajectory, text: str, b: "PromptBuilder", cfg: "AgentConfig") -> None:
+    def after_second(self, t: Trajectory, text: str, b: PromptBuilder, cfg: AgentConfig) -> None:
         """The decoded second call (it ended on a stop token): carry its content or end the episode."""
         raise NotImplementedError(f"workflow {self.name!r} makes no second call")
 
