@@ -31,6 +31,7 @@ TEST_REQUIRES = [
     "pytest>=8",
     "pytest-timeout>=2.3",
     "hypothesis>=6",
+    "ruff==0.17.6",  # the linter .ci/run runs first (ruff.toml); pinned so a new rule never fails CI unasked
     # PyTorch only to check our numerics against transformers; pinned exactly because an
     # unpinned torch pulls a multi-GB CUDA build. The library itself never imports torch.
     "torch==2.13.0",
