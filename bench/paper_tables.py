@@ -49,9 +49,9 @@ WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
 OBJECTIVES = (1, 2, 4, 8)
 BUDGETS = (16, 32, 64, 128)
 # --quick: every table in minutes on a CPU (tiny steps and few questions: a check, not a result).
-QUICK = {"sft.steps": 40, "sft.num_demos": 160, "train.steps": 2, "rl.batch_questions": 4, "rl.group_size": 4,
+QUICK = {"sft.steps": 30, "sft.num_demos": 120, "train.steps": 2, "rl.batch_questions": 4, "rl.group_size": 4,
          "rl.micro_batch_size": 16, "train.save_every": 2}
-QUICK_EVAL_QUESTIONS = 12
+QUICK_EVAL_QUESTIONS = 8
 SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens", "peak_tokens_max",
            "tokens_per_question")
 

@@ -6,7 +6,15 @@ Needs accelerators (see the README's scale-out page); it cannot run on a CPU.
         --config.model.source=/path/to/Qwen2.5-3B-Instruct --config.data.train_path=/data/nq_hotpotqa_train \
         --config.retrieval.kind=http --config.retrieval.url=http://127.0.0.1:8000
 """
-import default  # beside this file: config_utils puts a config's folder on sys.path while it runs
+import importlib.util
+import os
+
+# configs/default.py, loaded by its path: no sys.path entry and no module named "default" left
+# behind (configs/recipe.py runs this file from inside its get_config, after the loader is done).
+_spec = importlib.util.spec_from_file_location("_memsearcher_default_config",
+                                               os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
+default = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(default)
 
 
 def get_config():

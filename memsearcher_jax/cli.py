@@ -57,7 +57,7 @@ def _train(cfg, args):
 def _pretrain(cfg, args):
     from memsearcher_jax.pretrain import run_pretrain
 
-    run_pretrain(cfg, resume=not args.fresh, argv=sys.argv[2:])
+    run_pretrain(cfg, resume=not args.fresh, argv=args.command_argv)
 
 
 cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain)
@@ -85,6 +85,17 @@ def cmd_export(args) -> int:
                              adapters_only=args.adapters_only, overwrite=args.overwrite)
     print(f"wrote {'PEFT LoRA adapters' if args.adapters_only else 'Hugging Face model'} to {path}")
     return 0
+
+
+def _positive_gib(text: str) -> float:
+    """argparse type of --device-memory-gib: a number > 0 (0 would divide by zero in the plan)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def cmd_plan(args) -> int:
@@ -159,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="per-device memory plan for a config (does it fit?)")
     _config_arg(p)
-    p.add_argument("--device-memory-gib", type=float, default=None, help="device memory (default: from the config)")
+    p.add_argument("--device-memory-gib", type=_positive_gib, default=None,
+                   help="memory of one device in GiB, > 0 (default: from the config's hardware section)")
     p.set_defaults(func=cmd_plan)
 
     try:
@@ -187,17 +199,24 @@ def main(argv=None) -> int:
         parser = build_parser()
         args = parser.parse_args(rest)
         args.config_overrides = overrides
+        for key, value in overrides:
+            if value.startswith("--"):  # `--config.a.b --next-flag`: the flag was taken as the value
+                parser.error(f"--config.{key} got {value!r} as its value: give a value (--config.{key}=VALUE)")
+        args.command_argv = argv[argv.index(args.command) + 1:]  # what the manifest records to rerun it
         if overrides and not hasattr(args, "config"):
             parser.error(f"--config.* overrides are not used by '{args.command}'")
         return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"memsearcher-jax: config error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("memsearcher-jax: interrupted", file=sys.stderr)
+        return 130
     except (UserInputError, FileNotFoundError, SearchFailuresError) as e:
         # Bad input (a config that cannot run, a data file, a checkpoint): the message names what
         # is wrong, and a traceback would bury it. Anything else is a bug and keeps its traceback.
         print(f"memsearcher-jax: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
 
 
 if __name__ == "__main__":

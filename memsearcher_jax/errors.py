@@ -9,3 +9,5 @@ keeps its traceback. (`retrieval` imports this module too: it has no dependencie
 
 class UserInputError(ValueError):
     """Bad user input: the message says what was wrong and what was expected."""
+
+    exit_code = 2  # what the CLI exits with after printing the message

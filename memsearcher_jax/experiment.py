@@ -16,8 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,15 +41,8 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.models import (
-    ModelConfig,
-    Qwen2,
-    ShardingConfig,
-    from_pretrained,
-    make_mesh,
-    save_pretrained,
-    shard_model,
-)
+from memsearcher_jax.models import (CausalLM, ModelConfig, ShardingConfig, from_pretrained, make_mesh,
+                                    save_pretrained, shard_model)
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits, lora_fields
@@ -59,8 +51,8 @@ from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
-from memsearcher_jax.sampling.sampler import check_query_block
 from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.sampling.sampler import check_query_block
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
 from retrieval.loading import load_retriever
@@ -139,8 +131,8 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     trajectories = cfg.rl.batch_questions * cfg.rl.group_size
     if cfg.rl.optimizer_steps > trajectories >= 1:
         problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} "
-                        "trajectories (rl.batch_questions * rl.group_size): some mini-batches would be empty; set "
-                        f"rl.optimizer_steps <= {trajectories}")
+                        "trajectories (rl.batch_questions * rl.group_size): some mini-batches would be empty; "
+                        f"set rl.optimizer_steps <= {trajectories}")
     try:
         prefill_query_block(cfg)
     except TrainConfigError as e:
@@ -340,20 +332,20 @@ def model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: int, p
         remat=m.remat, eos_token_id=eos_id, bos_token_id=pad_id, **(lora_fields(cfg) if lora else {}))
 
 
-def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None, lora: bool = True) -> Qwen2:
+def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None, lora: bool = True) -> CausalLM:
     """The policy model.source (or `source`) gives, with fresh LoRA adapters when model.lora_rank > 0
     (lora=False: without them, e.g. for the supervised warm start, which trains every weight)."""
     source = source or cfg.model.source
     if source == "init":
         vocab = -(-len(setup.tokenizer) // 64) * 64  # pad the vocabulary to a multiple of 64
         mc = model_config(cfg, vocab, setup.builder.eos_id, setup.builder.pad_id, lora=lora)
-        return Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
+        return CausalLM(mc, rngs=nnx.Rngs(cfg.model.init_seed))
     return from_pretrained(os.path.expanduser(source), dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                            scan_layers=cfg.model.scan_layers, remat=cfg.model.remat,
                            **(lora_fields(cfg) if lora else {}))
 
 
-def build_sampler(cfg: ml_collections.ConfigDict, model: Qwen2, mesh, layer_by_layer: bool = False,
+def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_by_layer: bool = False,
                   to_local=None) -> Sampler:
     """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
     layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler)."""
@@ -378,7 +370,7 @@ def sampling_mesh(cfg: ml_collections.ConfigDict):
     return learner_and_sampler_meshes(cfg)[1]
 
 
-def lora_base_dir(cfg: ml_collections.ConfigDict, policy: Qwen2, base_dir: str | None, from_source: bool) -> str:
+def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, base_dir: str | None, from_source: bool) -> str:
     """The Hugging Face directory of a LoRA run's frozen base, recorded in its checkpoints (which
     hold the adapters alone; export and evaluation load the base from here): `base_dir`, else
     model.source when the policy was loaded from that directory, else the base written once to
@@ -393,7 +385,7 @@ def lora_base_dir(cfg: ml_collections.ConfigDict, policy: Qwen2, base_dir: str |
     return out
 
 
-def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: Qwen2 | None = None,
+def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: CausalLM | None = None,
                   progress: bool = True, base_dir: str | None = None) -> Trainer:
     """Validate, check the plan fits, then build the learner, the sampler and the turn loop.
 

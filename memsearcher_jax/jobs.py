@@ -2,6 +2,7 @@
 checkpoint export. Each is a thin sequence over `experiment` (what a config builds)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,26 +19,15 @@ from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import (
-    Setup,
-    TrainConfigError,
-    build_sampler,
-    build_setup,
-    build_trainer,
-    eval_questions,
-    eval_runner,
-    evaluate,
-    load_policy,
-    lora_fields,
-    sampling_mesh,
-    validate,
-)
+from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
+                                        eval_questions, eval_runner, evaluate, load_policy, lora_fields,
+                                        output_path, sampling_mesh, validate)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
-from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, length_grouped_order, sft_train
+from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
@@ -53,7 +43,7 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
                                      "react_share") if k in cfg.sft}
     return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,
                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
-                                                 **rates))
+                                                 workflow=cfg.agent.workflow, **rates))
 
 
 def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):
@@ -85,19 +75,13 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     warm start's final learning rate. Returns (model, steps taken)."""
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
-    sft_cfg = _sft_config(cfg, steps=10 ** 6, warmup=0)
+    sft_cfg = dataclasses.replace(_sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 10_000,
+                                  progress=False)  # the clock ends it, not the step count
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
-    trainer = SFTTrainer(policy, sft_cfg, optim=OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay,
-                                                            max_grad_norm=sft_cfg.max_grad_norm))
-    rows = build_rows(demo_conversations(demos), setup.builder.pad_id, sft_cfg.max_len)
-    rng = np.random.default_rng(cfg.train.seed + 10_000)
-    order, pos, steps, t0 = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0, 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        if pos + sft_cfg.batch_size > len(order):
-            order, pos = length_grouped_order(rows.lengths, sft_cfg.batch_size, rng), 0
-        trainer.train_step(rows, order[pos:pos + sft_cfg.batch_size])
-        pos, steps = pos + sft_cfg.batch_size, steps + 1
-    return trainer.model(), steps
+    optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
+    model, history = sft_train(policy, demo_conversations(demos), sft_cfg, setup.builder.pad_id, optim=optim,
+                               seconds=seconds)
+    return model, len(history)
 
 
 def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:
@@ -135,6 +119,11 @@ def check_output_dir(out: str, fresh: bool) -> None:
     """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
     a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
     parent of them) and a directory holding anything a run did not write there."""
+    if "://" in out:  # gs://, s3://: written through etils.epath; nothing local to check
+        if fresh:
+            raise UserInputError(f"--fresh with the remote train.output_dir={out}: it is never cleared from here; "
+                                 "choose a new train.output_dir (or clear it with your storage tools)")
+        return
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserInputError(f"train.output_dir={out} is a file, not a directory: choose another train.output_dir")
     parent = out
@@ -159,6 +148,8 @@ def prepare_output_dir(out: str, fresh: bool) -> None:
     """Create the output dir with its marker; fresh: first remove what an earlier run wrote
     there (RUN_ENTRIES), after `check_output_dir` has refused anything else."""
     check_output_dir(out, fresh)
+    if "://" in out:
+        return
     if fresh and os.path.isdir(out):
         for name in sorted(set(os.listdir(out)) & RUN_ENTRIES):
             path = os.path.join(out, name)
@@ -170,6 +161,26 @@ def prepare_output_dir(out: str, fresh: bool) -> None:
     marker = os.path.join(out, RUN_MARKER)
     if not os.path.exists(marker):
         _write_json(marker, {"written_by": "memsearcher-jax train", "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def check_train_values(cfg: ml_collections.ConfigDict) -> None:
+    """Values experiment.validate lets through that would train on nothing or end in a traceback."""
+    problems = []
+    if cfg.rl.group_size < 2:
+        problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
+                        "with each other, so it needs >= 2 (a group of one never learns)")
+    bad_ids = [v for v in cfg.agent.stop_token_ids if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad_ids:
+        problems.append(f"agent.stop_token_ids={tuple(cfg.agent.stop_token_ids)}: expected token ids (integers >= 0, "
+                        f"e.g. --config.agent.stop_token_ids=151643,151645), got {bad_ids[0]!r}")
+    if cfg.world.enabled and cfg.world.num_entities < 1:
+        problems.append(f"world.num_entities={cfg.world.num_entities}: the synthetic world needs >= 1 entity")
+    m = cfg.model
+    if m.source == "init" and (m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads):
+        problems.append(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
+                        "(each KV head serves a whole group of query heads)")
+    if problems:
+        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
 
 
 def check_retriever(cfg: ml_collections.ConfigDict) -> None:
@@ -193,14 +204,65 @@ def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
             raise UserInputError(f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file'}")
 
 
+def check_resumable(trainer, out: str) -> int | None:
+    """The step a run in `out` resumes from (None: it starts at 0), after checking that its
+    checkpoint was written by a model of this config's shape (before anything is restored)."""
+    step = trainer.checkpoints.latest_step()
+    if step is None:
+        return None
+    try:
+        meta = trainer.checkpoints.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata is reported the same way
+        raise UserInputError(f"the checkpoint of step {step} in {out}/checkpoints cannot be read ({type(e).__name__}: "
+                             f"{e}); it may be truncated: remove {out}/checkpoints/{step} to resume from the step "
+                             "before, or start over with --fresh") from None
+    now = dataclasses.asdict(trainer.learner.model().config)
+    saved = meta.get("model_config", {})
+    # The compute dtype may change between runs; a shape, a layout or the adapters may not.
+    differ = sorted(k for k in now if k in saved and k != "dtype" and saved[k] != now[k]
+                    and not isinstance(now[k], (tuple, list)))
+    if differ:
+        what = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in differ[:4])
+        raise UserInputError(f"{out} holds a run of another model (checkpoint step {step}: {what}): resume it with "
+                             "the config it was started with, or pass --fresh, or choose another train.output_dir")
+    return step
+
+
+def run_grpo(trainer, step: int | None) -> None:
+    """trainer.train() as the CLI runs it: says where it resumes (`step`, from check_resumable),
+    stops on Ctrl-C or a failing retriever with one line saying what is kept (the checkpoints
+    are never removed)."""
+    if step is not None:
+        _log(f"resuming from step {step}")
+    try:
+        trainer.train()
+    except KeyboardInterrupt:
+        kept = trainer.checkpoints.latest_step()
+        raise RunInterrupted(f"interrupted at step {trainer.step + 1}; "
+                             f"{f'checkpoint {kept} kept' if kept is not None else 'no checkpoint yet'}; "
+                             "resume with the same command") from None
+    except SearchFailuresError as e:
+        kept = trainer.checkpoints.latest_step()
+        raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. "
+                             f"{f'Checkpoint {kept} is kept' if kept is not None else 'No checkpoint yet'}: fix the "
+                             "retriever, then resume with the same command") from None
+
+
+class RunInterrupted(UserInputError):
+    """Ctrl-C during a run: the message says what was kept and how to resume."""
+
+    exit_code = 130  # the shell's code for a run ended by SIGINT
+
+
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
     validate(cfg)
+    check_train_values(cfg)
     check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
     check_retriever(cfg)
-    out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
+    out = output_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
     setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
     prepare_output_dir(out, fresh=not resume)
@@ -212,6 +274,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
     trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None)
+    resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
     summary_path = os.path.join(out, "summary.json")
@@ -223,11 +286,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         _write_json(summary_path, summary)
     _log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0 = time.perf_counter()
-    try:
-        trainer.train()
-    except SearchFailuresError as e:  # the checkpoints written so far stay; resuming continues from them
-        raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. The checkpoints up to step {trainer.step} "
-                             "are kept: fix the retriever, then resume with the same command") from None
+    run_grpo(trainer, resume_step)
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
@@ -265,6 +324,17 @@ def _checkpoint_manager(path: str, best: bool = False):
     return mngr
 
 
+def _restore(mngr, step: int, **items):
+    """mngr.restore of `items` at `step`; a checkpoint that cannot be read (truncated, half
+    copied) is a message naming its directory and step instead of a deep Orbax traceback."""
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged file
+        where = os.path.join(str(mngr.directory), str(step))
+        raise UserInputError(f"checkpoint step {step} in {where} cannot be read ({type(e).__name__}: "
+                             f"{str(e)[:300]}): it is damaged or incomplete; use another --step") from None
+
+
 def restore_policy(checkpoint: str, step: int | None = None, best: bool = False) -> tuple[Qwen2, dict]:
     """A Qwen2 with the params of a training checkpoint (latest step by default; best=True: the
     params with the highest eval/em, kept in best/), and its metadata.
@@ -275,7 +345,7 @@ def restore_policy(checkpoint: str, step: int | None = None, best: bool = False)
     step = mngr.latest_step() if step is None else step
     if step not in mngr.all_steps():
         raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
-    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    meta = _restore(mngr, step, meta=ocp.args.JsonRestore())["meta"]
     mc = ModelConfig(**meta["model_config"])
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     if mc.lora:
@@ -290,11 +360,11 @@ def restore_policy(checkpoint: str, step: int | None = None, best: bool = False)
                              f"{base.config} vs {mc}")
         graphdef, adapters, frozen = nnx.split(base, LoRAParam, nnx.Param)
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), adapters)
-        adapters = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+        adapters = _restore(mngr, step, params=ocp.args.StandardRestore(target))["params"]
         return nnx.merge(graphdef, adapters, frozen), meta
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0))), nnx.Param)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
-    params = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+    params = _restore(mngr, step, params=ocp.args.StandardRestore(target))["params"]
     return nnx.merge(graphdef, params), meta
 
 

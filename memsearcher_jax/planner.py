@@ -217,7 +217,9 @@ def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
 def _context_tokens(cfg) -> int:
     """Longest context a conversation starts from: system prompt + question (+ memory)."""
     a = cfg.agent
-    memory = a.memory_budget if a.get("workflow", "memsearcher") == "memsearcher" else 0
+    from memsearcher_jax.agent.workflows import get_workflow  # light: no JAX
+
+    memory = get_workflow(a.get("workflow", "memsearcher")).carried_tokens(a)
     return _PROMPT_OVERHEAD_TOKENS + memory
 
 

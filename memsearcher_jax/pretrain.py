@@ -31,7 +31,8 @@ from flax import nnx
 from safetensors import safe_open
 
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, probe_items
+from memsearcher_jax.data.curriculum import (KINDS, Curriculum, CurriculumConfig, PhasedCurriculum,
+                                             multi_probe_items, probe_items)
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.experiment import TrainConfigError
@@ -53,7 +54,7 @@ def base_model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: i
                        intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
                        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
                        tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=pad_id,
-                       eos_token_id=eos_id)
+                       eos_token_id=eos_id, remat=bool(m.get("remat", False)))
 
 
 def name_groups(vocab: ReadingVocab) -> list[list[int]]:
@@ -82,46 +83,111 @@ def set_codes(embed: np.ndarray, groups: list[list[int]], seed: int) -> np.ndarr
 
 # ----------------------------------------------------------------------------- the probe
 
-@functools.partial(jax.jit, static_argnums=0)
-def _last_token_argmax(graphdef, params, ids, mask):
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _last_tokens_argmax(graphdef, params, ids, mask, n_last: int):
     logits = nnx.merge(graphdef, params)(ids, attention_mask=mask)
-    return jnp.argmax(logits[:, -1, :], axis=-1)
+    return jnp.argmax(logits[:, -n_last:, :], axis=-1)
 
 
-def reading_probe(model: Qwen2, items: list[tuple[list[int], int, str]], pad_id: int, batch: int = 64) -> dict:
-    """Greedy accuracy of the answer token (the value after `\\boxed{`) on probe items.
+def reading_probe(model: Qwen2, items: list[tuple[list[int], int | list[int], str]], pad_id: int,
+                  batch: int = 64) -> dict:
+    """Greedy accuracy of the answer (the tokens after `\\boxed{`) on probe items.
 
-    Items are left-padded to one length, so the probe compiles once. Returns {"accuracy",
-    "by_relation": {relation: accuracy}, "n"}.
+    An item's target is one token id or a list of them (a multi-objective answer `a1; a2}`);
+    a list is scored teacher-forced, right when every token is the argmax (= greedy decoding
+    writes it all). Items are left-padded to one length, so the probe compiles once per length;
+    long items go in smaller batches (the logits of a batch stay ~16K positions). Returns
+    {"accuracy", "by_relation": {relation: accuracy}, "n"}.
     """
     graphdef, params = nnx.split(model, nnx.Param)
-    width = max(len(ids) for ids, _, _ in items)
-    width = -(-width // 64) * 64
+    targets = [list(np.atleast_1d(t)) for _, t, _ in items]
+    seqs = [list(ids) + t[:-1] for (ids, _, _), t in zip(items, targets)]
+    n_last = max(map(len, targets))
+    width = -(-max(map(len, seqs)) // 64) * 64
+    batch = max(1, min(batch, 16384 // width))
     hits, rel_hits = [], {}
     for s in range(0, len(items), batch):
-        chunk = items[s:s + batch]
         ids = np.full((batch, width), pad_id, np.int32)
         mask = np.zeros((batch, width), bool)
-        for i, (seq, _, _) in enumerate(chunk):
+        for i, seq in enumerate(seqs[s:s + batch]):
             ids[i, width - len(seq):] = seq
             mask[i, width - len(seq):] = True
-        mask[len(chunk):, -1] = True  # filler rows: one real token, ignored
-        pred = np.asarray(jax.device_get(_last_token_argmax(graphdef, params, ids, mask)))
-        for i, (_, target, rel) in enumerate(chunk):
-            ok = int(pred[i]) == target
+        mask[len(seqs[s:s + batch]):, -1] = True  # filler rows: one real token, ignored
+        pred = np.asarray(jax.device_get(_last_tokens_argmax(graphdef, params, ids, mask, n_last)))
+        for i, (target, (_, _, rel)) in enumerate(zip(targets[s:s + batch], items[s:s + batch])):
+            ok = pred[i, n_last - len(target):].tolist() == target
             hits.append(ok)
             rel_hits.setdefault(rel, []).append(ok)
     return {"accuracy": float(np.mean(hits)), "n": len(hits),
             "by_relation": {r: float(np.mean(v)) for r, v in sorted(rel_hits.items())}}
 
 
+# Context lengths the probe reports (passages shown; 16 are ~900 tokens), and the multi-objective
+# item's passages. Progress items come from seed + 1000 + ..., final items from seed + FINAL_SEED
+# + ...: the final figure is measured on items nothing during pretraining looked at.
+PROBE_PASSAGES = (2, 8, 16)
+MULTI_PASSAGES = 4
+FINAL_SEED = 500_000
+
+
+def probe_sets(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int, final: bool = False) -> dict:
+    """{"2": items, "8": items, "16": items, "multi": items} on reserved names. Progress sets
+    (final=False) start at seed + 1000 (the 2-passage set is the one every earlier base was
+    probed with); final sets at seed + FINAL_SEED, disjoint seeds."""
+    base = seed + (FINAL_SEED if final else 1000)
+    sets = {str(k): probe_items(vocab, builder, n, seed=base if k == 2 else base + 100 * k, n_passages=k)
+            for k in PROBE_PASSAGES}
+    sets["multi"] = multi_probe_items(vocab, builder, n, seed=base + 99, n_passages=MULTI_PASSAGES)
+    return sets
+
+
+def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
+    """Accuracy by context length (and by relation within each) and of the multi-objective items;
+    "accuracy" is over every single-question item, "worst_relation" the lowest relation at any length."""
+    by_length = {k: reading_probe(model, items, pad_id) for k, items in sets.items() if k != "multi"}
+    report = {"by_length": by_length,
+              "accuracy": float(np.mean([r["accuracy"] for r in by_length.values()])),
+              "worst_relation": min(a for r in by_length.values() for a in r["by_relation"].values())}
+    if "multi" in sets:
+        report["multi"] = reading_probe(model, sets["multi"], pad_id)
+    return report
+
+
 # ----------------------------------------------------------------------------- the job
 
-def _curriculum_config(cfg: ml_collections.ConfigDict) -> CurriculumConfig:
+def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict, max_len: int) -> CurriculumConfig:
+    """A phase's curriculum: the row kinds `mix` weighs (in KINDS order; kinds it does not name
+    are not drawn), the world settings of cfg.curriculum."""
     c = cfg.curriculum
-    return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, c[k]) for k in ("repeat", "recall", "cloze", "demo")),
+    extra = {k: tuple(c[k]) for k in ("long_passages", "bind_entities") if k in c}
+    return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, mix[k]) for k in KINDS if k in mix),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
-                            max_len=cfg.train.max_len)
+                            max_len=max_len, **extra)
+
+
+def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumConfig, int]]:
+    """[(first step, curriculum, batch size)]: an optional `first_phase` (its own mix, max_len
+    and batch_size, steps 0..first_phase.steps), then cfg.curriculum at train.max_len and
+    train.batch_size to the end."""
+    t, first = cfg.train, cfg.get("first_phase")
+    last = _curriculum_config(cfg, cfg.curriculum, t.max_len)
+    if first is None or first.steps <= 0:
+        return [(0, last, t.batch_size)]
+    return [(0, _curriculum_config(cfg, first, first.max_len), first.get("batch_size", t.batch_size)),
+            (first.steps, last, t.batch_size)]
+
+
+def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
+    """Every phase as the manifest records it: steps, curriculum mix, max_len, batch size, learning
+    rate (one warm-up + cosine schedule runs over all phases; its value where each phase begins and ends)."""
+    lr = _optim(cfg).schedule_fn()
+    phases = phase_configs(cfg)
+    ends = [p[0] for p in phases[1:]] + [cfg.train.steps]
+    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), "max_len": cur.max_len, "batch_size": batch,
+             "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
+                               "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
+                               "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak at step {cfg.train.steps}"}}
+            for (start, cur, batch), end in zip(phases, ends)]
 
 
 def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
@@ -141,7 +207,12 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
         problems.append(f"train.learning_rate must be > 0, got {t.learning_rate}")
     if problems:
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
-    _curriculum_config(cfg)  # raises ValueError naming the field
+    first = cfg.get("first_phase")
+    if first is not None and not 0 <= first.steps < t.steps:
+        problems.append(f"first_phase.steps must be in [0, train.steps={t.steps}), got {first.steps}")
+    if problems:
+        raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
+    phase_configs(cfg)  # raises ValueError naming the field
 
 
 class _Prefetch:
@@ -160,6 +231,55 @@ class _Prefetch:
         return self.q.get()
 
 
+def _init_model(cfg: ml_collections.ConfigDict, vocab: ReadingVocab, builder: PromptBuilder, vocab_size: int):
+    """The initial model and its tied embedding rows (names / values: a shared vector per type + a code each)."""
+    mc = base_model_config(cfg, vocab_size, builder.eos_id, builder.pad_id)
+    model = Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
+    tied = (name_groups(vocab) if cfg.model.tie_names else []) + (value_groups(vocab) if cfg.model.tie_values else [])
+    if tied:
+        model.embed[...] = jnp.asarray(set_codes(model.embed[...], tied, cfg.model.init_seed), model.embed[...].dtype)
+    _log(f"model: {mc.num_params() - mc.vocab_size * mc.hidden_size:,} parameters besides the "
+         f"{mc.vocab_size}x{mc.hidden_size} embedding ({sum(map(len, tied))} name/value rows as "
+         f"{'a shared vector per type + a fixed code each' if tied else 'trained one by one'}); "
+         f"vocabulary {vocab_size}")
+    return model, tied
+
+
+def _restore(manager, trainer: SFTTrainer, cfg: ml_collections.ConfigDict, vocab: ReadingVocab) -> int:
+    """Loads the latest checkpoint into the trainer; returns its step (0 if none)."""
+    if manager.latest_step() is None:
+        return 0
+    abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+    got = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract(trainer.params)),
+        opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state))))
+    trainer.params, trainer.opt_state, step = got["params"], got["opt_state"], manager.latest_step()
+    _log(f"resumed at step {step}")
+    if cfg.model.recode_values_on_resume:  # a run begun without tied values switches to them
+        emb = trainer.params["embed"]
+        emb[...] = jnp.asarray(set_codes(emb[...], value_groups(vocab), cfg.model.init_seed + 1), emb[...].dtype)
+        _log("value rows re-coded: each kind's mean + a fixed code per value, tied from now on")
+    return step
+
+
+def _progress_metrics(model: Qwen2, sets: dict, seen: list, pad_id: int) -> dict:
+    """The progress probe as logged: 2 passages (probe_accuracy, by relation), the longer
+    contexts, the multi-objective items, and 2 passages over pretrain names."""
+    rep = probe_report(model, sets, pad_id)
+    two = rep["by_length"]["2"]
+    out = {"probe_accuracy": two["accuracy"], "probe_all_lengths": rep["accuracy"],
+           "probe_worst_relation": rep["worst_relation"],
+           "probe_accuracy_pretrain_names": reading_probe(model, seen, pad_id)["accuracy"],
+           **{f"probe/{r}": a for r, a in two["by_relation"].items()}}
+    for k, r in rep["by_length"].items():
+        if k != "2":
+            out[f"probe_{k}_passages"] = r["accuracy"]
+            out.update({f"probe_{k}/{rel}": a for rel, a in r["by_relation"].items()})
+    if "multi" in rep:
+        out["probe_multi"] = rep["multi"]["accuracy"]
+    return out
+
+
 def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list[str] | None = None) -> dict:
     """Train (or resume) the reading base and export it; returns the summary dict."""
     validate_pretrain(cfg)
@@ -172,57 +292,40 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     vocab = ReadingVocab.load(vocab_dir)
     tokenizer = load_tokenizer(vocab_dir)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
-    mc = base_model_config(cfg, len(tokenizer), builder.eos_id, builder.pad_id)
-    model = Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
-    tied = (name_groups(vocab) if cfg.model.tie_names else []) + (value_groups(vocab) if cfg.model.tie_values else [])
-    if tied:
-        model.embed[...] = jnp.asarray(set_codes(model.embed[...], tied, cfg.model.init_seed), model.embed[...].dtype)
-    _log(f"model: {mc.num_params() - mc.vocab_size * mc.hidden_size:,} parameters besides the "
-         f"{mc.vocab_size}x{mc.hidden_size} embedding ({sum(map(len, tied))} name/value rows as "
-         f"{'a shared vector per type + a fixed code each' if tied else 'trained one by one'}); "
-         f"vocabulary {len(tokenizer)}")
-    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
-                        warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len, progress=False)
+    model, tied = _init_model(cfg, vocab, builder, len(tokenizer))
+    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed, warmup=min(t.warmup, t.steps),
+                        max_len=t.max_len, min_len=t.min_len, progress=False)
     trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
-    curriculum = Curriculum(vocab, builder, _curriculum_config(cfg))
-    probe = probe_items(vocab, builder, t.probe_items, seed=t.seed + 1000, pool="reserved")
-    probe_seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
+    phases = phase_configs(cfg)
+    curriculum = PhasedCurriculum([(s, Curriculum(vocab, builder, c)) for s, c, _ in phases])
+    batch_at = lambda step: [b for s, _, b in phases if s <= step][-1]
+    sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)  # progress only; the final sets are never looked at here
+    seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
 
     manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"),
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2))
-    step = 0
-    if resume and manager.latest_step() is not None:
-        abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-        got = manager.restore(manager.latest_step(), args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract(trainer.params)),
-            opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state))))
-        trainer.params, trainer.opt_state, step = got["params"], got["opt_state"], manager.latest_step()
-        _log(f"resumed at step {step}")
-        if cfg.model.recode_values_on_resume:  # a run begun without tied values switches to them
-            emb = trainer.params["embed"]
-            emb[...] = jnp.asarray(set_codes(emb[...], value_groups(vocab), cfg.model.init_seed + 1), emb[...].dtype)
-            _log("value rows re-coded: each kind's mean + a fixed code per value, tied from now on")
+    step = _restore(manager, trainer, cfg, vocab) if resume else 0
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
-    prefetch = _Prefetch(lambda s: curriculum.rows_for_step(s, t.batch_size), step, t.steps)
-    summary_path = os.path.join(out, "summary.json")
-    t0, losses, last = time.time(), [], {}
+    prefetch = _Prefetch(lambda s: curriculum.rows_for_step(s, batch_at(s)), step, t.steps)
+    t0, losses = time.time(), []
+    log_every = t.get("log_every", 0) or t.probe_every
     while step < t.steps:
         got_step, rows = prefetch.get()
         assert got_step == step
-        sft_rows = build_rows(rows, builder.pad_id, sft_cfg.max_len)
-        stats = trainer.train_step(sft_rows, np.arange(len(rows)))
+        stats = trainer.train_step(build_rows(rows, builder.pad_id, sft_cfg.max_len), np.arange(len(rows)))
         losses.append(stats["loss"])
         step += 1
+        if step % log_every == 0 and step % t.probe_every:  # a heartbeat between probes
+            _log(f"step {step}/{t.steps} loss {np.mean(losses[-log_every:]):.3f} "
+                 f"{(time.time() - t0) / len(losses):.1f} s/step")
         if step % t.probe_every == 0 or step == t.steps:
-            res = reading_probe(trainer.model(), probe, builder.pad_id)
-            seen = reading_probe(trainer.model(), probe_seen, builder.pad_id)
-            last = {"loss": float(np.mean(losses)), "probe_accuracy": res["accuracy"],
-                    "probe_accuracy_pretrain_names": seen["accuracy"],
-                    **{f"probe/{r}": a for r, a in res["by_relation"].items()},
+            last = {"loss": float(np.mean(losses)), **_progress_metrics(trainer.model(), sets, seen, builder.pad_id),
                     "steps_per_second": len(losses) / (time.time() - t0)}
             writer.write(step, last)
-            _log(f"step {step}/{t.steps} loss {last['loss']:.3f} probe {100 * res['accuracy']:.1f}% "
-                 f"(pretrain names {100 * seen['accuracy']:.1f}%) {last['steps_per_second']:.2f} steps/s")
+            _log(f"step {step}/{t.steps} loss {last['loss']:.3f} probe {100 * last['probe_accuracy']:.1f}% "
+                 f"(all lengths {100 * last['probe_all_lengths']:.1f}%, multi {100 * last.get('probe_multi', 0):.1f}%, "
+                 f"worst relation {100 * last['probe_worst_relation']:.1f}%, pretrain names "
+                 f"{100 * last['probe_accuracy_pretrain_names']:.1f}%) {last['steps_per_second']:.3f} steps/s")
             t0, losses = time.time(), []
         if step % t.save_every == 0 or step == t.steps:
             manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(trainer.params),
@@ -230,13 +333,15 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     manager.wait_until_finished()
     writer.close()
     export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
-    final = export_base(trainer.model(), vocab_dir, export_dir, cfg, argv, seed=t.seed, n_probe=t.probe_items,
+    final = export_base(trainer.model(), vocab_dir, export_dir, cfg, argv, seed=t.seed,
+                        n_probe=t.get("final_probe_items", t.probe_items),
                         history=read_history(os.path.join(out, "logs")))
     summary = {"steps": t.steps, "probe": final, "export_dir": export_dir}
-    with open(summary_path, "w") as f:
+    with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    _log(f"reading probe on reserved names: {100 * final['accuracy']:.1f}% ({final['n']} items); "
-         f"base written to {export_dir}")
+    _log(f"final probe on reserved names: {100 * final['accuracy']:.1f}% over 2/8/16 passages "
+         f"(worst relation {100 * final['worst_relation']:.1f}%), multi-objective "
+         f"{100 * final['multi']['accuracy']:.1f}%; base written to {export_dir}")
     return summary
 
 
@@ -255,24 +360,38 @@ def read_history(log_dir: str) -> list[dict]:
         return []
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [{"step": r["step"], "loss": round(r["loss"], 4), "probe": round(r["probe_accuracy"], 4)} for r in rows]
+    keys = {"probe": "probe_accuracy", "probe_all_lengths": "probe_all_lengths", "probe_multi": "probe_multi",
+            "probe_worst_relation": "probe_worst_relation"}
+    return [{"step": r["step"], "loss": round(r["loss"], 4),
+             **{k: round(r[m], 4) for k, m in keys.items() if m in r}} for r in rows]
 
 
 def base_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
-    """The reading probe of a base directory as it is stored (bf16 weights, read in float32):
-    reserved names only, the same items the pretraining run probed with (seed + 1000)."""
+    """The progress probe's 2-passage figure for a base directory as it is stored (bf16 weights,
+    read in float32): reserved names only, the same items the pretraining run probed with
+    (seed + 1000). The shipped figure is `final_probe`'s."""
     vocab = ReadingVocab.load(base_dir)
     builder = PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
     items = probe_items(vocab, builder, n, seed=seed + 1000, pool="reserved")
     return reading_probe(from_pretrained(base_dir), items, builder.pad_id)
 
 
+def final_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
+    """The figure a base ships with: the stored weights (bf16, read in float32) on the FINAL probe
+    sets (seed + FINAL_SEED: items no progress probe, checkpoint choice or stopping rule saw),
+    by context length (2, 8, 16 passages) and relation, plus the multi-objective items."""
+    vocab = ReadingVocab.load(base_dir)
+    builder = PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
+    return probe_report(from_pretrained(base_dir), probe_sets(vocab, builder, n, seed, final=True), builder.pad_id)
+
+
 def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict,
                 argv: list[str] | None = None, seed: int = 0, n_probe: int = 512, history: list | None = None) -> dict:
-    """bf16 Hugging Face directory + base_manifest.json (command, config, the probe measured on
-    the stored bf16 weights, every file's size and sha256, tensor shapes). Returns the probe."""
+    """bf16 Hugging Face directory + base_manifest.json (command, config, every phase, the final
+    probe measured on the stored bf16 weights (`reading_probe`) and the progress probe's 2-passage
+    figure, every file's size and sha256, tensor shapes). Returns the final probe."""
     save_pretrained(model, out_dir, tokenizer_dir=vocab_dir, dtype="bfloat16")
-    probe = base_probe(out_dir, n_probe, seed)
+    probe = final_probe(out_dir, n_probe, seed)
     files = {}
     for name in sorted(os.listdir(out_dir)):
         if name == BASE_MANIFEST:
@@ -286,7 +405,9 @@ def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.
         "date": time.strftime("%Y-%m-%d"),
         "seed": {"vocab": cfg.vocab.seed, "init": cfg.model.init_seed, "data": cfg.train.seed},
         "config": cfg.to_dict(),
+        "phases": phase_records(cfg),
         "reading_probe": probe,
+        "progress_probe": base_probe(out_dir, n_probe, seed),
         "history": history or [],
         "tensors": tensors,
         "files": files,

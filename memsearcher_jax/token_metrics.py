@@ -73,37 +73,12 @@ def by_turn_metrics(by_turn: Sequence[TurnTokens], prefix: str = "prompt_tokens"
     return out
 
 
-def generation_calls(prompt_tokens: int, loss_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """(prompt tokens, generated tokens) of each generation call of one conversation, read from
-    its loss mask: each maximal run of generated (mask 1) tokens is one call, whose prompt is
-    everything before it. For trajectories that do not record their calls."""
-    calls, pos = [], 0
-    while pos < len(loss_mask):
-        if loss_mask[pos] != 1:
-            pos += 1
-            continue
-        start = pos
-        while pos < len(loss_mask) and loss_mask[pos] == 1:
-            pos += 1
-        calls.append((prompt_tokens + start, pos - start))
-    return calls
-
-
-def _episode_calls(traj) -> list[tuple[int, int]]:
-    recorded = getattr(traj, "calls", None)
-    if recorded is not None:  # agent.trajectory.CallRecord: exact, zero-token calls included
-        return [(c.prompt_tokens, c.generated_tokens) for c in recorded]
-    return [call for conv in traj.conversations for call in generation_calls(len(conv.prompt_ids), conv.loss_mask)]
-
-
 def trajectory_token_metrics(trajs) -> dict:
-    """episode_token_metrics over trajectories, plus "prompt_tokens_by_turn" (TurnTokens as
-    dicts). A trajectory gives its act prompts (context_tokens), its searches and its calls."""
-    calls = [_episode_calls(t) for t in trajs]
-    out = episode_token_metrics(peaks=[max((p + g for p, g in c), default=0) for c in calls],
-                                processed=[sum(p + g for p, g in c) for c in calls],
-                                searches=[t.num_searches for t in trajs],
-                                turns=[len(t.context_tokens) for t in trajs])
-    out["prompt_tokens_by_turn"] = [dataclasses.asdict(r) for r in prompt_tokens_by_turn([t.context_tokens
-                                                                                         for t in trajs])]
+    """episode_token_metrics over trajectories (agent.trajectory.Trajectory: its peak_tokens,
+    tokens_processed, num_searches, turns and act_prompt_tokens, all read from the calls it
+    recorded), plus "prompt_tokens_by_turn" (TurnTokens as dicts)."""
+    out = episode_token_metrics(peaks=[t.peak_tokens for t in trajs], processed=[t.tokens_processed for t in trajs],
+                                searches=[t.num_searches for t in trajs], turns=[t.turns for t in trajs])
+    out["prompt_tokens_by_turn"] = [dataclasses.asdict(r)
+                                    for r in prompt_tokens_by_turn([t.act_prompt_tokens for t in trajs])]
     return out

@@ -30,34 +30,74 @@ _SERVE_EPILOG = """endpoints:
   GET  /health"""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and ends every option's help with its default (unless the
+    help already says it, or the option is required)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required or not action.option_strings or "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        if action.default is False and action.nargs == 0:
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1..65535, got {value}")
+    return value
+
+
 def register(subparsers) -> None:
     defaults = IndexConfig()
     p = subparsers.add_parser(
         "index", help="build a dense (FAISS) or BM25 index directory from a jsonl corpus",
         description="Stream a jsonl corpus into a saved index directory (manifest.json + index + doc store).",
-        epilog=_INDEX_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_INDEX_EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--corpus", required=True, help="jsonl corpus, one {\"id\", \"contents\"} object per line")
     p.add_argument("--out", required=True, help="output directory (created; must not already hold an index)")
-    p.add_argument("--encoder", help="local Hugging Face BERT directory (required unless --index-type bm25)")
+    p.add_argument("--encoder", help="local Hugging Face BERT directory (required unless --index-type bm25; "
+                                     "no default)")
     p.add_argument("--index-type", default="flat", choices=(*INDEX_TYPES, "bm25"),
-                   help="flat = exact IndexFlatIP (default); ivf_flat / ivf_pq / hnsw approximate; "
-                        "bm25 needs no encoder")
+                   help="flat = exact IndexFlatIP; ivf_flat / ivf_pq / hnsw approximate; bm25 needs no encoder")
     p.add_argument("--convention", default="auto", choices=("auto", "e5", "sentence-transformers"),
-                   help="e5: 'query: '/'passage: ' prefixes + mean pooling; sentence-transformers: mean pooling")
-    p.add_argument("--max-length", type=int, help="token limit per passage (default from the convention)")
-    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default 64)")
+                   help="e5: 'query: '/'passage: ' prefixes + mean pooling; sentence-transformers: mean pooling; "
+                        "auto: from the encoder's name")
+    p.add_argument("--max-length", type=positive_int,
+                   help="token limit per passage (default: the convention's, 512 for e5)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="encoder batch size")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="encoder compute dtype")
-    p.add_argument("--chunk-size", type=int, default=8192, help="passages read and encoded per chunk")
-    p.add_argument("--nlist", type=int, default=defaults.nlist, help="IVF cells")
-    p.add_argument("--nprobe", type=int, default=defaults.nprobe, help="IVF cells searched per query")
-    p.add_argument("--pq-m", type=int, default=defaults.pq_m, help="PQ sub-quantizers (must divide the dimension)")
-    p.add_argument("--pq-nbits", type=int, default=defaults.pq_nbits, help="bits per PQ code")
-    p.add_argument("--hnsw-m", type=int, default=defaults.hnsw_m, help="HNSW neighbours per node")
-    p.add_argument("--ef-construction", type=int, default=defaults.ef_construction, help="HNSW build beam")
-    p.add_argument("--ef-search", type=int, default=defaults.ef_search, help="HNSW search beam")
-    p.add_argument("--train-size", type=int, default=defaults.train_size, help="vectors used to train IVF/PQ")
+    p.add_argument("--chunk-size", type=positive_int, default=8192, help="passages read and encoded per chunk")
+    p.add_argument("--nlist", type=positive_int, default=defaults.nlist, help="IVF cells")
+    p.add_argument("--nprobe", type=positive_int, default=defaults.nprobe, help="IVF cells searched per query")
+    p.add_argument("--pq-m", type=positive_int, default=defaults.pq_m, help="PQ sub-quantizers (must divide the dimension)")
+    p.add_argument("--pq-nbits", type=positive_int, default=defaults.pq_nbits, help="bits per PQ code")
+    p.add_argument("--hnsw-m", type=positive_int, default=defaults.hnsw_m, help="HNSW neighbours per node")
+    p.add_argument("--ef-construction", type=positive_int, default=defaults.ef_construction, help="HNSW build beam")
+    p.add_argument("--ef-search", type=positive_int, default=defaults.ef_search, help="HNSW search beam")
+    p.add_argument("--train-size", type=positive_int, default=defaults.train_size, help="vectors used to train IVF/PQ")
     p.add_argument("--skip-bad-lines", action="store_true",
-                   help="skip (and count) corpus lines that are not JSON or lack 'contents' instead of stopping")
+                   help="skip (and count) corpus lines that are not UTF-8 or JSON or lack 'contents' text, "
+                        "instead of stopping at the first")
+    p.add_argument("--dedupe", action="store_true",
+                   help="keep the first passage of each id and drop later ones (counted) instead of stopping")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_index)
@@ -65,18 +105,20 @@ def register(subparsers) -> None:
     s = subparsers.add_parser(
         "serve-retriever", help="serve an index directory over HTTP (MemSearcher and Search-R1 APIs)",
         description="Serve a saved index over HTTP; compatible with MemSearcher/FlashRAG and Search-R1 clients.",
-        epilog=_SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_SERVE_EPILOG, formatter_class=HelpFormatter)
     s.add_argument("--index", required=True, help="directory written by `memsearcher-jax index`")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
-    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    s.add_argument("--encoder", help="override the encoder directory recorded in the manifest")
-    s.add_argument("--nprobe", type=int, help="override IVF nprobe at query time")
-    s.add_argument("--ef-search", type=int, help="override HNSW efSearch at query time")
-    s.add_argument("--max-query-chars", type=int, default=4096, help="longer queries get 413")
-    s.add_argument("--max-batch", type=int, default=512, help="larger batches get 413")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes it)")
+    s.add_argument("--port", type=port_number, default=8000, help="TCP port, 1..65535")
+    s.add_argument("--encoder", help="override the encoder directory (default: the one the manifest records)")
+    s.add_argument("--nprobe", type=positive_int, help="override IVF nprobe at query time (default: the manifest's)")
+    s.add_argument("--ef-search", type=positive_int,
+                   help="override HNSW efSearch at query time (default: the manifest's)")
+    s.add_argument("--max-query-chars", type=positive_int, default=4096, help="longer queries get 413")
+    s.add_argument("--max-batch", type=positive_int, default=512, help="larger batches get 413")
     s.add_argument("--no-warmup", action="store_true",
                    help="skip compiling the encoder for query-sized shapes before accepting requests")
-    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="uvicorn's log level")
     s.set_defaults(func=run_serve)
 
 
@@ -90,7 +132,7 @@ def run_index(args) -> int:
         print(f"error: {args.out!r} already holds an index; pass --overwrite to replace it", file=sys.stderr)
         return 2
     stats = ReadStats()
-    passages = read_corpus(args.corpus, skip_bad=args.skip_bad_lines, stats=stats)
+    passages = read_corpus(args.corpus, skip_bad=args.skip_bad_lines, dedupe=args.dedupe, stats=stats)
     try:
         if args.index_type == "bm25":
             from retrieval.bm25 import build_bm25_index
@@ -110,13 +152,18 @@ def run_index(args) -> int:
                               ef_search=args.ef_search, train_size=args.train_size)
             encoder = DenseEncoder.from_pretrained(args.encoder, args.convention, max_length=args.max_length,
                                                    batch_size=args.batch_size, dtype=args.dtype)
+            if args.index_type == "ivf_pq" and encoder.dim % args.pq_m:  # before the corpus is encoded
+                print(f"error: --pq-m {args.pq_m} does not divide the encoder's dimension {encoder.dim}; pick a "
+                      f"divisor of {encoder.dim}", file=sys.stderr)
+                return 2
             count = build_dense_index(passages, encoder, args.out, cfg, chunk_size=args.chunk_size,
                                       progress=not args.no_progress)
             desc = f"{args.index_type} ({encoder.config.name}, dim {encoder.dim})"
-    except (CorpusFormatError, ValueError, FileNotFoundError) as e:
+    except (CorpusFormatError, ValueError, FileNotFoundError) as e:  # bad input: named, exit 2
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     skipped = f", skipped {stats.skipped} bad line(s)" if stats.skipped else ""
+    skipped += f", dropped {stats.duplicates} duplicate id(s)" if stats.duplicates else ""
     print(f"indexed {count} passages into {args.out} [{desc}]{skipped}")
     for msg in stats.first_errors:
         print(f"  skipped: {msg}", file=sys.stderr)
@@ -135,6 +182,10 @@ def run_serve(args) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    busy = port_in_use(args.host, args.port)
+    if busy:
+        print(f"error: cannot serve on {args.host}:{args.port}: {busy}; choose another --port", file=sys.stderr)
+        return 2
     encoder = getattr(retriever, "encoder", None)
     if encoder is not None and not args.no_warmup:
         t0 = time.perf_counter()
@@ -145,6 +196,20 @@ def run_serve(args) -> int:
     print(f"serving {manifest['count']} passages ({kind}) on http://{args.host}:{args.port}", flush=True)
     serve(retriever, host=args.host, port=args.port, limits=limits, log_level=args.log_level, kind=kind)
     return 0
+
+
+def port_in_use(host: str, port: int) -> str:
+    """Why (host, port) cannot be bound now, or "" (checked before the encoder warm-up, so a
+    busy port is reported in a second rather than after "serving on")."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

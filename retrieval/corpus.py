@@ -16,8 +16,7 @@ import dataclasses
 import json
 import mmap
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -35,7 +34,13 @@ class ReadStats:
     lines: int = 0
     passages: int = 0
     skipped: int = 0
+    duplicates: int = 0  # lines dropped by dedupe (an id seen before)
     first_errors: list[str] = dataclasses.field(default_factory=list)
+
+    def skip(self, error: Exception) -> None:
+        self.skipped += 1
+        if len(self.first_errors) < 10:
+            self.first_errors.append(str(error))
 
 
 def parse_line(line: str, line_no: int) -> dict[str, str] | None:
@@ -57,39 +62,52 @@ def parse_line(line: str, line_no: int) -> dict[str, str] | None:
     if not isinstance(contents, str):
         keys = sorted(obj)[:8]
         raise CorpusFormatError(f"corpus line {line_no}: missing string field 'contents' (keys present: {keys})")
+    if not contents.strip():
+        raise CorpusFormatError(f"corpus line {line_no}: 'contents' is empty (a passage needs text)")
     pid = obj.get("id", line_no - 1)
     return {"id": str(pid), "contents": contents}
 
 
-def read_corpus(path: str, *, skip_bad: bool = False, stats: ReadStats | None = None) -> Iterator[dict[str, str]]:
+def read_corpus(path: str, *, skip_bad: bool = False, dedupe: bool = False,
+                stats: ReadStats | None = None) -> Iterator[dict[str, str]]:
     """Stream `{"id", "contents"}` passages from a jsonl corpus.
 
-    With `skip_bad`, malformed lines are skipped and counted in `stats` (the first
-    few messages are kept); otherwise the first one raises CorpusFormatError.
+    A line that is not UTF-8, not a JSON object or has no text is an error naming its line;
+    with `skip_bad` such lines are skipped and counted in `stats` (the first few messages
+    kept). An id seen on an earlier line is an error too; with `dedupe` the later line is
+    dropped (counted in stats.duplicates).
     """
     stats = stats if stats is not None else ReadStats()
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    seen: set[str] = set()
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
             stats.lines += 1
             try:
-                passage = parse_line(line, line_no)
+                passage = parse_line(_decode(raw, line_no), line_no)
             except CorpusFormatError as e:
                 if not skip_bad:
                     raise
-                stats.skipped += 1
-                if len(stats.first_errors) < 10:
-                    stats.first_errors.append(str(e))
+                stats.skip(e)
                 continue
             if passage is None:
                 continue
+            if passage["id"] in seen:
+                if not dedupe:
+                    raise CorpusFormatError(f"corpus line {line_no}: id {passage['id']!r} appeared on an earlier "
+                                            "line; ids must be unique (--dedupe keeps the first of each id)")
+                stats.duplicates += 1
+                continue
+            seen.add(passage["id"])
             stats.passages += 1
             yield passage
 
 
-def title_and_text(contents: str) -> tuple[str, str]:
-    """Split wiki-18 `contents` into (title, text); title may be quoted in the dump."""
-    title, _, text = contents.partition("\n")
-    return title.strip().strip('"'), text
+def _decode(raw: bytes, line_no: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusFormatError(f"corpus line {line_no}: not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                                "re-encode the file or pass --skip-bad-lines") from None
 
 
 class DocLookup(Protocol):

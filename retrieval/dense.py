@@ -154,5 +154,5 @@ def build_dense_index(passages: Iterable[dict], encoder: DenseEncoder, out_dir: 
         raise ValueError("the corpus has no passages; nothing to index")
     index = builder.finish()
     faiss.write_index(index, os.path.join(out_dir, INDEX_FILE))
-    _write_dense_manifest(out_dir, encoder.config, cfg, index.ntotal, encoder.dim)
+    _write_dense_manifest(out_dir, encoder.config, builder.config, index.ntotal, encoder.dim)  # nlist as built
     return count

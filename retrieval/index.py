@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -107,6 +108,11 @@ class IndexBuilder:
             raise ValueError("cannot train an IVF index on an empty corpus")
         train = data[: self.config.train_size]
         self._index = new_index(self.dim, self.config, n_train=len(train))
+        used = _faiss().extract_index_ivf(self._index).nlist
+        if used != self.config.nlist:  # k-means needs >= 39 vectors per cell: say so, and record what was built
+            print(f"warning: nlist {self.config.nlist} lowered to {used} for {len(train)} training vectors "
+                  "(k-means needs >= 39 per cell)", file=sys.stderr)
+            self.config = dataclasses.replace(self.config, nlist=used)
         if self.config.type == "ivf_pq" and len(train) < 2 ** self.config.pq_nbits:
             raise ValueError(f"ivf_pq with pq_nbits={self.config.pq_nbits} needs >= {2 ** self.config.pq_nbits} "
                              f"training vectors, got {len(train)}; lower pq_nbits or use flat")

@@ -149,6 +149,11 @@ def check_queries(queries: list[str], limits: ServerLimits) -> None:
             raise HTTPException(400, f"query {i} is empty or whitespace; expected non-empty text")
         if len(q) > limits.max_query_chars:
             raise HTTPException(413, f"query {i} has {len(q)} characters; the limit is {limits.max_query_chars}")
+        try:  # JSON may carry a lone surrogate ("\ud800"), which no tokenizer can encode
+            q.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise HTTPException(400, f"query {i} is not valid Unicode text (character {e.start}: "
+                                     f"{q[e.start]!r}); send UTF-8 text") from None
 
 
 async def _validation_error(request, exc):

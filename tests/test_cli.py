@@ -147,3 +147,15 @@ def test_pipeline_refuses_a_config_that_cannot_fit_before_the_warm_start(tmp_pat
     monkeypatch.setattr(jobs, "build_setup", lambda cfg: pytest.fail("set-up ran before the fit check"))
     with pytest.raises(PlanError, match="does not fit|fits: no"):
         jobs.train_job(cfg)
+
+
+def test_pretrain_records_the_argv_it_parsed_not_sys_argv(monkeypatch):
+    """Issue 27 defect 5: under --multihost, or with main(argv) called from code, sys.argv[2:]
+    is not the command that ran."""
+    from memsearcher_jax import pretrain
+
+    seen = {}
+    monkeypatch.setattr(pretrain, "run_pretrain", lambda cfg, resume, argv: seen.update(argv=argv))
+    monkeypatch.setattr(sys, "argv", ["memsearcher-jax", "--multihost", "pretrain", "--fresh"])
+    assert main(["pretrain", "--config.train.steps=3", "--fresh"]) == 0
+    assert seen["argv"] == ["--config.train.steps=3", "--fresh"]

@@ -77,7 +77,7 @@ def test_questions_normalised(world):
 
 
 def test_gold_answer_appears_in_its_gold_passage(world):
-    passages = world.passage_by_id()
+    passages = {p["id"]: p for p in world.corpus}
     for row in world.train + world.heldout:
         last = passages[row["gold_passage_ids"][-1]]["contents"]
         assert row["golden_answers"][0] in _words(last) or row["golden_answers"][0] in last
@@ -87,7 +87,7 @@ def test_gold_answer_appears_in_its_gold_passage(world):
 
 
 def test_two_hop_facts_in_two_different_passages(world):
-    passages = world.passage_by_id()
+    passages = {p["id"]: p for p in world.corpus}
     two_hop = [r for r in world.train + world.heldout if r["hops"] == 2]
     assert len(two_hop) > 50
     for row in two_hop:

@@ -7,11 +7,12 @@ import pytest
 from memsearcher_jax.agent.parsing import ActKind
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
-from memsearcher_jax.data.demos import FLAWS, DemoConfig, check_demonstration, demo_stats, make_demonstrations
+from memsearcher_jax.data.demos import FLAWS, DemoConfig, demo_stats, make_demonstrations
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.qa_metrics import compute_reward
 from retrieval.bm25 import BM25Retriever
+from tests.demo_checks import check_demonstration
 
 
 def _jsonl(path):
@@ -238,3 +239,100 @@ def test_check_catches_a_broken_react_demo(world):
     assert check_demonstration(fresh, builder) == []
     fresh.workflow = "memsearcher"
     assert any("prompt is not memsearcher_context" in p for p in check_demonstration(fresh, builder))
+
+
+# ---------------------------------------------------------------- every workflow's format, several objectives
+
+def _replay(d, builder, retriever, workflow, max_turns=5):
+    runner = AgentRunner(builder, _ReplaySampler([d], builder.eos_id), retriever,
+                         AgentConfig(workflow=workflow, max_turns=max_turns))
+    (traj,) = runner.run([d.row], group_size=1, seed=0)
+    return traj
+
+
+@pytest.mark.parametrize("workflow", ["mem1", "memory_ops"])
+def test_new_formats_equal_what_the_rollout_records(world, workflow):
+    """mem1 and memory_ops demos: replaying their generated tokens through AgentRunner's workflow
+    (real BM25) gives identical rows, carried memories and per-call token records."""
+    rows, builder, retriever = world
+    demos = make_demonstrations(rows[:40], builder, retriever, seed=1, config=DemoConfig(**_FLAWED, workflow=workflow))
+    assert {d.flaw for d in demos} == set(FLAWS) | {None} and all(d.workflow == workflow for d in demos)
+    for d in demos:
+        assert check_demonstration(d, builder) == [], (d.row["question"], d.flaw)
+        traj = _replay(d, builder, retriever, workflow)
+        assert traj.end_reason == "answer" and len(traj.conversations) == len(d.conversations)
+        for got, want in zip(traj.conversations, d.conversations):
+            assert (got.prompt_ids, got.response_ids, got.loss_mask) == (want.prompt_ids, want.response_ids,
+                                                                         want.loss_mask)
+            assert got.blocks == want.blocks and got.is_final == want.is_final
+        assert traj.memories == d.memories == d.trajectory.memories
+        assert traj.memory_tokens == d.trajectory.memory_tokens and traj.calls == d.trajectory.calls
+        if workflow == "mem1":  # the act alone is trained; the state opens each later act's thinking
+            assert all(c.loss_mask == [1] * len(c.response_ids) for c in d.conversations)
+        if d.flaw is None:
+            facts = " ".join(d.row["facts"])
+            if workflow == "mem1":
+                assert d.conversations[-1].blocks[-1].startswith(f"<think>{facts} ")
+            else:
+                assert d.memories[-1] == "\n".join(f"[{i}] {f}" for i, f in enumerate(d.row["facts"], 1))
+
+
+def test_every_format_records_the_same_script(world):
+    rows, builder, retriever = world
+    by_format = {w: make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, workflow=w))
+                 for w in ("memsearcher", "react", "mem1", "memory_ops")}
+    for demos in zip(*by_format.values()):
+        assert len({(d.flaw, d.answer, tuple(d.act_kinds), d.trajectory.num_searches) for d in demos}) == 1
+    with pytest.raises(ValueError, match="recorded formats"):
+        DemoConfig(workflow="mem2")
+
+
+@pytest.fixture(scope="module")
+def two_objective_rows(world):
+    from memsearcher_jax.data.synthetic import join_objectives
+
+    rows, _, _ = world
+    return join_objectives(rows[:60], 2, seed=0)
+
+
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_two_objective_demos(world, two_objective_rows, workflow):
+    """Objectives one after the other, one answer "a1; a2"; a flaw hits one objective; the rollout
+    replays them; the reward (mean per-objective F1) is 1 for a clean demo and 1/2 for a flawed one."""
+    from memsearcher_jax.qa_metrics import compute_reward as score
+
+    _, builder, retriever = world
+    cfg = DemoConfig(**_FLAWED, workflow=workflow, max_turns=6)
+    demos = make_demonstrations(two_objective_rows, builder, retriever, seed=4, config=cfg)
+    assert {d.flaw for d in demos} == set(FLAWS) | {None}
+    for d in demos:
+        objs = d.row["objectives"]
+        assert check_demonstration(d, builder) == [], (d.row["question"], d.flaw)
+        assert d.answer == "; ".join(d.answers) and len(d.answers) == 2
+        searches = d.act_kinds.count(ActKind.TOOL_CALLS)
+        hops = sum(o["hops"] for o in objs)
+        assert searches == {None: hops, "wrong_answer": hops, "early_answer": hops - 1}.get(d.flaw, searches)
+        reward = score(d.trajectory.final.blocks, True, d.row["golden_answers"]).reward
+        if d.flaw is None:
+            assert d.answers == [o["golden_answers"][0] for o in objs] and reward == 1.0
+        elif d.flaw != "vague_query":
+            assert reward == 0.5 and sum(a == o["golden_answers"][0] for a, o in zip(d.answers, objs)) == 1
+    for d in demos[:12]:
+        traj = _replay(d, builder, retriever, workflow, max_turns=6)
+        assert traj.end_reason == "answer"
+        assert [(c.prompt_ids, c.response_ids, c.loss_mask) for c in traj.conversations] == \
+               [(c.prompt_ids, c.response_ids, c.loss_mask) for c in d.conversations]
+
+
+def test_a_vague_search_that_does_not_fit_is_dropped(world, two_objective_rows):
+    _, builder, retriever = world
+    two_two_hop = [r for r in two_objective_rows if all(o["hops"] == 2 for o in r["objectives"])]
+    assert two_two_hop
+    demos = make_demonstrations(two_two_hop, builder, retriever, seed=0,
+                                config=DemoConfig(vague_query_rate=1.0, wrong_answer_rate=0, early_answer_rate=0,
+                                                  max_turns=5))
+    assert all(d.flaw is None and len(d.act_kinds) == 5 for d in demos)
+    roomy = make_demonstrations(two_two_hop, builder, retriever, seed=0,
+                                config=DemoConfig(vague_query_rate=1.0, wrong_answer_rate=0, early_answer_rate=0,
+                                                  max_turns=6))
+    assert all(d.flaw == "vague_query" for d in roomy)

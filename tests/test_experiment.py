@@ -7,7 +7,6 @@ import re
 import pytest
 
 from memsearcher_jax.config_utils import load_config
-from tests.test_grpo import qwen_tok  # noqa: F401  (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -18,9 +17,18 @@ def test_more_optimizer_steps_than_trajectories_is_refused_at_validation():
 
     # 2 questions x 2 samples = 4 trajectories (so at least 4 rows): 5 mini-batches leave one empty.
     cfg = load_config(DEFAULT, [("rl.batch_questions", "2"), ("rl.group_size", "2"), ("rl.optimizer_steps", "5")])
-    with pytest.raises(TrainConfigError, match=r"rl.optimizer_steps=5 .* 4 trajectories"):
+    with pytest.raises(TrainConfigError, match=r"rl.optimizer_steps=5 is more than a step.s 4 trajectories"):
         validate(cfg)
     validate(load_config(DEFAULT, [("rl.batch_questions", "2"), ("rl.group_size", "2"), ("rl.optimizer_steps", "4")]))
+
+
+@pytest.fixture(scope="module")
+def qwen_tok():
+    from transformers import AutoTokenizer
+
+    from tests.assets import qwen_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
 
 
 def test_evaluation_gives_every_trajectory_its_own_id(qwen_tok):

@@ -368,3 +368,16 @@ def test_shard_model_moves_only_what_changes_place_and_casts_what_it_moves():
             assert new.dtype == jnp.bfloat16, name
             np.testing.assert_array_equal(np.asarray(new), np.asarray(old.astype(jnp.bfloat16)), err_msg=name)
     assert kinds == {True, False}  # the tiny model has tensors of both kinds on this mesh
+
+
+def test_one_causal_lm_class_runs_both_families_and_the_old_name_still_works():
+    from memsearcher_jax.models import CausalLM, ModelConfig, Qwen2
+
+    assert Qwen2 is CausalLM
+    for family in ("qwen2", "qwen3"):
+        model = CausalLM(ModelConfig.tiny(model_type=family, num_layers=1), rngs=nnx.Rngs(0))
+        params = {"/".join(str(k) for k in path) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+        # The families differ in their parameters: Qwen2 has q/k/v biases, Qwen3 q/k norms.
+        assert any("q_bias" in p for p in params) == (family == "qwen2")
+        assert any("q_norm" in p for p in params) == (family == "qwen3")
+        assert model(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 256)

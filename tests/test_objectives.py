@@ -197,3 +197,11 @@ def test_setup_asks_world_objectives_questions_in_train_and_eval():
     eight = with_objectives(two, 8)
     assert [len(q["golden_answers"]) for q in eight.eval_questions] == [8] * len(one.eval_questions)
     assert two.retriever is eight.retriever and two.tokenizer is eight.tokenizer
+
+
+def test_eval_cli_objectives_flag_is_validated_before_any_load(capsys):
+    from memsearcher_jax.bases import READING_TINY
+    from memsearcher_jax.cli import main
+
+    assert main(["eval", "--model", READING_TINY, "--objectives", "0"]) == 2
+    assert "world.objectives must be an integer >= 1" in capsys.readouterr().err

@@ -87,5 +87,41 @@ def test_workflow_config_gives_room_for_the_objectives():
 
 def test_quick_overrides_yield_to_the_command_line():
     args, overrides = pt.parse_args(["--quick", "--config.train.steps=5"])
-    assert args.quick and ("sft.steps", "40") in overrides
+    assert args.quick and ("sft.steps", "30") in overrides
     assert overrides.index(("train.steps", "5")) > overrides.index(("train.steps", str(pt.QUICK["train.steps"])))
+
+
+TINY = ["--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
+        "--config.model.num_layers=2", "--config.model.head_dim=16", "--config.sft.steps=1",
+        "--config.sft.num_demos=8", "--config.sft.batch_size=4", "--config.train.steps=1",
+        "--config.train.save_every=1", "--config.rl.batch_questions=2", "--config.rl.group_size=2",
+        "--config.rl.micro_batch_size=4", "--config.rl.logprob_batch_size=8", "--config.agent.max_new_tokens=16",
+        "--config.agent.eval_max_turns=1", "--config.agent.max_turns=1"]
+
+
+@pytest.mark.slow
+def test_end_to_end_tiny_run_writes_every_table(tmp_path):
+    """Warm start, one GRPO step and the evaluations of one workflow on a tiny random model (every
+    workflow's GRPO step has its own smoke test in test_workflows.py)."""
+    out = tmp_path / "tables"
+    argv = ["--workflows", "memsearcher", "--train-objectives", "1", "--objectives", "1,2",
+            "--budgets", "16", "--eval-questions", "2", "--out", str(out),
+            f"--config.world.cache_dir={tmp_path / 'worlds'}", *TINY]
+    assert pt.main(argv) == 0
+    report = json.load(open(out / "results.json"))
+    for w in ("memsearcher",):
+        r = report["workflows"][w]
+        assert set(r["grpo"]) == {"1", "2"} and set(r["warm_start"]) == {"1", "2"}
+        assert r["grpo"]["2"]["questions"] == 2 and r["grpo"]["2"]["peak_tokens"] > 0
+        assert r["grpo_minutes"] > 0 and os.path.isdir(out / w / "checkpoints")
+    assert set(report["budgets"]) == {"16"}
+    md = (out / "tables.md").read_text()
+    assert md.count("## Table") == 4 and "| memsearcher | warm start only |" in md
+
+
+def test_an_unknown_workflow_is_refused_before_anything_trains(tmp_path):
+    from memsearcher_jax.experiment import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match="workflow"):
+        pt.main(["--workflows", "memsearcher,nope", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()

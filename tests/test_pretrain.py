@@ -11,7 +11,7 @@ from flax import nnx
 
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.config_utils import load_config
-from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, probe_items
+from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, PhasedCurriculum, probe_items
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2
@@ -19,6 +19,12 @@ from memsearcher_jax.rl.learner import tie_row_updates
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pool_ids(vocab, kind: str) -> set[int]:
+    """Token ids of the names in one pool ("pretrain" or "reserved") of a ReadingVocab."""
+    return {vocab.ids[n] for names in vocab.pool(kind).values() for n in names}
+
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +72,7 @@ def test_curriculum_is_seeded_by_step_and_never_shows_reserved_names(parts):
     assert [(r.prompt_ids, r.response_ids, r.loss_mask) for r in a] == [(r.prompt_ids, r.response_ids, r.loss_mask)
                                                                          for r in b]
     assert [r.prompt_ids for r in cur.rows_for_step(8, 24)] != [r.prompt_ids for r in a]
-    reserved = set(vocab.name_ids("reserved"))
+    reserved = pool_ids(vocab, "reserved")
     rows = cur.rows_for_step(0, 96)
     assert {r.kind for r in rows} == {"repeat", "recall", "cloze", "demo"}
     for r in rows:
@@ -92,13 +98,135 @@ def test_cloze_targets_are_the_answers(parts):
 
 def test_probe_items_read_reserved_names_from_context(parts):
     vocab, tok, builder = parts
-    reserved = set(vocab.name_ids("reserved"))
+    reserved = pool_ids(vocab, "reserved")
     items = probe_items(vocab, builder, 40, seed=2)
     for ids, target, _relation in items:
         text = builder.decode(ids)
         assert text.endswith("\\boxed{") and builder.decode([target]) in text  # the answer is in the context
         assert reserved & set(ids)
     assert len({r for _, _, r in items}) > 3
+
+
+def _context_rows(parts, kind, n=48, seed=5):
+    vocab, _, builder = parts
+    cfg = CurriculumConfig(seed=seed, mix=((kind, 1.0),), max_len=1024)
+    return builder, Curriculum(vocab, builder, cfg).rows_for_step(0, n)
+
+
+@pytest.mark.parametrize("kind", ["long", "bind", "multi"])
+def test_context_rows_ask_what_their_context_states(parts, kind):
+    builder, rows = _context_rows(parts, kind)
+    for r in rows:
+        context = builder.decode(r.prompt_ids)
+        targets = builder.decode([t for t, m in zip(r.response_ids, r.loss_mask) if m])
+        asks = [r.questions[i:i + r.per_ask] for i in range(0, len(r.questions), r.per_ask)]
+        assert targets == "".join("; ".join(q["golden_answers"][0] for q in ask) + "}\n" for ask in asks)
+        asked = builder.decode(r.response_ids)
+        for q in r.questions:
+            # The answer's sentence, naming the asked entity, is in the context (both hops' for 2-hop).
+            assert q["subject"] in r.passages and all(fact in context for fact in q["facts"]), q
+            assert q["question"] in asked
+        assert len(r) <= 1024
+
+
+def test_multi_rows_join_two_questions_about_different_entities(parts):
+    builder, rows = _context_rows(parts, "multi")
+    for r in rows:
+        assert r.per_ask == 2 and len(r.questions) % 2 == 0
+        pairs = [r.questions[i:i + 2] for i in range(0, len(r.questions), 2)]
+        assert sum(a["subject"] != b["subject"] for a, b in pairs) >= len(pairs) - 1
+        text = builder.decode(r.response_ids)
+        a, b = pairs[0]
+        assert f"<question> {a['question']}; {b['question']} </question>" in text
+        assert f"\\boxed{{{a['golden_answers'][0]}; {b['golden_answers'][0]}}}" in text
+
+
+def test_bind_rows_show_right_kind_values_of_other_entities(parts):
+    builder, rows = _context_rows(parts, "bind", n=64)
+    from memsearcher_jax.data.synthetic import ONE_HOP
+    relations, several = set(), 0
+    for r in rows:
+        context = builder.decode(r.prompt_ids)
+        relation = r.questions[0]["relation"]
+        assert {q["relation"] for q in r.questions} == {relation}  # one relation asked throughout
+        relations.add(relation)
+        # Another shown entity states the same relation, with a value of the same kind, and the
+        # questions ask about more than one entity when the row shows several.
+        template = next(t for rels in ONE_HOP.values() for rel, (_, _, t) in rels.items() if rel == relation)
+        lead = template.split("{a}")[0]
+        stated = [name for name in r.passages if lead.format(s=name) in context]
+        assert len(stated) >= 2, (relation, r.passages)
+        assert {q["subject"] for q in r.questions} <= set(stated)
+        several += len({q["subject"] for q in r.questions}) >= 2
+    assert len(relations) >= 6  # the asked relation varies over types and relations
+    assert several == len(rows)  # each row asks the relation of at least two entities
+
+
+def test_long_rows_spread_length_and_the_asked_position(parts):
+    _, rows = _context_rows(parts, "long", n=96, seed=6)
+    counts = [len(r.passages) for r in rows]
+    assert min(counts) == 4 and max(counts) == 16
+    assert max(len(r.prompt_ids) for r in rows) > 800
+    where = [r.passages.index(q["subject"]) / (len(r.passages) - 1) for r in rows for q in r.questions if q["hops"] == 1]
+    assert min(where) == 0.0 and max(where) == 1.0
+    quarters = np.histogram(where, bins=4, range=(0, 1))[0]
+    assert quarters.min() > 0.15 * len(where), quarters  # roughly uniform over the whole length
+
+
+def test_phased_curriculum_switches_at_its_first_steps(parts):
+    vocab, _, builder = parts
+    short = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=(("repeat", 1.0),)))
+    long = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=(("long", 1.0),), max_len=1024))
+    cur = PhasedCurriculum([(0, short), (5, long)])
+    assert {r.kind for r in cur.rows_for_step(4, 8)} == {"repeat"}
+    assert {r.kind for r in cur.rows_for_step(5, 8)} == {"long"}
+    assert [r.prompt_ids for r in cur.rows_for_step(7, 4)] == [r.prompt_ids for r in long.rows_for_step(7, 4)]
+    with pytest.raises(ValueError, match="start at step 0"):
+        PhasedCurriculum([(3, short)])
+
+
+def test_probe_sets_final_items_are_new_and_lengths_are_long(parts):
+    from memsearcher_jax.pretrain import probe_sets
+
+    vocab, _, builder = parts
+    progress = probe_sets(vocab, builder, 24, seed=0)
+    final = probe_sets(vocab, builder, 24, seed=0, final=True)
+    assert set(progress) == set(final) == {"2", "8", "16", "multi"}
+    # The 2-passage progress set is the one every earlier base was probed with.
+    assert progress["2"] == probe_items(vocab, builder, 24, seed=1000)
+    for key in progress:
+        seen = {tuple(ids) for ids, _, _ in progress[key]}
+        assert not seen & {tuple(ids) for ids, _, _ in final[key]}, key
+    assert min(len(ids) for ids, _, _ in final["16"]) > 750 and np.mean([len(ids) for ids, _, _ in final["16"]]) > 800
+    assert min(len(ids) for ids, _, _ in final["8"]) > 2 * max(len(ids) for ids, _, _ in final["2"])
+    reserved = set(vocab.name_ids("reserved"))
+    pretrain = set(vocab.name_ids("pretrain"))
+    for ids, target, rel in final["multi"]:
+        assert rel == "multi" and not pretrain & set(ids) and reserved & set(ids)
+        first, _, second = builder.decode(target).partition("; ")
+        question = builder.decode(ids).rsplit("<question>", 1)[1]
+        assert first and second and first in builder.decode(ids) and second in builder.decode(ids)
+        assert question.count("?; ") == 1 and question.endswith("</question>\n\\boxed{")
+
+
+def test_reading_probe_scores_a_multi_token_answer_only_when_every_token_is_greedy():
+    from memsearcher_jax.pretrain import reading_probe
+
+    model = Qwen2(ModelConfig.tiny(vocab_size=64), rngs=nnx.Rngs(1))
+    rng = np.random.default_rng(0)
+    contexts = [list(rng.integers(3, 64, size=int(rng.integers(5, 30)))) for _ in range(6)]
+    greedy = []
+    for ctx in contexts:  # the model's own greedy continuation, 3 tokens
+        seq = list(ctx)
+        for _ in range(3):
+            seq.append(int(np.argmax(np.asarray(model(jnp.asarray([seq])))[0, -1])))
+        greedy.append(seq[len(ctx):])
+    items = [(c, g, "a") for c, g in zip(contexts, greedy)]
+    assert reading_probe(model, items, pad_id=0)["accuracy"] == 1.0
+    wrong_last = [(c, g[:2] + [(g[2] + 1) % 64], "a") for c, g in zip(contexts, greedy)]
+    assert reading_probe(model, wrong_last, pad_id=0)["accuracy"] == 0.0
+    single = reading_probe(model, [(c, g[0], "b") for c, g in zip(contexts, greedy)], pad_id=0)
+    assert single["accuracy"] == 1.0 and single["by_relation"] == {"b": 1.0}
 
 
 def test_tied_rows_keep_their_differences():
@@ -131,19 +259,25 @@ def test_tied_rows_keep_their_differences():
 
 
 @pytest.mark.slow
-def test_pretrain_runs_resumes_and_exports(tmp_path):
+def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     from memsearcher_jax.pretrain import BASE_MANIFEST, run_pretrain
 
-    cfg = load_config(os.path.join(ROOT, "configs", "base_tiny.py"), [
+    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"), [
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
-        ("train.batch_size", "4"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
-        ("train.probe_items", "16"), ("train.warmup", "1"), ("train.min_len", "512"),
+        ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
+        ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
+        ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
+        ("train.min_len", "512"),
         ("train.output_dir", str(tmp_path / "run"))])
     first = run_pretrain(cfg)
-    assert 0.0 <= first["probe"]["accuracy"] <= 1.0 and first["probe"]["n"] == 16
-    logged = [json.loads(x)["step"] for x in open(tmp_path / "run" / "logs" / "metrics.jsonl")]
-    assert logged == [2, 4]
+    printed = capsys.readouterr().out
+    assert "step 1/4 loss" in printed and "step 3/4 loss" in printed and "s/step" in printed  # the heartbeat
+    assert 0.0 <= first["probe"]["accuracy"] <= 1.0 and set(first["probe"]["by_length"]) == {"2", "8", "16"}
+    assert first["probe"]["multi"]["n"] == 8
+    logged = [json.loads(x) for x in open(tmp_path / "run" / "logs" / "metrics.jsonl")]
+    assert [r["step"] for r in logged] == [2, 4]
+    assert {"probe_accuracy", "probe_8_passages", "probe_16_passages", "probe_multi"} <= set(logged[0])
     cfg.train.steps = 6
     run_pretrain(cfg)  # resumes at step 4
     logged = [json.loads(x)["step"] for x in open(tmp_path / "run" / "logs" / "metrics.jsonl")]
@@ -153,3 +287,9 @@ def test_pretrain_runs_resumes_and_exports(tmp_path):
     assert manifest["tensors"]["model.embed_tokens.weight"][1] == 32
     assert set(manifest["files"]) >= {"model.safetensors", "config.json", "tokenizer.json", "reading_vocab.json"}
     assert ReadingVocab.exists(str(base))
+    phases = manifest["phases"]
+    assert [p["steps"] for p in phases] == ["0-2", "2-6"] and [p["batch_size"] for p in phases] == [4, 2]
+    assert "long" not in phases[0]["curriculum"] and phases[1]["curriculum"]["bind"] > 0
+    assert phases[0]["learning_rate"]["end"] == phases[1]["learning_rate"]["start"] > 0
+    assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
+    assert manifest["progress_probe"]["n"] == 8

@@ -173,3 +173,35 @@ def test_non_qwen_tokenizer_is_rejected():
 
     with pytest.raises(ValueError, match="<\\|im_start\\|>"):
         PromptBuilder(Fake())
+
+
+def test_generic_pieces_rebuild_the_workflow_prompts(pb, tok):
+    from memsearcher_jax.agent.prompts import MEMORY_UPDATE_INSTRUCTION, memsearcher_system_prompt
+
+    user = "<question> Who wrote Hamlet? </question>\n<memory> m </memory>"
+    assert pb.chat_context(memsearcher_system_prompt(5), user) == pb.memsearcher_context("Who wrote Hamlet?", "m")
+    assert pb.tool_message(HITS, instruction=MEMORY_UPDATE_INSTRUCTION) == pb.observation(HITS)
+    assert pb.tool_message(HITS, reopen_think=True) == pb.react_observation(HITS)
+    assert pb.system_ids("x") is pb.system_ids("x")  # tokenized once
+
+
+@pytest.mark.parametrize("style", ["full", "compact"])
+def test_mem1_and_memory_ops_prompts_equal_their_rendered_text(tok, style):
+    from memsearcher_jax.agent.workflows.mem1 import mem1_context
+    from memsearcher_jax.agent.workflows.memory_ops import memory_ops_context, ops_observation
+
+    pb = PromptBuilder(tok, style=style)
+    act = enc(tok, 'Hamlet: Shakespeare?</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Hamlet"}}</tool_call>') + [IM_END]
+    ctx = mem1_context(pb, "Who wrote Hamlet?", act, pb.tool_message(HITS[:1], reopen_think=True))
+    text = pb.decode(ctx)
+    assert text.count("<|im_start|>assistant\n<think>") == 2 and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n<think>")
+    assert enc(tok, text) == ctx
+    bank = memory_ops_context(pb, "Who wrote Hamlet?", [(1, "Hamlet is a play."), (3, "By Shakespeare.")],
+                              ["DELETE 7: no entry 7"])
+    btext = pb.decode(bank)
+    assert "<memory>\n[1] Hamlet is a play.\n[3] By Shakespeare.\n</memory>\n<errors>\nDELETE 7: no entry 7\n</errors><|im_end|>" in btext
+    assert enc(tok, btext) == bank and bank[-1] == THINK
+    obs = ops_observation(pb, HITS[:1])
+    assert enc(tok, pb.decode(obs)) == obs and "<ops>" in pb.decode(obs)
+    if style == "full":
+        assert len(mem1_context(pb, "q", [], [])) < 400 and len(memory_ops_context(pb, "q", [], [])) < 400

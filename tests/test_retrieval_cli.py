@@ -73,7 +73,7 @@ def test_bad_corpus_line_named_or_skipped(corpus, tmp_path, capsys):
     path = corpus[0]
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"id": "bad", "title": "no contents"}\n')
-    assert main(["index", "--corpus", path, "--out", str(tmp_path / "a"), "--index-type", "bm25"]) == 1
+    assert main(["index", "--corpus", path, "--out", str(tmp_path / "a"), "--index-type", "bm25"]) == 2
     assert "corpus line 61: missing string field 'contents'" in capsys.readouterr().err
     assert main(["index", "--corpus", path, "--out", str(tmp_path / "b"), "--index-type", "bm25",
                  "--skip-bad-lines"]) == 0

@@ -6,7 +6,7 @@ import pytest
 
 from retrieval.base import Hit, Retriever
 from retrieval.bm25 import BM25Retriever, build_bm25_index
-from retrieval.corpus import CorpusFormatError, DocStore, ReadStats, read_corpus, title_and_text
+from retrieval.corpus import CorpusFormatError, DocStore, ReadStats, read_corpus
 from retrieval.index import IndexConfig, build_index, read_manifest
 from retrieval.loading import load_retriever
 from tests.synthetic_corpus import generate, recall_at_k
@@ -25,7 +25,6 @@ def test_read_corpus_streams_passages_and_defaults_id(tmp_path):
     ])
     got = list(read_corpus(f))
     assert got == [{"id": "7", "contents": '"Paris"\nParis is in France.'}, {"id": "2", "contents": "No id\ntext"}]
-    assert title_and_text(got[0]["contents"]) == ("Paris", "Paris is in France.")
 
 
 @pytest.mark.parametrize("bad, needle", [

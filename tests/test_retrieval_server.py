@@ -146,3 +146,12 @@ def test_batcher_merges_concurrent_requests_and_splits_results():
         assert Slow.sizes == [(1, 1), (10, 3)]  # 5 requests, 10 queries, one call at the largest top_n
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("path,key", [("/search", "query"), ("/batch_search", "query"), ("/retrieve", "queries")])
+def test_lone_surrogate_query_is_400_naming_it(client, path, key):
+    one = '"bad \\ud800 text"'  # valid JSON, but no UTF-8 text: a dense encoder's tokenizer fails on it
+    body = f'{{"{key}": {one if path == "/search" else "[" + chr(34) + "ok" + chr(34) + ", " + one + "]"}}}'
+    r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "not valid Unicode" in r.text and f"query {0 if path == '/search' else 1}" in r.text

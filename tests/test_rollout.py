@@ -97,8 +97,10 @@ def test_search_failure_becomes_the_observation(tok):
     b = PromptBuilder(tok)
     sampler = FixedSampler(tok, b, lambda i: SEARCH if i == 1 else "ok</think>\n\\boxed{Paris}",
                            lambda i: "<memory>nothing found</memory>")
-    (t,) = AgentRunner(b, sampler, Docs(fail=True), AgentConfig()).run(Q)
-    assert t.end_reason == "answer"
+    runner = AgentRunner(b, sampler, Docs(fail=True), AgentConfig())
+    runner.stats.max_search_error_fraction = 1.0  # keep going: this test reads the error observation
+    (t,) = runner.run(Q)
+    assert t.end_reason == "answer" and runner.stats.search_errors == 1
     obs = [tk for tk, m in zip(t.conversations[0].response_ids, t.conversations[0].loss_mask) if m == 0]
     assert "retriever down" in tok.decode(obs)
 

@@ -1,4 +1,5 @@
 """SFT warm start: row layout, masked loss ignores non-generated targets, and training learns the demos."""
+import dataclasses
 import json
 import time
 
@@ -13,8 +14,14 @@ from memsearcher_jax.data.demos import demo_conversations, make_demonstrations
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.sft import SFTConfig, build_rows, evaluate_loss, nll_sum, sft_train
+from memsearcher_jax.rl.sft import SFTConfig, _nll_sum_split, build_rows, evaluate_loss, sft_train
 from retrieval.bm25 import BM25Retriever
+
+
+def nll_sum(model, inputs, targets, weights, lengths):
+    """masked_nll_sum jitted with the parameters as arguments, as the SFT steps run it."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    return _nll_sum_split(graphdef, params, *(jnp.asarray(a) for a in (inputs, targets, weights, lengths)))
 
 
 def _jsonl(path):
@@ -115,6 +122,22 @@ def test_sft_learns_a_pattern_fast():
     assert after < 0.5 * before, (before, after)
 
 
+def test_sft_train_stops_on_the_clock_and_takes_the_optimizer_it_is_given():
+    # jobs.extra_sft (the GRPO control) runs sft_train for a wall-clock budget at a constant rate.
+    from memsearcher_jax.rl.learner import OptimConfig
+
+    rng = np.random.default_rng(2)
+    convs = [Conversation(prompt_ids=rng.integers(10, 60, 8).tolist(), response_ids=[60, 61, 2], loss_mask=[1, 1, 1])
+             for _ in range(8)]
+    cfg = SFTConfig(steps=10 ** 9, batch_size=4, warmup=0, min_len=16, max_len=32, progress=False)
+    model = _model(128)
+    _, none = sft_train(model, convs, cfg, optim=OptimConfig(learning_rate=1e-3), seconds=0.0)
+    assert none == []
+    _, some = sft_train(model, convs, dataclasses.replace(cfg, steps=3), optim=OptimConfig(learning_rate=1e-3),
+                        seconds=3600.0)
+    assert [h["step"] for h in some] == [0, 1, 2] and not any(h["skipped"] for h in some)
+
+
 STEPS = 30
 
 
@@ -138,7 +161,7 @@ def test_sft_lowers_masked_loss_on_demos(demos):
     assert np.mean([h["loss"] for h in history[-5:]]) < 0.5 * history[0]["loss"]
 
 
-def testlength_grouped_order_is_a_permutation_with_less_padding():
+def test_length_grouped_order_is_a_permutation_with_less_padding():
     from memsearcher_jax.rl.sft import length_grouped_order
 
     rng = np.random.default_rng(0)

@@ -3,20 +3,13 @@ tokens per question; and their PNG."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 
+from memsearcher_jax.agent.trajectory import ACT, SECOND, Trajectory
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn
-from memsearcher_jax.token_metrics import (
-    TurnTokens,
-    by_turn_metrics,
-    episode_token_metrics,
-    generation_calls,
-    prompt_tokens_by_turn,
-    trajectory_token_metrics,
-    turn_growth,
-)
+from memsearcher_jax.token_metrics import (TurnTokens, by_turn_metrics, episode_token_metrics, prompt_tokens_by_turn,
+                                           trajectory_token_metrics, turn_growth)
 
 
 def test_prompt_tokens_by_turn_counts_only_episodes_that_reached_the_turn():
@@ -54,34 +47,44 @@ def test_by_turn_metrics_names():
 
 def test_plot_one_line_pair_per_workflow(tmp_path):
     png = plot_prompt_tokens_by_turn({"memsearcher": prompt_tokens_by_turn([[100, 110]]),
-                                      "react": [{"turn": 1, "mean": 100, "max": 100},
-                                                {"turn": 2, "mean": 250, "max": 300}],
+                                      "react": [{"turn": 1, "mean": 100, "max": 100}, {"turn": 2, "mean": 250, "max": 300}],
                                       "empty": []}, str(tmp_path / "by_turn.png"))
     assert png and (tmp_path / "by_turn.png").stat().st_size > 1000
     assert plot_prompt_tokens_by_turn({"x": []}, str(tmp_path / "none.png")) is None
 
 
-def test_generation_calls_from_the_loss_mask():
-    # prompt 10; act 3 tokens, observation 4, update 2: two calls
-    assert generation_calls(10, [1, 1, 1, 0, 0, 0, 0, 1, 1]) == [(10, 3), (17, 2)]
-    assert generation_calls(5, []) == [] and generation_calls(5, [0, 0]) == []
-
-
-def test_trajectory_token_metrics_from_conversations_and_from_recorded_calls():
-    conv = lambda p, mask: SimpleNamespace(prompt_ids=[0] * p, loss_mask=mask)
-    # memory-style: two turns of (act, observation, update); react-style: one growing conversation
-    memory = SimpleNamespace(conversations=[conv(20, [1, 1, 0, 0, 0, 1]), conv(25, [1, 1])],
-                             num_searches=1, context_tokens=[20, 25])
-    react = SimpleNamespace(conversations=[conv(20, [1, 1, 0, 0, 0, 1, 1])], num_searches=1, context_tokens=[20, 25])
+def test_trajectory_token_metrics_from_recorded_calls():
+    # memory-style: two turns of (act, update); react-style: the context grows by each act and observation
+    memory = Trajectory(0, 0, "q", ["a"], num_searches=1)
+    for turn, (act_prompt, act_out, upd_prompt, upd_out) in enumerate([(20, 2, 25, 1), (25, 2, 0, 0)]):
+        memory.record_call(ACT, turn, act_prompt, act_out)
+        if upd_prompt:
+            memory.record_call(SECOND, turn, upd_prompt, upd_out)
+    react = Trajectory(1, 1, "q", ["a"], num_searches=1)
+    react.record_call(ACT, 0, 20, 2)
+    react.record_call(ACT, 1, 25, 2)
     m = trajectory_token_metrics([memory, react])
-    # memory calls: (20, 2) (25, 1) (25, 2) -> peak 27, processed 22 + 26 + 27 = 75
-    # react calls: (20, 2) (25, 2) -> peak 27, processed 22 + 27 = 49
-    assert m["peak_tokens"] == 27.0 and m["tokens_per_question"] == 62.0
+    # memory calls (20+2, 25+1, 25+2): peak 27, processed 75; react (20+2, 25+2): peak 27, processed 49
+    assert m["peak_tokens"] == 27.0 and m["peak_tokens_max"] == 27.0 and m["tokens_per_question"] == 62.0
     assert m["searches"] == 1.0 and m["turns"] == 2.0
     assert m["prompt_tokens_by_turn"] == [{"turn": 1, "mean": 20.0, "max": 20, "n": 2},
                                           {"turn": 2, "mean": 25.0, "max": 25, "n": 2}]
-    recorded = SimpleNamespace(calls=[SimpleNamespace(prompt_tokens=30, generated_tokens=0),
-                                      SimpleNamespace(prompt_tokens=40, generated_tokens=5)],
-                               conversations=[], num_searches=0, context_tokens=[30])
-    r = trajectory_token_metrics([recorded])
-    assert (r["peak_tokens"], r["tokens_per_question"], r["turns"]) == (45.0, 75.0, 1.0)
+
+
+def test_training_step_logs_the_context_metrics():
+    """rl.metrics.rollout_metrics: peak tokens, tokens per question and prompt tokens by turn;
+    turns are act calls (a ReAct episode is one conversation of several turns)."""
+    from memsearcher_jax.agent.trajectory import Conversation
+    from memsearcher_jax.qa_metrics import RewardResult
+    from memsearcher_jax.rl.metrics import rollout_metrics
+
+    react = Trajectory(0, 0, "q", ["a"], conversations=[Conversation(prompt_ids=[1] * 20, response_ids=[2] * 9)])
+    for turn, prompt in enumerate((20, 25, 31)):
+        react.record_call(ACT, turn, prompt, 3)
+    short = Trajectory(1, 0, "q", ["a"], conversations=[Conversation(prompt_ids=[1] * 20, response_ids=[2] * 3)])
+    short.record_call(ACT, 0, 20, 3)
+    results = [RewardResult(reward=1.0, em=1.0, f1=1.0, format_ok=True, answer="a")] * 2
+    m = rollout_metrics([react, short], results, num_rows=2)
+    assert m["turns_per_trajectory"] == 2.0
+    assert m["peak_tokens"] == (34 + 23) / 2 and m["tokens_per_question"] == (23 + 28 + 34 + 23) / 2
+    assert (m["prompt_tokens_turn1_mean"], m["prompt_tokens_turn3_max"]) == (20.0, 31.0)

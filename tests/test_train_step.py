@@ -185,7 +185,7 @@ class _FixedRewardRunner:
 
 
 def _gold_is_reward(blocks, ended_with_eos, golds):
-    from memsearcher_jax.rl.reward import RewardResult
+    from memsearcher_jax.qa_metrics import RewardResult
 
     return RewardResult(reward=float(golds[0]), em=0.0, f1=0.0, format_ok=True, answer=None)
 

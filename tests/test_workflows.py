@@ -3,6 +3,7 @@ the loss mask, the per-call token records, and one GRPO step per workflow."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -128,12 +129,17 @@ def test_a_new_workflow_is_one_registered_class(tok, b):
         def observe(self, t, results, b, cfg):
             t.finish("one_turn_only")
 
-    assert "test_answer_once" in workflow_names()
-    sampler = ScriptSampler(tok, b, lambda k, row: search("s"))
-    (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="test_answer_once")).run(Q)
-    assert t.end_reason == "one_turn_only" and len(t.conversations) == 1 and t.num_searches == 1
-    with pytest.raises(ValueError, match="already registered"):
-        register(type("Other", (Workflow,), {"name": "memsearcher"}))
+    from memsearcher_jax.agent.workflows import base
+
+    try:
+        assert "test_answer_once" in workflow_names()
+        sampler = ScriptSampler(tok, b, lambda k, row: search("s"))
+        (t,) = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="test_answer_once")).run(Q)
+        assert t.end_reason == "one_turn_only" and len(t.conversations) == 1 and t.num_searches == 1
+        with pytest.raises(ValueError, match="already registered"):
+            register(type("Other", (Workflow,), {"name": "memsearcher"}))
+    finally:
+        base._REGISTRY.pop("test_answer_once")
 
 
 # ---------------------------------------------------------------- mem1
@@ -171,7 +177,7 @@ def test_mem1_context_is_question_plus_last_act_and_observation(tok, b):
 def test_mem1_training_rows_equal_the_sampled_contexts(tok, b):
     """pack_rows turns each conversation into exactly the token ids the sampler saw followed by
     what it generated, with the loss mask on the generated positions only."""
-    acts = lambda k, row: search(f"state {k} of {row}") if k < row % 3 else ANSWER  # noqa: E731
+    acts = lambda k, row: search(f"state {k} of {row}") if k < row % 3 else ANSWER
     sampler = ScriptSampler(tok, b, acts)
     trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow="mem1", max_turns=4)).run(Q * 2, group_size=2)
     assert [len(t.conversations) for t in trajs] == [1, 2, 3, 1]
@@ -221,7 +227,7 @@ def test_parse_operations():
 
 
 def test_apply_operations_and_the_budget():
-    count = lambda s: len(s.split())  # noqa: E731  (one token per word)
+    count = lambda s: len(s.split())
     entries, nxt, errors = apply_operations([], 1, [Operation("ADD", None, "a b"), Operation("ADD", None, "c"),
                                                     Operation("UPDATE", 1, "a b d"), Operation("DELETE", 2),
                                                     Operation("NOOP"), Operation("DELETE", 7)], 100, count)
@@ -321,7 +327,7 @@ def test_one_grpo_step_per_workflow(tok, b, workflow):
 
     second = {"memsearcher": "<memory>fact</memory>", "memory_ops": "<ops>\nADD fact\n</ops>"}.get(workflow, "")
     # Even rows answer right after one search, odd rows wrongly: the group's rewards differ.
-    act = lambda k, row: search("s") if k == 0 else ("ok</think>\\boxed{Paris}" if row % 2 == 0  # noqa: E731
+    act = lambda k, row: search("s") if k == 0 else ("ok</think>\\boxed{Paris}" if row % 2 == 0
                                                       else "ok</think>\\boxed{Rome}")
     sampler = ScriptSampler(tok, b, act, lambda k, r: second)
     trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow=workflow, max_turns=3)).run(Q, group_size=4)
@@ -330,7 +336,10 @@ def test_one_grpo_step_per_workflow(tok, b, workflow):
     rows = pack_rows(trajs, trajectory_advantages(trajs, rewards), b.pad_id, min_len=16)
     assert rows.num_rows == sum(len(t.conversations) for t in trajs) == (8 if workflow != "react" else 4)
     assert int(rows.loss_mask.sum()) == sum(len(ids) for *_, ids in sampler.seen)
-    model = Qwen2(ModelConfig.tiny(vocab_size=len(tok), num_layers=1), rngs=nnx.Rngs(0))
+    # The ids the rows use, renumbered densely: a small vocabulary keeps the step fast on a CPU.
+    vocab, dense = np.unique(rows.tokens, return_inverse=True)
+    rows = dataclasses.replace(rows, tokens=dense.reshape(rows.tokens.shape).astype(np.int32))
+    model = Qwen2(ModelConfig.tiny(vocab_size=len(vocab), num_layers=1), rngs=nnx.Rngs(0))
     learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=8,
                                             optim=OptimConfig(learning_rate=1e-3)))
     before = jax.tree.map(np.asarray, learner.params)
@@ -338,3 +347,69 @@ def test_one_grpo_step_per_workflow(tok, b, workflow):
     assert m["skipped"] == 0 and np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
     after = jax.tree.map(np.asarray, learner.params)
     assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
+def test_carried_tokens_bound_each_context():
+    cfg = AgentConfig(memory_budget=64, max_new_tokens=32, max_observation_tokens=200, max_response_tokens=512)
+    assert [get_workflow(w).carried_tokens(cfg) for w in ("memsearcher", "react", "mem1", "memory_ops")] == \
+        [64, 0, 32 + 200, 64 + 32]
+    uncapped = dataclasses.replace(cfg, max_observation_tokens=0)
+    assert get_workflow("mem1").carried_tokens(uncapped) == 32 + 512
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.planner import conversation_tokens
+
+    # The planner's longest row follows the workflow (a context cap far away, so none is clipped).
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
+    c = load_config(base, [("agent.max_context_tokens", "100000")]).agent
+    lengths = {w: conversation_tokens(load_config(base, [("agent.workflow", w), ("agent.max_context_tokens", "100000")
+                                                         ])) for w in ("memsearcher", "react", "mem1", "memory_ops")}
+    assert lengths["memsearcher"] - lengths["react"] == c.memory_budget
+    assert lengths["memory_ops"] - lengths["react"] == c.memory_budget + c.max_new_tokens
+    assert lengths["mem1"] - lengths["react"] == c.max_new_tokens + (c.max_observation_tokens or c.max_response_tokens)
+
+
+def test_config_and_cli_name_the_registered_workflows(capsys):
+    from memsearcher_jax.cli import build_parser
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import TrainConfigError, agent_config, validate
+
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
+    assert agent_config(load_config(base, [("agent.workflow", "memory_ops")])).workflow == "memory_ops"
+    with pytest.raises(TrainConfigError, match="registered workflows .*'mem1', 'memory_ops'.*got 'mem2'"):
+        validate(load_config(base, [("agent.workflow", "mem2")]))
+    assert build_parser().parse_args(["eval", "--model", "m", "--workflow", "mem1"]).workflow == "mem1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["eval", "--model", "m", "--workflow", "mem2"])
+    assert "memory_ops" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workflow", ["mem1", "memory_ops"])
+def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, workflow):
+    """The whole pipeline with agent.workflow set: a 2-step warm start on demonstrations in the
+    workflow's format, then one GRPO step, on the tiny random model of test_train_step."""
+    import json
+
+    from memsearcher_jax.cli import main
+    from tests.test_train_step import ROOT, SMALL
+
+    out = str(tmp_path / "run")
+    overrides = dict(SMALL)
+    overrides.update({"world.cache_dir": str(tmp_path / "worlds"), "train.output_dir": out, "train.steps": "1",
+                      "agent.workflow": workflow, "sft.steps": "2", "sft.num_demos": "16", "sft.batch_size": "4",
+                      "agent.max_turns": "4"})
+    args = ["train", "--config", os.path.join(ROOT, "configs/default.py")]
+    assert main(args + [f"--config.{k}={v}" for k, v in overrides.items()]) == 0
+    log = capsys.readouterr().out
+    assert "16 scripted demonstrations" in log
+    with open(os.path.join(out, "logs", "metrics.jsonl"), encoding="utf-8") as f:
+        (step,) = [json.loads(line) for line in f]
+    assert step["rows"] >= 8 and np.isfinite(step["grad_norm"])
+    # The warm start imitated demonstrations recorded in this workflow's format.
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.jobs import flawed_demonstrations
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"), list(overrides.items()))
+    demos = flawed_demonstrations(cfg, build_setup(cfg))
+    assert len(demos) == 16 and {d.workflow for d in demos} == {workflow}

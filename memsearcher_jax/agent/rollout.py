@@ -22,7 +22,8 @@ from typing import Protocol
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401 (re-exported)
+# Conversation, Trajectory and CallRecord are re-exported: callers import them from here.
+from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401
 from memsearcher_jax.agent.workflows import Workflow, get_workflow, workflow_names
 from retrieval.base import ERROR_HIT_ID, Hit, Retriever
 
@@ -107,12 +108,15 @@ class RolloutStats:
     search_errors: int = 0              # of those, answered with an error hit (the retriever failed)
     max_search_error_fraction: float = 0.5  # more failures than this share of the searches stops the step
 
-    def check_search_errors(self, example: str) -> None:
-        """SearchFailuresError once more than max_search_error_fraction of the searches failed."""
+    last_search_error: str = ""
+
+    def check_search_errors(self) -> None:
+        """SearchFailuresError when more than max_search_error_fraction of the searches failed
+        (the trainer asks after each step's rollout, before the update)."""
         if self.search_errors > self.max_search_error_fraction * self.searches:
             raise SearchFailuresError(
                 f"{self.search_errors} of {self.searches} searches of this step failed (more than "
-                f"{self.max_search_error_fraction:.0%}); the retriever said: {example}")
+                f"{self.max_search_error_fraction:.0%}); the retriever said: {self.last_search_error}")
 
 
 class SearchFailuresError(RuntimeError):
@@ -140,9 +144,9 @@ def _run_searches(retriever: Retriever, calls_per_row: list[list], stats: Rollou
     stats.searches += len(sent)
     stats.search_errors += len(failed)
     if failed:
+        stats.last_search_error = failed[0][:300]
         print(f"warning: {len(failed)} of {len(sent)} searches failed ({failed[0][:200]}); counted in "
               "the step's search_errors", file=sys.stderr, flush=True)
-        stats.check_search_errors(failed[0][:300])
     out, k = [], 0
     for calls in calls_per_row:
         per = []
@@ -204,8 +208,7 @@ class AgentRunner:
         for qi, q in enumerate(questions):
             for _ in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
-                                        question=q["question"], golds=list(q.get("golden_answers", [])),
-                                        question_row=dict(q)))
+                                        question=q["question"], golds=list(q.get("golden_answers", []))))
         self._run(get_workflow(self.config.workflow), trajs, seed)
         return trajs
 

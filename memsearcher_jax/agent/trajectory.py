@@ -74,7 +74,6 @@ class Trajectory:
     context_tokens: list[int] = dataclasses.field(default_factory=list)  # prompt tokens per act call
     calls: list[CallRecord] = dataclasses.field(default_factory=list)    # every generation call, in order
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
-    question_row: dict = dataclasses.field(default_factory=dict)         # the question dict it answers
 
     @property
     def final(self) -> Conversation:

@@ -30,12 +30,12 @@ from collections.abc import Sequence
 
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, make_demonstrations
-from memsearcher_jax.data.synthetic import generate_world
+from memsearcher_jax.data.synthetic import ONE_HOP, generate_world
 from memsearcher_jax.data.vocab import ReadingVocab
 from retrieval.base import Hit
 from retrieval.bm25 import BM25Retriever
 
-KINDS = ("repeat", "recall", "cloze", "demo")
+KINDS = ("repeat", "recall", "cloze", "demo", "long", "bind", "multi")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,8 @@ class CurriculumConfig:
     top_n: int = 2                  # passages per search in demos (the agent's default_top_n)
     max_turns: int = 4
     max_len: int = 512              # longer rows are dropped (their conversation is redrawn)
+    long_passages: tuple[int, int] = (4, 16)  # passages per `long`, `bind` and `multi` row (16: ~900 tokens)
+    bind_entities: tuple[int, int] = (2, 8)   # same-type entities per `bind` row (capped by the world's count)
 
     def __post_init__(self):
         names = [k for k, _ in self.mix]
@@ -60,8 +62,10 @@ class CurriculumConfig:
             raise ValueError(f"mix weights must not all be 0, got {self.mix}")
         if not 1 <= self.recall_pairs[0] <= self.recall_pairs[1]:
             raise ValueError(f"recall_pairs must be an increasing range >= 1, got {self.recall_pairs}")
-        if not 1 <= self.cloze_passages[0] <= self.cloze_passages[1]:
-            raise ValueError(f"cloze_passages must be an increasing range >= 1, got {self.cloze_passages}")
+        for field in ("cloze_passages", "long_passages", "bind_entities"):
+            lo, hi = getattr(self, field)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{field} must be an increasing range >= 1, got {(lo, hi)}")
 
 
 @dataclasses.dataclass
@@ -72,7 +76,9 @@ class Row:
     response_ids: list[int]
     loss_mask: list[int]
     kind: str = ""
-    questions: list = dataclasses.field(default_factory=list)  # cloze: the question rows asked
+    questions: list = dataclasses.field(default_factory=list)  # context rows: the question rows asked, in order
+    per_ask: int = 1                # questions joined into one `<question>` (multi-objective: 2)
+    passages: list = dataclasses.field(default_factory=list)   # context rows: the shown passages' titles, in order
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -138,6 +144,76 @@ def cloze_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_que
     return Row(prompt_ids=prompt, response_ids=response, loss_mask=mask, kind="cloze", questions=qs)
 
 
+def _title(passage: dict) -> str:
+    return passage["contents"].split("\n", 1)[0]
+
+
+def context_row(world, pieces: _Pieces, shown: Sequence[dict], asks: Sequence[Sequence[dict]], kind: str) -> Row:
+    """Shown passages (one tool response, in the given order), then one `<question>` per ask.
+
+    An ask of several questions is one multi-objective question: `<question> q1; q2 </question>`
+    answered `\\boxed{a1; a2}` (the format of `world.objectives`). Loss on the answers only.
+    """
+    hits = [Hit(id=p["id"], contents=p["contents"]) for p in shown]
+    prompt = pieces.observation_text(hits) + pieces.enc("\n")
+    response, mask = [], []
+    for ask in asks:
+        lead = pieces.enc("<question> " + "; ".join(q["question"] for q in ask) + " </question>\n\\boxed{")
+        ans = pieces.enc("; ".join(q["golden_answers"][0] for q in ask) + "}\n")
+        response += lead + ans
+        mask += [0] * len(lead) + [1] * len(ans)
+    return Row(prompt_ids=prompt, response_ids=response, loss_mask=mask, kind=kind,
+               questions=[q for ask in asks for q in ask], per_ask=len(asks[0]) if asks else 1,
+               passages=[_title(p) for p in shown])
+
+
+def _answerable(world, shown: Sequence[dict]) -> list[dict]:
+    """Questions (1- and 2-hop) whose every gold passage is among the shown ones."""
+    ids = {p["id"] for p in shown}
+    return [r for r in world.train + world.heldout if all(i in ids for i in r["gold_passage_ids"])]
+
+
+def long_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_asks: int, per_ask: int = 1,
+             kind: str = "long") -> Row:
+    """n random passages of the world in random order and questions about them: the asked
+    passage is anywhere in the context, uniformly (the shuffle). per_ask=2: multi-objective
+    asks, two questions about two different subjects."""
+    shown = rng.sample(world.corpus, min(n_passages, len(world.corpus)))
+    pool = _answerable(world, shown)
+    asks = []
+    for _ in range(n_asks):
+        ask = [rng.choice(pool)]
+        while len(ask) < per_ask:
+            other = rng.choice(pool)
+            if other["subject"] != ask[0]["subject"] or len({q["subject"] for q in pool}) == 1:
+                ask.append(other)
+        asks.append(ask)
+    return context_row(world, pieces, shown, asks, kind)
+
+
+def bind_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_entities: int, n_asks: int) -> Row:
+    """Binding drill: several entities of one type (so every passage states the asked relation,
+    with a value of the same kind) among n passages; one relation asked about several of them.
+    The wrong-entity value of the right kind is always in the context: only binding the value
+    to its subject answers."""
+    by_type: dict[str, list[str]] = {}
+    for name, e in world.entities.items():
+        if e["type"] != "country":
+            by_type.setdefault(e["type"], []).append(name)
+    etype = rng.choice(sorted(t for t, names in by_type.items() if len(names) >= 2))
+    same = rng.sample(sorted(by_type[etype]), max(2, min(n_entities, len(by_type[etype]))))
+    passage_of = {_title(p): p for p in world.corpus}
+    others = [p for p in world.corpus if _title(p) not in same]
+    shown = [passage_of[n] for n in same] + rng.sample(others, max(0, min(n_passages - len(same), len(others))))
+    rng.shuffle(shown)
+    relation = rng.choice(sorted(ONE_HOP[etype]))
+    question = {r["subject"]: r for r in world.train + world.heldout if r["hops"] == 1 and r["relation"] == relation}
+    asked = rng.sample(same, min(n_asks, len(same)))
+    asked += [rng.choice(same) for _ in range(n_asks - len(asked))]
+    asks = [[question[name]] for name in asked]
+    return context_row(world, pieces, shown, asks, "bind")
+
+
 def repeat_row(rng: random.Random, pieces: _Pieces, words: Sequence[str], n: int) -> Row:
     """`w1 w2 ... wn` then `w1 w2 ... wn` again; loss on the second copy after its first word."""
     run = pieces.enc(" ".join(rng.sample(list(words), n)))
@@ -193,6 +269,14 @@ class Curriculum:
             elif kind == "cloze":
                 rows.append(cloze_row(world, rng, self.pieces, rng.randint(*cfg.cloze_passages),
                                       cfg.cloze_questions))
+            elif kind == "long":
+                rows.append(long_row(world, rng, self.pieces, rng.randint(*cfg.long_passages), cfg.cloze_questions))
+            elif kind == "multi":
+                rows.append(long_row(world, rng, self.pieces, rng.randint(*cfg.long_passages),
+                                     max(1, cfg.cloze_questions // 2), per_ask=2, kind="multi"))
+            elif kind == "bind":
+                rows.append(bind_row(world, rng, self.pieces, rng.randint(*cfg.long_passages),
+                                     rng.randint(*cfg.bind_entities), cfg.cloze_questions))
         n_demo = kinds.count("demo")
         if n_demo:
             # A demo has ~2.5 conversations; draw enough questions, keep n_demo conversations.
@@ -217,6 +301,23 @@ class Curriculum:
         return rows[:n]
 
 
+class PhasedCurriculum:
+    """Curricula by training step: `phases` = [(first_step, Curriculum), ...] from step 0; the
+    rows of a step come from the last phase begun by then (still a function of (seed, step))."""
+
+    def __init__(self, phases: Sequence[tuple[int, Curriculum]]):
+        starts = [s for s, _ in phases]
+        if not phases or starts[0] != 0 or starts != sorted(set(starts)):
+            raise ValueError(f"phases must start at step 0 with increasing first steps, got {starts}")
+        self.phases = list(phases)
+
+    def at(self, step: int) -> Curriculum:
+        return [c for s, c in self.phases if s <= step][-1]
+
+    def rows_for_step(self, step: int, n: int) -> list[Row]:
+        return self.at(step).rows_for_step(step, n)
+
+
 def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 1234, n_passages: int = 2,
                 pool: str = "reserved") -> list[tuple[list[int], int, str]]:
     """Reading-probe items over names from `pool` (default: reserved, never seen in pretraining).
@@ -236,4 +337,33 @@ def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int =
             target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
             lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
             items.append((row.prompt_ids + lead, target, row.questions[0]["relation"]))
+    return items[:n]
+
+
+def multi_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 4321, n_passages: int = 4,
+                      pool: str = "reserved") -> list[tuple[list[int], list[int], str]]:
+    """Multi-objective probe items: n_passages shown, one `<question> q1; q2 </question>` about
+    two different shown subjects (1-hop each). Each item: (context ids ending in `\\boxed{`,
+    the answer's tokens `a1; a2`, "multi"); right when greedy decoding writes all of them."""
+    rng = random.Random(seed)
+    pieces = _Pieces(builder)
+    names = vocab.pool(pool)
+    items = []
+    while len(items) < n:
+        world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
+        one_hop = {}
+        for r in world.train:
+            if r["hops"] == 1:
+                one_hop.setdefault(r["subject"], []).append(r)
+        for _ in range(8):
+            a, b = rng.sample(sorted(one_hop), 2)
+            passage_of = {_title(p): p for p in world.corpus}
+            others = [p for p in world.corpus if _title(p) not in (a, b)]
+            shown = [passage_of[a], passage_of[b]] + rng.sample(others, n_passages - 2)
+            rng.shuffle(shown)
+            row = context_row(world, pieces, shown, [[rng.choice(one_hop[a]), rng.choice(one_hop[b])]], "multi")
+            lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
+            answer = pieces.enc("; ".join(q["golden_answers"][0] for q in row.questions))
+            assert [t for t, m in zip(row.response_ids, row.loss_mask) if m][:len(answer)] == answer
+            items.append((row.prompt_ids + lead, answer, "multi"))
     return items[:n]

@@ -1,22 +1,30 @@
 """Scripted demonstrations on the synthetic world, as rollout-identical token rows.
 
 A demonstration is what the agent loop (`agent.rollout.AgentRunner`) would record if the model
-had generated the scripted text. In the MemSearcher workflow: one `Conversation` per turn with
+had generated the scripted text, in one workflow's format (`DemoConfig.workflow`). MemSearcher:
+one `Conversation` per turn with
     prompt   = builder.memsearcher_context(question, memory)
     response = act tokens (mask 1) + builder.observation(BM25 hits) (mask 0) + update tokens (mask 1)
-and a final act `...</think>\\n\\boxed{answer}<|im_end|>`. In the ReAct workflow (the baseline,
+and a final act `...</think>\\n\\boxed{answer}<|im_end|>`. ReAct (the baseline, also mixed in by
 `DemoConfig.react_share`): ONE growing conversation with
     prompt   = builder.react_context(question)
     response = act (mask 1) + builder.react_observation(hits) (mask 0) + act (mask 1) + ... + final act
-Both formats come from the same script (same searches, flaws and answers for a given seed and
-row); only the recording differs, and the ReAct recording keeps no memory. Supervised warm-up on
-these rows teaches exactly the format the loop parses (tests replay them through `AgentRunner`).
+mem1: one conversation per turn holding the act only, on question + last act + last observation;
+the script's memory opens each act's thinking (the internal state). memory_ops: as MemSearcher,
+with the bank in the context and `<ops>ADD fact</ops>` (or UPDATE of a "nothing found" note) as the second call.
+Every format comes from the same script (same searches, flaws and answers for a given seed and
+row); only the recording differs. Supervised warm-up on these rows teaches exactly the format
+the loop parses (tests replay them through `AgentRunner`).
 
 Script per question (state machine over the hops whose fact is not yet in memory):
     turn k: think briefly, search the query of the first unfound hop; the memory update keeps
             every supporting sentence found so far in the retrieved documents;
     last:   once all hops are found, answer `\\boxed{answer}`.
-Deliberate flaws (seeded, at most one per demo, so GRPO has something to improve):
+A multi-objective row (`objectives`: the sub-questions' rows; its question is theirs joined by
+"; ") runs the hops of each objective in turn, the memory holding every objective's sentences,
+and answers once with the objectives' answers joined by "; ".
+Deliberate flaws (seeded, at most one per demo and, with several objectives, on one of them
+drawn at random, so GRPO has something to improve):
     vague_query   the first search is vague or about the wrong entity; a recovery search follows
     wrong_answer  every hop is searched but the boxed answer is wrong
     early_answer  answers (wrongly) before every hop is found: 1-hop with no search at all,
@@ -26,12 +34,23 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from typing import Sequence
 
-from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory
+from memsearcher_jax.agent.parsing import (
+    ActKind,
+)
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.agent.rollout import Conversation, Trajectory
-from memsearcher_jax.qa_metrics import compute_reward, normalize_answer, token_f1
+from memsearcher_jax.agent.rollout import ACT, SECOND, Conversation, Trajectory
+from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context
+from memsearcher_jax.agent.workflows.memory_ops import (
+    memory_ops_context,
+    ops_observation,
+    render_bank,
+)
+from memsearcher_jax.qa_metrics import (
+    normalize_answer,
+    token_f1,
+)
 
 FLAWS = ("vague_query", "wrong_answer", "early_answer")
 
@@ -41,6 +60,7 @@ THINK_NEXT = "Next search {e}."
 THINK_RETRY = "Not found. Search again."
 THINK_ANSWER = "The memory has the answer."
 THINK_GUESS = "I know the answer."
+THINK_NEXT_QUESTION = "Next question."
 EMPTY_MEMORY = "Nothing found about {s} yet."
 
 
@@ -55,10 +75,11 @@ class DemoConfig:
     two_hop_early_rate: float = 0.0
     top_n: int = 3          # written into each tool call; fewer documents keep the context small
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
-    # Share of demos recorded in the ReAct workflow's format instead of MemSearcher's, drawn per
-    # row apart from the flaws (0: all MemSearcher, 1: all ReAct). A model meant to run both
+    # Share of demos recorded in the ReAct workflow's format instead of `workflow`'s, drawn per
+    # row apart from the flaws (0: all `workflow`, 1: all ReAct). A model meant to run both
     # workflows (bench/context.py) needs demos of both.
     react_share: float = 0.0
+    workflow: str = "memsearcher"   # the format of the other demos: memsearcher, react, mem1 or memory_ops
 
     def __post_init__(self):
         rates = (self.vague_query_rate, self.wrong_answer_rate, self.early_answer_rate)
@@ -70,6 +91,8 @@ class DemoConfig:
             raise ValueError(f"react_share must be in [0, 1], got {self.react_share}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
+        if self.workflow not in RECORDERS:
+            raise ValueError(f"workflow must be one of the recorded formats {tuple(RECORDERS)}, got {self.workflow!r}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
             raise ValueError(f"max_turns must be >= 4 for the scripts, got {self.max_turns}")
 
@@ -84,7 +107,8 @@ class Demonstration:
     act_kinds: list[ActKind]         # intended kind of each turn's act
     memories: list[str]              # intended memory after each searching turn (ReAct: none kept, [])
     answer: str                      # the boxed answer
-    workflow: str = "memsearcher"    # the recording format: "memsearcher" or "react"
+    workflow: str = "memsearcher"    # the recording format: one of RECORDERS
+    answers: list[str] = dataclasses.field(default_factory=list)  # per objective, in order
 
     @property
     def correct(self) -> bool:
@@ -133,27 +157,42 @@ class _Builder:
     def _enc(self, text: str) -> list[int]:
         return self.b._enc(text) + [self.b.eos_id]
 
-    def new_turn(self) -> Conversation:
-        conv = Conversation(prompt_ids=self.b.memsearcher_context(self.t.question, self.t.memory),
-                            traj_id=self.t.traj_id, group_id=self.t.group_id, turn=len(self.t.conversations))
+    def _new_conversation(self, prompt_ids: list[int]) -> Conversation:
+        conv = Conversation(prompt_ids=prompt_ids, traj_id=self.t.traj_id, group_id=self.t.group_id,
+                            turn=len(self.t.conversations))
         self.t.conversations.append(conv)
-        self.t.context_tokens.append(len(conv.prompt_ids))
         return conv
 
-    def act(self, conv: Conversation, text_after_think: str):
-        ids = self._enc(text_after_think)
+    def new_turn(self) -> Conversation:
+        return self._new_conversation(self.b.memsearcher_context(self.t.question, self.t.memory))
+
+    def act_text(self, think: str, action: str) -> str:
+        return f"{think}</think>\n{action}"
+
+    def act(self, conv: Conversation, think: str, action: str):
+        ids = self._enc(self.act_text(think, action))
+        self.t.record_call(ACT, self.turn, len(conv.prompt_ids) + len(conv.response_ids), len(ids))
         conv.add_generated(ids, [0.0] * len(ids))
         conv.blocks.append(self.b.decode_act(ids))
         conv.ended_with_eos = True
 
-    def observe_and_update(self, conv: Conversation, hits, memory: str):
-        conv.add_injected(self.b.observation([hits]))
-        ids = self._enc(f"<memory>{memory}</memory>")
+    @property
+    def turn(self) -> int:
+        return len(self.t.context_tokens)
+
+    def _second(self, conv: Conversation, observation: list[int], text: str):
+        conv.add_injected(observation)
+        ids = self._enc(text)
+        self.t.record_call(SECOND, self.turn - 1, len(conv.prompt_ids) + len(conv.response_ids), len(ids))
         conv.add_generated(ids, [0.0] * len(ids))
         conv.blocks.append(self.b.decode_update(ids))
         conv.ended_with_eos = True
+
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
+        self._second(conv, self.b.observation([hits]), f"<memory>{memory}</memory>")
         self.t.memory = memory
         self.t.memories.append(memory)
+        self.t.memory_tokens.append(self.b.memory_tokens(memory))
         self.t.num_searches += 1
 
 
@@ -163,34 +202,99 @@ class _ReactBuilder(_Builder):
 
     def new_turn(self) -> Conversation:
         if not self.t.conversations:
-            self.t.conversations.append(Conversation(prompt_ids=self.b.react_context(self.t.question),
-                                                     traj_id=self.t.traj_id, group_id=self.t.group_id, turn=0))
-        conv = self.t.final
-        self.t.context_tokens.append(len(conv.prompt_ids) + len(conv.response_ids))
-        return conv
+            self._new_conversation(self.b.react_context(self.t.question))
+        return self.t.final
 
-    def observe_and_update(self, conv: Conversation, hits, memory: str):
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
         conv.add_injected(self.b.react_observation([hits]))
         self.t.num_searches += 1
 
 
+class _Mem1Builder(_Builder):
+    """As AgentRunner's mem1 workflow records them: one conversation per turn holding the act
+    only, its prompt the question + the last act + its observation. The script's memory (the
+    facts found so far) opens each act's thinking: the internal state the next turn relies on."""
+
+    def new_turn(self) -> Conversation:
+        s = self.t.state
+        return self._new_conversation(mem1_context(self.b, self.t.question, s.get("last_act", []),
+                                                   s.get("last_observation", [])))
+
+    def act_text(self, think: str, action: str) -> str:
+        state = self.t.state.get("carry", "")
+        return f"{state} {think}</think>\n{action}" if state else f"{think}</think>\n{action}"
+
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
+        s = self.t.state
+        s["last_act"] = list(conv.response_ids)
+        s["last_observation"] = self.b.tool_message([hits], reopen_think=True)
+        s["carry"] = memory
+        self.t.memory = internal_state(conv.blocks[-1])
+        self.t.memories.append(self.t.memory)
+        self.t.memory_tokens.append(len(s["last_act"]))
+        self.t.num_searches += 1
+
+
+class _MemoryOpsBuilder(_Builder):
+    """As AgentRunner's memory_ops workflow records them: the bank in the context, and after
+    each observation `ADD` of the newly found supporting sentence; a search that found nothing
+    adds the script's "nothing found" note, which the next found sentence replaces (`UPDATE`)."""
+
+    def new_turn(self) -> Conversation:
+        s = self.t.state
+        s.setdefault("entries", [])
+        return self._new_conversation(memory_ops_context(self.b, self.t.question, s["entries"], []))
+
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
+        s = self.t.state
+        entries, note_id = s["entries"], s.get("note_id")
+        if new_fact and note_id:  # the fact replaces the "nothing found" note
+            op, entries, s["note_id"] = f"UPDATE {note_id} {new_fact}", [(i, new_fact if i == note_id else x)
+                                                                         for i, x in entries], None
+        else:
+            text = new_fact or note
+            op, entries = f"ADD {text}", entries + [(len(entries) + 1, text)]
+            s["note_id"] = None if new_fact else len(entries)
+        s["entries"] = entries
+        self._second(conv, ops_observation(self.b, [hits]), f"<ops>\n{op}\n</ops>")
+        self.t.memory = render_bank(s["entries"])
+        self.t.memories.append(self.t.memory)
+        self.t.memory_tokens.append(self.b.count_tokens(self.t.memory))
+        self.t.num_searches += 1
+
+
+RECORDERS = {"memsearcher": _Builder, "react": _ReactBuilder, "mem1": _Mem1Builder, "memory_ops": _MemoryOpsBuilder}
+
+
+def objectives_of(row: dict) -> list[dict]:
+    """A row's sub-questions: `row["objectives"]` for a multi-objective row, else the row itself."""
+    return list(row["objectives"]) if row.get("objectives") else [row]
+
+
 def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retriever, seed: int = 0,
                         config: DemoConfig | None = None) -> list[Demonstration]:
-    """One scripted demonstration per question row (synthetic-world rows with `queries`, `facts`).
+    """One scripted demonstration per question row (synthetic-world rows with `queries`, `facts`;
+    a multi-objective row carries them per sub-question under `objectives`).
 
     The retriever is searched for real (one batched call per script step), so observations are
     what the agent would see; memories only keep supporting sentences that the hits contain.
-    A share `config.react_share` of the demos (drawn per row, apart from the flaws) is recorded
-    in the ReAct workflow's format; which format a row gets changes nothing else about its demo.
+    Demos are recorded in `config.workflow`'s format, except a share `config.react_share`
+    (drawn per row, apart from the flaws) recorded in the ReAct workflow's format; the format
+    changes nothing else about a demo.
     """
     cfg = config or DemoConfig()
-    pool = _wrong_answer_pool(world_rows)
+    all_objectives = [o for row in world_rows for o in objectives_of(row)]
+    pool = _wrong_answer_pool(all_objectives)
     demos: list[Demonstration] = []
     for i, row in enumerate(world_rows):
-        for key in ("question", "golden_answers", "hops", "facts", "queries", "relation", "subject"):
+        for key in ("question", "golden_answers"):
             if key not in row:
-                raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world "
-                                 "question row")
+                raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world question row")
+        for o in objectives_of(row):
+            for key in ("hops", "facts", "queries", "relation", "subject", "golden_answers"):
+                if key not in o:
+                    raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world "
+                                     "question row (or objectives of such rows)")
         # One generator per row: demo i depends only on (seed, i, row), not on the other rows.
         rng = random.Random(f"{seed}:{i}")
         u = rng.random()
@@ -201,200 +305,96 @@ def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retr
             if u < edge:
                 flaw = name
                 break
-        if cfg.two_hop_early_rate > 0 and int(row["hops"]) == 2:
+        if cfg.two_hop_early_rate > 0 and int(objectives_of(row)[-1]["hops"]) == 2:
             early = rng.random() < cfg.two_hop_early_rate
             flaw = "early_answer" if early else (None if flaw == "early_answer" else flaw)
         # The format draw has its own generator, so the script (and its rng) is the same either way.
         react = cfg.react_share > 0 and random.Random(f"{seed}:{i}:workflow").random() < cfg.react_share
-        demos.append(_script(row, i, flaw, builder, retriever, rng, pool, world_rows, cfg,
-                             workflow="react" if react else "memsearcher"))
+        demos.append(_script(row, i, flaw, builder, retriever, rng, pool, all_objectives, cfg,
+                             workflow="react" if react else cfg.workflow))
     return demos
 
 
-def _script(row, idx, flaw, builder, retriever, rng, pool, all_rows, cfg: DemoConfig,
+def _searched_think(first: bool, retry: bool, hop: int, objective: dict) -> str:
+    if first:
+        return THINK_SEARCH
+    if retry:
+        return THINK_RETRY
+    return THINK_NEXT_QUESTION if hop == 0 else THINK_NEXT.format(e=objective["intermediate"])
+
+
+def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: DemoConfig,
             workflow: str = "memsearcher") -> Demonstration:
+    """The state machine of the module docstring, objective after objective; then one answer."""
     traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]))
-    tb = (_ReactBuilder if workflow == "react" else _Builder)(builder, traj)
-    hops, facts = int(row["hops"]), list(row["facts"])
-    found: list[str] = []       # supporting sentences in memory, hop order
+    tb = RECORDERS[workflow](builder, traj)
+    objs = objectives_of(row)
+    turns_needed = sum(int(o["hops"]) for o in objs) + 1 - (flaw == "early_answer")
+    if flaw == "vague_query" and turns_needed + 1 > cfg.max_turns:
+        flaw = None  # no room for the recovery search (only with several objectives: 1 takes <= 4 turns)
+    # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
+    target = rng.randrange(len(objs)) if flaw and len(objs) > 1 else len(objs) - 1
+    found: list[str] = []       # supporting sentences in memory, in search order
     kinds: list[ActKind] = []
     memories: list[str] = []
-    vague_pending = flaw == "vague_query"
-    answer = None
-    for _ in range(cfg.max_turns):
-        conv = tb.new_turn()
-        n_found = len(found)
-        early = flaw == "early_answer" and n_found == hops - 1
-        if n_found == hops or early:
-            if flaw in ("wrong_answer", "early_answer"):
-                # An early 2-hop answer boxes the bridge entity: the classic stop-one-hop-short error.
-                cands = [row["intermediate"]] if early and row.get("intermediate") else pool.get(row["relation"], [])
-                answer = _pick_wrong(rng, cands, row["golden_answers"])
-                if answer == "unknown" and early:
-                    answer = _pick_wrong(rng, pool.get(row["relation"], []), row["golden_answers"])
-            else:
-                answer = row["golden_answers"][0]
-            think = THINK_GUESS if early and n_found == 0 else THINK_ANSWER
-            tb.act(conv, f"{think}</think>\n\\boxed{{{answer}}}")
-            kinds.append(ActKind.ANSWER)
-            traj.finish("answer")
-            break
-        if vague_pending:
-            query, think = _vague_query(rng, row, all_rows), THINK_SEARCH
-        else:
-            query = row["queries"][n_found]
-            think = THINK_SEARCH if n_found == 0 and not kinds else (
-                THINK_RETRY if n_found == 0 else THINK_NEXT.format(e=row["intermediate"]))
-        tb.act(conv, f"{think}</think>\n{builder.tool.call_text(query, cfg.top_n)}")
-        kinds.append(ActKind.TOOL_CALLS)
-        hits = retriever.search([query], cfg.top_n)[0][: cfg.top_n]
-        text = " ".join(h.contents for h in hits)
-        new_fact = facts[n_found] if facts[n_found] in text else None
-        if new_fact is not None:
-            found.append(new_fact)
-        elif not vague_pending:
-            raise RuntimeError(f"row {row.get('id', idx)}: query {query!r} did not retrieve the hop-{n_found + 1} "
-                               f"fact {facts[n_found]!r}; the world's queries must retrieve their passages")
-        vague_pending = False
-        memory = " ".join(found) if found else EMPTY_MEMORY.format(s=row["subject"])
-        tb.observe_and_update(conv, hits, memory)
-        memories.append(memory)
-    else:
-        raise RuntimeError(f"row {row.get('id', idx)}: script did not answer within {cfg.max_turns} turns")
+    retry = False
+
+    def next_turn() -> Conversation:
+        if len(kinds) >= cfg.max_turns:
+            raise RuntimeError(f"row {row.get('id', idx)}: script did not answer within {cfg.max_turns} turns "
+                               f"({len(objs)} objectives); raise agent.max_turns")
+        return tb.new_turn()
+
+    for oi, o in enumerate(objs):
+        facts, hop = list(o["facts"]), 0
+        to_search = int(o["hops"]) - (flaw == "early_answer" and oi == target)
+        vague_pending = flaw == "vague_query" and oi == target
+        while hop < to_search:
+            conv = next_turn()
+            think = _searched_think(not kinds, retry, hop, o)
+            query = _vague_query(rng, o, all_objectives) if vague_pending else o["queries"][hop]
+            tb.act(conv, think, builder.tool.call_text(query, cfg.top_n))
+            kinds.append(ActKind.TOOL_CALLS)
+            hits = retriever.search([query], cfg.top_n)[0][: cfg.top_n]
+            text = " ".join(h.contents for h in hits)
+            new_fact = facts[hop] if facts[hop] in text else None
+            if new_fact is None and not vague_pending:
+                raise RuntimeError(f"row {row.get('id', idx)}: query {query!r} did not retrieve the hop-{hop + 1} "
+                                   f"fact {facts[hop]!r}; the world's queries must retrieve their passages")
+            if new_fact is not None:
+                found.append(new_fact)
+                hop += 1
+            retry, vague_pending = new_fact is None, False
+            # A search that found nothing leaves a note, so the next context differs from this one.
+            note = "" if new_fact else EMPTY_MEMORY.format(s=o["subject"])
+            memory = " ".join(found + [note] if note else found)
+            tb.observe_and_update(conv, hits, memory, new_fact, note)
+            memories.append(memory)
+    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool) for oi, o in enumerate(objs)]
+    answer = "; ".join(answers)
+    conv = next_turn()
+    tb.act(conv, THINK_ANSWER if found else THINK_GUESS, f"\\boxed{{{answer}}}")
+    kinds.append(ActKind.ANSWER)
+    traj.finish("answer")
     if workflow == "react":
         memories = []  # the ReAct workflow keeps no memory; the script's notes are not recorded
+    elif workflow in ("mem1", "memory_ops"):
+        memories = list(traj.memories)  # what the format carries: internal states / the rendered bank
     return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, memories=memories, answer=answer,
-                         workflow=workflow)
+                         workflow=workflow, answers=answers)
 
 
-def check_demonstration(demo: Demonstration, builder: PromptBuilder) -> list[str]:
-    """Problems with a demonstration (empty list = parses as intended).
-
-    Checks every act classifies as intended, masks align (1 on acts and updates, 0 on one
-    observation span after each searching act), and the final reward is 1.0 for a correct demo
-    and 0.1 (format credit, F1 = 0) for a wrong-answer demo. MemSearcher demos: prompts are
-    rebuilt from the previous memory and every update's memory is extracted as scripted. ReAct
-    demos: one conversation on react_context(question), each observation a tool-response
-    message that re-opens `<think>`, and the recorded context length of every act call.
-    """
-    t = demo.trajectory
-    if demo.workflow == "react":
-        problems = _check_react(demo, builder)
-    elif demo.workflow == "memsearcher":
-        problems = _check_memsearcher(demo, builder)
-    else:
-        return [f"unknown workflow {demo.workflow!r}"]
-    if not t.conversations:
-        return problems + ["no conversations"]
-    final = t.final
-    if not final.is_final or any(c.is_final for c in t.conversations[:-1]):
-        problems.append("is_final must be set on the last conversation only")
-    if t.num_searches != demo.act_kinds.count(ActKind.TOOL_CALLS):
-        problems.append(f"num_searches {t.num_searches} but {demo.act_kinds.count(ActKind.TOOL_CALLS)} searching acts")
-    res = compute_reward(final.blocks, final.ended_with_eos, t.golds)
-    if demo.correct and res.reward != 1.0:
-        problems.append(f"correct demo has reward {res.reward} ({res.failure or res.answer!r})")
-    if not demo.correct and not (res.format_ok and res.reward == 0.1):
-        problems.append(f"wrong-answer demo should get the 0.1 format credit, got {res.reward} ({res.failure})")
-    return problems
-
-
-def _act_end(conv: Conversation, builder: PromptBuilder, start: int) -> int | None:
-    """Where the act starting at `start` ends: just past its first <|im_end|>."""
-    try:
-        return conv.response_ids.index(builder.eos_id, start) + 1
-    except ValueError:
-        return None
-
-
-def _check_memsearcher(demo: Demonstration, builder: PromptBuilder) -> list[str]:
-    problems = []
-    t = demo.trajectory
-    if len(t.conversations) != len(demo.act_kinds):
-        problems.append(f"{len(t.conversations)} conversations but {len(demo.act_kinds)} intended acts")
-    memory, mem_iter = "", iter(demo.memories)
-    for k, (conv, kind) in enumerate(zip(t.conversations, demo.act_kinds)):
-        where = f"turn {k}"
-        if conv.prompt_ids != builder.memsearcher_context(t.question, memory):
-            problems.append(f"{where}: prompt is not memsearcher_context(question, previous memory)")
-        if not (len(conv.response_ids) == len(conv.loss_mask) == len(conv.sampler_logprobs)):
-            problems.append(f"{where}: response_ids, loss_mask and sampler_logprobs differ in length")
-        # Split the response where the rollout would: the act ends at its first <|im_end|>.
-        act_end = _act_end(conv, builder, 0)
-        if act_end is None:
-            problems.append(f"{where}: act has no end-of-turn token")
-            continue
-        got = classify_act(builder.decode_act(conv.response_ids[:act_end]))
-        if got != kind:
-            problems.append(f"{where}: act classifies as {got.value}, intended {kind.value}")
-        if any(m != 1 for m in conv.loss_mask[:act_end]):
-            problems.append(f"{where}: act tokens not all in the loss mask")
-        if kind == ActKind.TOOL_CALLS:
-            expected_mem = next(mem_iter, None)
-            zeros = [j for j, m in enumerate(conv.loss_mask) if m == 0]
-            if not zeros or zeros[0] != act_end or zeros[-1] - zeros[0] + 1 != len(zeros):
-                problems.append(f"{where}: the observation is not one masked span right after the act")
-                continue
-            update = conv.response_ids[zeros[-1] + 1:]
-            mem = extract_memory(builder.decode_update(update))
-            if mem is None or mem != expected_mem:
-                problems.append(f"{where}: extract_memory gives {mem!r}, scripted {expected_mem!r}")
-            if not update or update[-1] != builder.eos_id:
-                problems.append(f"{where}: memory update does not end with the end-of-turn token")
-            memory = mem or ""
-        elif len(conv.response_ids) != act_end:
-            problems.append(f"{where}: answer turn has tokens after its act")
-    return problems
-
-
-def _check_react(demo: Demonstration, builder: PromptBuilder) -> list[str]:
-    problems = []
-    t = demo.trajectory
-    if len(t.conversations) != 1:
-        return [f"a ReAct demo is one conversation, got {len(t.conversations)}"]
-    conv = t.final
-    if conv.prompt_ids != builder.react_context(t.question):
-        problems.append("prompt is not react_context(question)")
-    if not (len(conv.response_ids) == len(conv.loss_mask) == len(conv.sampler_logprobs)):
-        return problems + ["response_ids, loss_mask and sampler_logprobs differ in length"]
-    if demo.memories or t.memories:
-        problems.append("a ReAct demo keeps no memory")
-    if len(t.context_tokens) != len(demo.act_kinds):
-        problems.append(f"{len(t.context_tokens)} recorded context lengths but {len(demo.act_kinds)} intended acts")
-    # An observation is a user message of tool responses that hands the turn back with <think>.
-    obs_head = [*builder._obs_user_header, builder.tool_response_open_id]
-    obs_tail = [*builder._turn_end_newline, *builder._assistant_header, builder.think_id]
-    pos = 0
-    for k, kind in enumerate(demo.act_kinds):
-        where = f"act {k}"
-        if k < len(t.context_tokens) and t.context_tokens[k] != len(conv.prompt_ids) + pos:
-            problems.append(f"{where}: recorded context {t.context_tokens[k]} tokens, the act's prefix has "
-                            f"{len(conv.prompt_ids) + pos}")
-        end = _act_end(conv, builder, pos)
-        if end is None:
-            problems.append(f"{where}: act has no end-of-turn token")
-            return problems
-        got = classify_act(builder.decode_act(conv.response_ids[pos:end]))
-        if got != kind:
-            problems.append(f"{where}: act classifies as {got.value}, intended {kind.value}")
-        if any(m != 1 for m in conv.loss_mask[pos:end]):
-            problems.append(f"{where}: act tokens not all in the loss mask")
-        pos = end
-        if kind == ActKind.TOOL_CALLS:
-            obs_end = pos
-            while obs_end < len(conv.loss_mask) and conv.loss_mask[obs_end] == 0:
-                obs_end += 1
-            obs = conv.response_ids[pos:obs_end]
-            if (len(obs) < len(obs_head) + len(obs_tail) or obs[:len(obs_head)] != obs_head
-                    or obs[-len(obs_tail):] != obs_tail):
-                problems.append(f"{where}: no masked tool-response observation (ending in the <think> "
-                                f"pre-fill) right after the act")
-            pos = obs_end
-    if pos != len(conv.response_ids):
-        problems.append(f"{len(conv.response_ids) - pos} response tokens after the final act")
-    if len(conv.blocks) != len(demo.act_kinds):
-        problems.append(f"{len(conv.blocks)} decoded blocks but {len(demo.act_kinds)} acts")
-    return problems
+def _scripted_answer(o: dict, flaw: str | None, rng: random.Random, pool: dict) -> str:
+    """The gold answer, or for a wrong or early answer one with zero F1 against the golds."""
+    if flaw not in ("wrong_answer", "early_answer"):
+        return o["golden_answers"][0]
+    early = flaw == "early_answer"
+    # An early 2-hop answer boxes the bridge entity: the classic stop-one-hop-short error.
+    cands = [o["intermediate"]] if early and o.get("intermediate") else pool.get(o["relation"], [])
+    answer = _pick_wrong(rng, cands, o["golden_answers"])
+    if answer == "unknown" and early:
+        answer = _pick_wrong(rng, pool.get(o["relation"], []), o["golden_answers"])
+    return answer
 
 
 def demo_conversations(demos: Sequence[Demonstration]) -> list[Conversation]:

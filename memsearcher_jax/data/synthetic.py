@@ -111,9 +111,6 @@ class World:
             raise ValueError(f"unknown synthetic split {name!r}; expected 'train' or 'heldout'")
         return self.train if name == "train" else self.heldout
 
-    def passage_by_id(self) -> dict[str, dict[str, str]]:
-        return {p["id"]: p for p in self.corpus}
-
     def name_pieces(self) -> dict[str, list[str]]:
         """Each made-up name split into its syllables ("Gebin" -> ["Ge", "bin"]).
 

@@ -72,11 +72,6 @@ class ReadingVocab:
             raise ValueError(f"pool must be 'pretrain' or 'reserved', got {kind!r}")
         return {t: list(p[kind]) for t, p in self.names.items()}
 
-    def name_ids(self, kind: str | None = None) -> list[int]:
-        """Token ids of all names (or of one pool)."""
-        pools = ("pretrain", "reserved") if kind is None else (kind,)
-        return sorted(self.ids[n] for p in self.names.values() for k in pools for n in p[k])
-
     @classmethod
     def load(cls, directory: str) -> ReadingVocab:
         path = os.path.join(directory, MANIFEST)

@@ -100,10 +100,6 @@ class ModelConfig:
         return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     @property
-    def num_query_groups(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def attention_bias(self) -> bool:
         """Biases on the q, k and v projections (Qwen2; Qwen3 has none)."""
         return self.model_type == "qwen2"

@@ -19,10 +19,17 @@ nnx.Param)` separates them from the base), float32, A drawn like PEFT's kaiming-
 B zero; the layer computes x W + (alpha / r) (x A) B, so at initialisation the logits are
 the base's exactly. `merge_lora` folds them into the kernels (the sampler's copy, export).
 
-The decoder's math is written once, as the module-level functions below (RMSNorm, rope,
-the SwiGLU activation, the attention mask, scores and softmax): `Qwen2._layer` uses them
-and so does the sampler's `sampling.layers.LayerMath`, which keeps only its own weight
-layout and its cached-attention forms.
+The decoder layer is composed twice, from one set of primitives. The primitives (RMSNorm,
+rope, the SwiGLU activation, the attention mask, scores and softmax) are the module-level
+functions below, written once. The compositions are two: `CausalLM._layer` here (training and
+scoring, no cache) and `sampling.layers.LayerMath.layer` (prefill and decode over a KV cache,
+in the sampler's weight layout). Tests keep the two equal: `tests/test_sampling.py::
+test_logprobs_equal_full_forward` and `::test_greedy_equals_naive_loop_and_transformers`
+(Qwen2), `tests/test_qwen3.py::test_sampler_greedy_equals_transformers_and_logprobs_equal_forward`
+(Qwen3), `tests/test_lora.py::test_sampler_decodes_with_the_adapters_merged` (LoRA). A change
+to one composition needs the same change in the other.
+
+`CausalLM` is the module (both families); `Qwen2` is its former name, kept as an alias.
 """
 from __future__ import annotations
 
@@ -212,7 +219,7 @@ class DecoderLayers(nnx.Module):
         return {n: getattr(self, n)[...] for n in self.PARAM_NAMES if hasattr(self, n)}
 
 
-class Qwen2(nnx.Module):
+class CausalLM(nnx.Module):
     """Qwen2.5 or Qwen3 (by `config.model_type`) causal LM. `model(input_ids)` -> logits [B, T, V] (float32)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None,
@@ -299,3 +306,6 @@ class Qwen2(nnx.Module):
         the running count of real tokens, so left padding leaves real-token logits unchanged.
         """
         return self.logits_from_hidden(self.hidden_states(input_ids, positions, attention_mask))
+
+
+Qwen2 = CausalLM  # the former name (the module runs Qwen3 too); kept so existing code keeps working

@@ -27,6 +27,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
@@ -115,6 +116,17 @@ def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: 
 
 def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> np.ndarray:
     return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
+
+
+def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
+    """Every host's packed rows, in process order, on every host (a collective).
+
+    The sequence length becomes the longest host's bucket, which is the bucket one process
+    packing all the trajectories picks (buckets grow with the length); the extra columns are
+    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
+    """
+    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
+    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)

@@ -1,11 +1,9 @@
-"""What every learner here shares (pretraining, SFT, GRPO): the optimizer, token log-probs
-(the sampler's own rule, `sampling.distributions.token_logprobs`), one update that skips
+"""What every learner here shares (pretraining, SFT, GRPO): the optimizer, one update that skips
 non-finite gradients, and jitted steps over split, donated parameters. A LoRA model
 (config.lora_rank > 0) splits into its adapters, which train, and the frozen base, which
 the steps take as a separate argument that is neither updated nor donated.
 
     tx = make_optimizer(OptimConfig(learning_rate=1e-3, schedule="cosine", warmup_steps=20, total_steps=800))
-    logp = token_logprobs(logits, targets)                          # [B, T]
     params, opt_state, grad_norm, skipped = apply_update(params, opt_state, grads, tx)
 """
 from __future__ import annotations
@@ -19,7 +17,6 @@ import optax
 from flax import nnx
 
 from memsearcher_jax.models.qwen2 import LoRAParam
-from memsearcher_jax.sampling.distributions import token_logprobs  # noqa: F401  (re-exported)
 
 SCHEDULES = ("constant", "cosine")
 

@@ -18,7 +18,7 @@ from etils import epath
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.rl.advantages import zero_variance_fraction
-from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.token_metrics import by_turn_metrics, prompt_tokens_by_turn, trajectory_token_metrics
 
 
 def rollout_metrics(trajs: list[Trajectory], results, num_rows: int) -> dict:
@@ -31,15 +31,16 @@ def rollout_metrics(trajs: list[Trajectory], results, num_rows: int) -> dict:
         "em": float(np.mean([r.em for r in results])), "f1": float(np.mean([r.f1 for r in results])),
         "format_error_rate": float(np.mean([not r.format_ok for r in results])),
         "zero_variance_groups": float(zero_variance_fraction(rewards, groups)),
-        "turns_per_trajectory": float(np.mean([len(t.conversations) for t in trajs])),
+        "turns_per_trajectory": float(np.mean([t.turns for t in trajs])),  # act calls (react: 1 conversation)
         "searches_per_trajectory": float(np.mean([t.num_searches for t in trajs])),
         "memory_tokens_mean": float(np.mean(mem)) if mem else 0.0,
         "context_tokens_mean": float(np.mean(ctx)) if ctx else 0.0,
         "context_tokens_max": float(np.max(ctx)) if ctx else 0.0,
         "response_tokens_mean": float(np.mean([len(c.response_ids) for t in trajs for c in t.conversations])),
         "rows": int(num_rows),
-        # the context each workflow pays per question (token_metrics; by-turn detail in evaluation)
+        # the context each workflow pays per question, and per act call by turn (token_metrics)
         **{k: v for k, v in trajectory_token_metrics(trajs).items() if k in ("peak_tokens", "tokens_per_question")},
+        **by_turn_metrics(prompt_tokens_by_turn([t.act_prompt_tokens for t in trajs])),
     }
 
 

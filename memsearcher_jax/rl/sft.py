@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +29,9 @@ from memsearcher_jax.rl.learner import (
     apply_update,
     make_optimizer,
     tie_row_updates,
-    token_logprobs,
 )
 from memsearcher_jax.sampling.buckets import bucket
+from memsearcher_jax.sampling.distributions import token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,7 @@ class SFTRows:
     lengths: np.ndarray   # int32 [N] real positions per row
     truncated: int        # rows cut to max_len
 
-    def take(self, idx, length: int) -> SFTRows:
+    def take(self, idx, length: int) -> "SFTRows":
         return SFTRows(self.inputs[idx, :length], self.targets[idx, :length], self.weights[idx, :length],
                        self.lengths[idx], 0)
 
@@ -135,13 +136,6 @@ def masked_nll_sum(model, inputs: jax.Array, targets: jax.Array, weights: jax.Ar
 def _nll_sum_split(graphdef, params, inputs, targets, weights, lengths):
     # Module level with a static graphdef: every model of one architecture shares the compilation.
     return masked_nll_sum(nnx.merge(graphdef, params), inputs, targets, weights, lengths)
-
-
-def nll_sum(model, inputs, targets, weights, lengths) -> tuple[jax.Array, jax.Array]:
-    """Jitted `masked_nll_sum` with the parameters as arguments."""
-    graphdef, params = nnx.split(model, nnx.Param)
-    return _nll_sum_split(graphdef, params, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(weights),
-                          jnp.asarray(lengths))
 
 
 def optim_config(cfg: SFTConfig) -> OptimConfig:
@@ -252,17 +246,21 @@ def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Ge
     return np.concatenate([batches[i] for i in rng.permutation(len(batches))])
 
 
-def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0):
+def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0,
+              optim: OptimConfig | None = None, seconds: float | None = None):
     """Train `model` on the conversations; returns (trained model, per-step history dicts).
 
     Batches are drawn by reshuffling the rows each epoch (seeded), grouped by length so a batch
-    (padded to the bucket of its longest row) wastes little on padding.
+    (padded to the bucket of its longest row) wastes little on padding. optim: the optimizer's
+    settings (default: `optim_config(config)`); seconds: stop once this much wall clock has
+    passed (config.steps still bounds the run).
     """
     rows = build_rows(conversations, pad_id, config.max_len)
     if rows.weights.sum() == 0:
         raise ValueError("sft_train: the conversations have no loss-masked tokens")
-    trainer = SFTTrainer(model, config)
+    trainer = SFTTrainer(model, config, optim=optim)
     rng = np.random.default_rng(config.seed)
+    t0 = time.perf_counter()
     n, bs = len(rows.lengths), config.batch_size
     order, pos = length_grouped_order(rows.lengths, bs, rng), 0
     history = []
@@ -270,6 +268,8 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     if config.progress:
         bar = tqdm(total=config.steps, desc="sft", leave=False)
     for step in range(config.steps):
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
         if pos + bs > n:
             order, pos = length_grouped_order(rows.lengths, bs, rng), 0
         idx = order[pos:pos + bs] if bs <= n else rng.choice(n, bs)

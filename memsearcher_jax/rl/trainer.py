@@ -20,22 +20,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from typing import Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.models import Qwen2, ShardingConfig, shard_model
+from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
-from memsearcher_jax.rl.grpo import GRPOLearner, RowBatch, pack_rows, score_trajectories, trajectory_advantages
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
+from memsearcher_jax.rl.grpo import (GRPOLearner, gather_rows, pack_rows, score_trajectories,
+                                     trajectory_advantages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> t
     return out, start + batch
 
 
-def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> Qwen2:
+def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> CausalLM:
     """The learner's current weights as the sampler wants them: a model over fresh Variables
     (re-placing it must not move the learner's own params out of the training layout), in the
     TP-only sampling layout on a mesh, as host-local arrays on several hosts. LoRA: the
@@ -118,7 +120,7 @@ class Trainer:
         self._ckpt = self._best = None
         self._last_samples: list = []
 
-    def _sampling_model(self) -> Qwen2:
+    def _sampling_model(self) -> CausalLM:
         return sampling_model(self.learner, self.mesh, self.sampler_mesh, self.loop.sampling_dtype)
 
     # --- checkpoints ---
@@ -194,21 +196,18 @@ class Trainer:
     def _keep_groups_with_spread(self, trajs, results, n_groups: int):
         """Dynamic sampling (filter_groups="zero_std"): drop groups whose rewards all tie and refill
         from fresh questions, up to max_refill rounds. Returns (kept, their results, #dropped, #refills)."""
-        loop = self.loop
-        keep = groups_with_spread([r.reward for r in results], [t.group_id for t in trajs])
-        kept, kept_results = [t for t, k in zip(trajs, keep) if k], [r for r, k in zip(results, keep) if k]
-        dropped, refills = n_groups - len(kept) // loop.group_size, 0
-        while len(kept) < n_groups * loop.group_size and refills < loop.max_refill:
+        want = n_groups * self.loop.group_size
+        spread = lambda ts, rs: groups_with_spread([r.reward for r in rs], [t.group_id for t in ts])
+        kept = [(t, r) for t, r, k in zip(trajs, results, spread(trajs, results)) if k]
+        dropped, refills = n_groups - len(kept) // self.loop.group_size, 0
+        while len(kept) < want and refills < self.loop.max_refill:
             refills += 1
             more, more_results, _ = self._rollout(refills)
-            keep = groups_with_spread([r.reward for r in more_results], [t.group_id for t in more])
-            kept += [t for t, k in zip(more, keep) if k]
-            kept_results += [r for r, k in zip(more_results, keep) if k]
-        return kept[:n_groups * loop.group_size], kept_results[:n_groups * loop.group_size], dropped, refills
+            kept += [(t, r) for t, r, k in zip(more, more_results, spread(more, more_results)) if k]
+        return [t for t, _ in kept[:want]], [r for _, r in kept[:want]], dropped, refills
 
     def _update(self, trajs, results) -> tuple[int, dict]:
-        """Advantages, rows (gathered over hosts), the learner's updates, the sampler's new weights.
-        Returns (#rows, the update's metrics)."""
+        """Advantages, rows (gathered over hosts), the updates, the sampler's new weights -> (#rows, metrics)."""
         grpo = self.learner.config
         adv = trajectory_advantages(trajs, [r.reward for r in results])
         rows = pack_rows(trajs, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
@@ -220,13 +219,16 @@ class Trainer:
         self.sampler.update_params(self._sampling_model())
         return rows.num_rows, update
 
-    def train_step(self) -> dict:
-        """One GRPO step: rollout (and, under zero_std, dynamic sampling), then the update.
+    def _any_host_kept(self, kept: list) -> bool:
+        """Whether any host kept a group; every host asks (a collective), then all update or all skip."""
+        if self.num_hosts == 1:
+            return bool(kept)
+        return bool(np.sum(multihost_utils.process_allgather(np.asarray(len(kept), np.int32))) > 0)
 
-        Under zero_std a step where every group's rewards tie (after the refills) has nothing to
-        learn: every advantage is 0, so an update would move the weights by KL, entropy, AdamW
-        momentum and weight decay alone. It is skipped (no optimizer step, the sampler keeps its
-        weights) and counted: skipped_update=1 and skipped_update_reason in the metrics."""
+    def train_step(self) -> dict:
+        """One GRPO step: rollout (under zero_std, dynamic sampling), then the update. Under zero_std
+        a step whose groups all tie has nothing to learn (every advantage 0: only KL, entropy and
+        AdamW's momentum and decay would move the weights), so its update is skipped and counted."""
         loop = self.loop
         t0 = time.perf_counter()
         self.runner.stats = type(self.runner.stats)()
@@ -235,22 +237,20 @@ class Trainer:
         if loop.filter_groups == "zero_std":
             kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
-        if kept:
-            num_rows, update = self._update(kept, kept_results)
-            skip = {"skipped_update": 0}
-        else:
-            num_rows, update = 0, {"time_logprobs": 0.0, "time_update": 0.0}
-            skip = {"skipped_update": 1, "skipped_update_reason": "every group's rewards tie"}
-            self.skipped_updates += 1
+        self.runner.stats.check_search_errors()  # a step that mostly read "search failed" is not trained on
+        if self._any_host_kept(kept) and not kept:  # join another host's update with zero advantages
+            kept, kept_results = trajs, results
+        num_rows, update = self._update(kept, kept_results) if kept else (0, {"time_logprobs": 0.0, "time_update": 0.0})
+        skip = {} if kept else {"skipped_update_reason": "every group's rewards tie"}
+        self.skipped_updates += 0 if kept else 1
         self.step += 1
         stats = self.runner.stats
         # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
         # "rows" and the update's metrics are global.
         metrics = rollout_metrics(trajs, results, num_rows)
-        metrics.update(filtered_groups=dropped, refill_rounds=refills, **skip)
+        metrics.update(filtered_groups=dropped, refill_rounds=refills, skipped_update=int(not kept), **skip, **update)
         if self.loop.log_samples_every and self.step % self.loop.log_samples_every == 0:
             self._last_samples = sample_records(trajs, results, self.runner.builder.decode, self.loop.samples_per_log)
-        metrics.update(update)
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps, "skipped_updates_total": self.skipped_updates,
             "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
@@ -263,8 +263,8 @@ class Trainer:
         steps = self.loop.steps if steps is None else steps
         self.maybe_resume()
         lead = jax.process_index() == 0  # one host writes the logs and draws the bar
-        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step,
-                                wandb_project=self.loop.wandb_project, run_name=self.out_dir.name) if lead else None)
+        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step, wandb_project=self.loop.wandb_project,
+                                run_name=self.out_dir.name) if lead else None)
         history = []
         bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not (self.progress and lead),
                    dynamic_ncols=True)
@@ -280,10 +280,9 @@ class Trainer:
                         writer.write_samples(self.step, self._last_samples)
                         self._last_samples = []
                 bar.update(1)
-                if m["skipped_update"]:
-                    if lead:
-                        tqdm.write(f"GRPO step {self.step}: update skipped ({m['skipped_update_reason']})")
-                else:
+                if m["skipped_update"] and lead:
+                    tqdm.write(f"GRPO step {self.step}: update skipped ({m['skipped_update_reason']})")
+                elif not m["skipped_update"]:
                     bar.set_postfix(reward=f"{m['reward_mean']:.3f}", em=f"{m['em']:.2f}", kl=f"{m['approx_kl']:.4f}")
                 if self.step % self.loop.save_every == 0 or self.step == steps:
                     self.save()
@@ -294,17 +293,6 @@ class Trainer:
             if self._ckpt is not None:
                 self.checkpoints.wait_until_finished()
         return history
-
-
-def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
-    """Every host's packed rows, in process order, on every host (a collective).
-
-    The sequence length becomes the longest host's bucket, which is the bucket one process
-    packing all the trajectories picks (buckets grow with the length); the extra columns are
-    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
-    """
-    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
-    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 def _step_seed(seed: int, step: int) -> int:

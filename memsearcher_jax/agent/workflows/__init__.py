@@ -1,8 +1,12 @@
-"""Registered workflows: importing this package registers the built-in ones, in this order."""
-from memsearcher_jax.agent.workflows import memsearcher  # noqa: F401  (registers; order = listing order)
-from memsearcher_jax.agent.workflows import react  # noqa: F401
-from memsearcher_jax.agent.workflows import mem1  # noqa: F401
-from memsearcher_jax.agent.workflows import memory_ops  # noqa: F401
+"""Registered workflows. Importing this package imports every module in it, and each module's
+`@register` makes its workflow selectable: adding a workflow is adding a file here."""
+import importlib
+import pkgutil
+
+from memsearcher_jax.agent.workflows import memsearcher, react  # noqa: F401  (first: the listing's order)
 from memsearcher_jax.agent.workflows.base import Workflow, get_workflow, register, workflow_names
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["Workflow", "get_workflow", "register", "workflow_names"]

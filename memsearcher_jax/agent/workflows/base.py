@@ -19,8 +19,7 @@ tests. `agent.workflow=<name>` then selects it.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
 
@@ -38,6 +37,12 @@ class Workflow:
 
     name: ClassVar[str] = ""
     second_call: ClassVar[bool] = False   # whether a searching turn makes a second generation call
+
+    def carried_tokens(self, cfg) -> int:
+        """At most how many tokens a turn's context carries beyond the system prompt and the
+        question (the planner's bound on a prompt; cfg: AgentConfig or the config's agent section).
+        0 when what grows is the response (react)."""
+        return 0
 
     def start(self, t: Trajectory, b: PromptBuilder, cfg: AgentConfig) -> None:
         """Before the first turn."""

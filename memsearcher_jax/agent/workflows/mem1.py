@@ -53,6 +53,10 @@ def internal_state(act_text: str) -> str:
 class Mem1(Workflow):
     name = "mem1"
 
+    def carried_tokens(self, cfg):
+        # The last act, and its observation (capped by max_observation_tokens when set).
+        return cfg.max_new_tokens + (cfg.max_observation_tokens or cfg.max_response_tokens)
+
     def open_turn(self, t, turn, b, cfg):
         prompt = mem1_context(b, t.question, t.state.get("last_act", []), t.state.get("last_observation", []))
         self.new_conversation(t, prompt, turn)

@@ -139,6 +139,10 @@ class MemoryOps(Workflow):
     name = "memory_ops"
     second_call = True
 
+    def carried_tokens(self, cfg):
+        # The bank, plus error lines that quote at most one operations call.
+        return cfg.memory_budget + cfg.max_new_tokens
+
     def start(self, t, b, cfg):
         t.state.update(entries=[], next_id=1, errors=[], op_errors=0)
 

@@ -18,6 +18,9 @@ class MemSearcher(Workflow):
     name = "memsearcher"
     second_call = True
 
+    def carried_tokens(self, cfg):
+        return cfg.memory_budget
+
     def open_turn(self, t, turn, b, cfg):
         self.new_conversation(t, b.memsearcher_context(t.question, t.memory), turn)
 

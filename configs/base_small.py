@@ -1,0 +1,81 @@
+"""The reading base, second generation: wider, longer contexts, binding drills, multi-objective rows.
+
+    memsearcher-jax pretrain --config configs/base_small.py --config.train.output_dir=/root/runs/base_small
+
+The same command resumes an interrupted run (checkpoints every 100 steps under output_dir) and,
+run from an empty output_dir, reproduces the weights from scratch: the vocabulary, the init and
+every curriculum row depend only on the seeds below (rows on (seed, step)).
+
+Why these choices (docs/experiments.md, 2026-11-24):
+- Width. The first base (4 layers x 128) plateaued at 78-83% on its probe and 73-75% on fresh
+  items; its misses were binding errors (a value of the right kind copied from the wrong entity).
+  This one is 4 layers x 256 (4 heads of 64): twice the width in the same depth, ~8 MB of bf16
+  weights, so the directory stays under ~10 MB.
+- Two phases. Steps 0..first_phase.steps train on short rows only (repeat and recall drills,
+  2-3-passage cloze, max 512 tokens): the copy skill forms there (the first base's phase change
+  came from repeat drills) at a quarter of the cost of a 1024-token step. Then the full mix at
+  up to 1024 tokens: `long` (4-16 passages, ~250-900 tokens, the asked passage anywhere),
+  `bind` (several entities of one type, one relation asked about several of them: the wrong
+  entity's value of the right kind is always there), `multi` (`<question> q1; q2 </question>`
+  answered `\\boxed{a1; a2}`, the multi-objective format of `world.objectives`).
+- No agent episodes (`demo` 0). The choice was episodes in every workflow's format (memsearcher,
+  react, mem1, memory_ops) in equal shares, or in none. Only the memsearcher format's demonstrator
+  existed when this run began (the others were being written), so equal shares were not possible
+  without favouring one workflow; with none, the base knows reading and no workflow's markup, and
+  the warm-start SFT of each workflow teaches its own format from the same starting point. The
+  first base saw 20% memsearcher demos, which the workflow comparison would have measured.
+- Lengths: 16 passages are ~900 tokens with this vocabulary (every name and value one token;
+  8 passages ~450): the react histories of the workflow comparison (1-2K tokens) are the reason
+  for 1024, the longest a 2-core step can afford.
+"""
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(__file__))
+from base_tiny import get_config as tiny_config  # noqa: E402
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = tiny_config()
+
+    c.model.hidden_size = 256
+    c.model.intermediate_size = 768
+    c.model.num_layers = 4
+    c.model.num_heads = 4            # 4 heads of 64 (not 8 of 32): half the attention scores' memory and time at 1024 tokens
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 64
+    c.model.remat = True             # recompute each layer in the backward pass: 1024-token rows fit in memory
+
+    # Phase 1: short rows only, until the copy skill forms.
+    c.first_phase = ml_collections.ConfigDict()
+    c.first_phase.steps = 1500
+    c.first_phase.max_len = 512
+    c.first_phase.batch_size = 64
+    c.first_phase.repeat = 0.3
+    c.first_phase.recall = 0.2
+    c.first_phase.cloze = 0.5
+
+    # Phase 2 (to train.steps): the full mix.
+    c.curriculum.repeat = 0.1
+    c.curriculum.recall = 0.1
+    c.curriculum.cloze = 0.2
+    c.curriculum.demo = 0.0          # no agent episodes: see the docstring
+    c.curriculum.long = 0.25
+    c.curriculum.bind = 0.25
+    c.curriculum.multi = 0.1
+    c.curriculum.long_passages = (4, 16)
+    c.curriculum.bind_entities = (2, 8)
+
+    c.train.steps = 6000
+    c.train.max_len = 1024
+    c.train.batch_size = 16          # phase 2: 16 rows of up to 1024 tokens (~ the tokens of phase 1's 64 short rows)
+    c.train.learning_rate = 1e-3
+    c.train.warmup = 200
+    c.train.output_dir = "runs/base_small"
+    c.train.export_dir = ""
+    c.train.probe_items = 256        # per progress set (2, 8, 16 passages, multi), every probe_every steps
+    c.train.final_probe_items = 512  # per final set, measured once on the exported bf16 weights
+    c.train.log_every = 10           # a loss / seconds-per-step line in the log between probes
+    return c
