@@ -16,7 +16,8 @@ import importlib
 import importlib.util
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +42,15 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.models import (CausalLM, ModelConfig, ShardingConfig, from_pretrained, make_mesh,
-                                    save_pretrained, shard_model)
+from memsearcher_jax.models import (
+    CausalLM,
+    ModelConfig,
+    ShardingConfig,
+    from_pretrained,
+    make_mesh,
+    save_pretrained,
+    shard_model,
+)
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits, lora_fields
@@ -51,8 +59,8 @@ from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
 from memsearcher_jax.sampling import Sampler
-from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.sampling.sampler import check_query_block
+from memsearcher_jax.token_metrics import trajectory_token_metrics
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
 from retrieval.loading import load_retriever

@@ -19,9 +19,21 @@ from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import (Setup, TrainConfigError, build_sampler, build_setup, build_trainer,
-                                        eval_questions, eval_runner, evaluate, load_policy, lora_fields,
-                                        output_path, sampling_mesh, validate)
+from memsearcher_jax.experiment import (
+    Setup,
+    TrainConfigError,
+    build_sampler,
+    build_setup,
+    build_trainer,
+    eval_questions,
+    eval_runner,
+    evaluate,
+    load_policy,
+    lora_fields,
+    output_path,
+    sampling_mesh,
+    validate,
+)
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam

@@ -191,15 +191,18 @@ def test_mem1_and_memory_ops_prompts_equal_their_rendered_text(tok, style):
     from memsearcher_jax.agent.workflows.memory_ops import memory_ops_context, ops_observation
 
     pb = PromptBuilder(tok, style=style)
-    act = enc(tok, 'Hamlet: Shakespeare?</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Hamlet"}}</tool_call>') + [IM_END]
+    act = enc(tok, 'Hamlet: Shakespeare?</think>\n<tool_call>{"name": "wikipedia_search", '
+                   '"arguments": {"query": "Hamlet"}}</tool_call>') + [IM_END]
     ctx = mem1_context(pb, "Who wrote Hamlet?", act, pb.tool_message(HITS[:1], reopen_think=True))
     text = pb.decode(ctx)
-    assert text.count("<|im_start|>assistant\n<think>") == 2 and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n<think>")
+    assert text.count("<|im_start|>assistant\n<think>") == 2
+    assert text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n<think>")
     assert enc(tok, text) == ctx
     bank = memory_ops_context(pb, "Who wrote Hamlet?", [(1, "Hamlet is a play."), (3, "By Shakespeare.")],
                               ["DELETE 7: no entry 7"])
     btext = pb.decode(bank)
-    assert "<memory>\n[1] Hamlet is a play.\n[3] By Shakespeare.\n</memory>\n<errors>\nDELETE 7: no entry 7\n</errors><|im_end|>" in btext
+    assert ("<memory>\n[1] Hamlet is a play.\n[3] By Shakespeare.\n</memory>\n"
+            "<errors>\nDELETE 7: no entry 7\n</errors><|im_end|>") in btext
     assert enc(tok, btext) == bank and bank[-1] == THINK
     obs = ops_observation(pb, HITS[:1])
     assert enc(tok, pb.decode(obs)) == obs and "<ops>" in pb.decode(obs)

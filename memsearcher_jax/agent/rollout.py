@@ -22,6 +22,7 @@ from typing import Protocol
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
+
 # Conversation, Trajectory and CallRecord are re-exported: callers import them from here.
 from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401
 from memsearcher_jax.agent.workflows import Workflow, get_workflow, workflow_names

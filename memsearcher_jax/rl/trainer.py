@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -35,9 +35,8 @@ from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
+from memsearcher_jax.rl.grpo import GRPOLearner, gather_rows, pack_rows, score_trajectories, trajectory_advantages
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
-from memsearcher_jax.rl.grpo import (GRPOLearner, gather_rows, pack_rows, score_trajectories,
-                                     trajectory_advantages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +262,8 @@ class Trainer:
         steps = self.loop.steps if steps is None else steps
         self.maybe_resume()
         lead = jax.process_index() == 0  # one host writes the logs and draws the bar
-        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step, wandb_project=self.loop.wandb_project,
-                                run_name=self.out_dir.name) if lead else None)
+        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step,
+                                wandb_project=self.loop.wandb_project, run_name=self.out_dir.name) if lead else None)
         history = []
         bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not (self.progress and lead),
                    dynamic_ncols=True)
