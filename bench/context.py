@@ -41,7 +41,7 @@ def tokens_processed(traj) -> int:
                 gen_runs.append((start, pos))
             else:
                 pos += 1
-        for start, end in gen_runs:
+        for _start, end in gen_runs:
             total += prefix + end  # prompt + response so far (includes this call's output)
     return total
 
@@ -70,9 +70,9 @@ def main(argv=None) -> int:
     if not 0 <= args.react_share <= 1:
         ap.error(f"--react-share must be in [0, 1], got {args.react_share}")
 
-    from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.experiment import agent_config, build_sampler, build_setup, sampling_mesh
     from memsearcher_jax.jobs import restore_policy, warm_start
+    from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.rl.grpo import score_trajectories
 
     cfg = load_config(args.config, overrides)

@@ -33,8 +33,15 @@ import ml_collections
 
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn
-from memsearcher_jax.experiment import (build_sampler, build_setup, eval_runner, evaluate, sampling_mesh, validate,
-                                        with_objectives)
+from memsearcher_jax.experiment import (
+    build_sampler,
+    build_setup,
+    eval_runner,
+    evaluate,
+    sampling_mesh,
+    validate,
+    with_objectives,
+)
 from memsearcher_jax.jobs import restore_policy, train_job
 from memsearcher_jax.models import from_pretrained
 
@@ -204,7 +211,8 @@ def tables_markdown(report: dict) -> str:
              "## Table 3: EM per objective and mean peak tokens by number of objectives", "",
              table3(res, tuple(report["objectives"])), ""]
     if report.get("budgets"):
-        how = "trained at each budget" if report.get("budget_training") else "the trained model evaluated at each budget"
+        how = ("trained at each budget" if report.get("budget_training")
+               else "the trained model evaluated at each budget")
         parts += [f"## Table 4: memsearcher against its memory budget ({how}; {n} objectives)", "",
                   table4(report["budgets"]), ""]
     return "\n".join(parts)

@@ -28,12 +28,12 @@ import time
 
 import numpy as np
 
-from tests.assets import minilm_encoder_dir
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import InMemoryDocs
 from retrieval.dense import DenseRetriever
 from retrieval.encoder import DenseEncoder
 from retrieval.index import IndexConfig, build_index
+from tests.assets import minilm_encoder_dir
 from tests.synthetic_corpus import generate, recall_at_k
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,7 +209,7 @@ def _start_server(index_dir: str):
             return proc, url
         except httpx.TransportError:
             if proc.poll() is not None:
-                raise RuntimeError("serve-retriever exited during start-up")
+                raise RuntimeError("serve-retriever exited during start-up") from None
             time.sleep(0.2)
     proc.terminate()
     raise RuntimeError("serve-retriever did not answer /health within 60 s")

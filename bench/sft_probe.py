@@ -99,7 +99,8 @@ def main():
 
     heldout = _jsonl(paths.heldout)
     held_demos = make_demonstrations(heldout[:40], builder, retriever, seed=1, config=DemoConfig(0, 0, 0))
-    print(f"held-out masked loss (clean demos): {evaluate_loss(model, demo_conversations(held_demos), builder.pad_id, sft_cfg):.3f}")
+    held_loss = evaluate_loss(model, demo_conversations(held_demos), builder.pad_id, sft_cfg)
+    print(f"held-out masked loss (clean demos): {held_loss:.3f}")
 
     rows = heldout[:args.questions]
     ok = gold_query = 0

@@ -43,7 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.hidden_size = 256
     c.model.intermediate_size = 768
     c.model.num_layers = 4
-    c.model.num_heads = 4            # 4 heads of 64 (not 8 of 32): half the attention scores' memory and time at 1024 tokens
+    c.model.num_heads = 4            # 4 heads of 64 (not 8 of 32): half the attention scores' memory and time
+                                     # at 1024 tokens
     c.model.num_kv_heads = 2
     c.model.head_dim = 64
     c.model.remat = True             # recompute each layer in the backward pass: 1024-token rows fit in memory

@@ -120,7 +120,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.reward_fn = ""              # "module:function" or "file.py:function" with qa_metrics.compute_reward's
                                      # signature; "" = the MemSearcher reward (docs/method.md §3)
     c.rl.logits_chunk = 0            # loss logits this many positions at a time, recomputed in backward (0: all)
-    c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap); 0 off
+    c.rl.tis_cap = 0.0               # truncated importance sampling: weight = min(exp(trainer - sampler logp), cap);
+                                     # 0 off
     c.rl.min_seq_len = 128           # the trainer's rows pad to quarter-octave buckets from here
     c.rl.max_seq_len = 32768         # a conversation longer than this stops the step with an error
 
@@ -130,7 +131,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     c.optim.weight_decay = 0.01
     c.optim.max_grad_norm = 1.0
-    c.optim.schedule = "constant"    # "constant" (the recipe) | "cosine" (to final_lr_fraction at the last optimizer step)
+    c.optim.schedule = "constant"    # "constant" (the recipe) | "cosine" (to final_lr_fraction at the last
+                                     # optimizer step)
     c.optim.warmup_steps = 0         # linear warm-up over this many optimizer steps
     c.optim.final_lr_fraction = 0.1  # cosine: the learning rate at the last step, as a fraction of the peak
 

@@ -8,7 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_ENTRY = ["python", "-m", "memsearcher_jax.cli", "--multihost", "train"]  # joins the job, then runs the CLI

@@ -17,8 +17,17 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.common import (ROOT, TRAIN_ENTRY, LaunchError, execute, load_recipe, parse_launch_args, render, repo_relative,
-                           retrieval_overrides)
+from launch.common import (
+    ROOT,
+    TRAIN_ENTRY,
+    LaunchError,
+    execute,
+    load_recipe,
+    parse_launch_args,
+    render,
+    repo_relative,
+    retrieval_overrides,
+)
 
 COORDINATOR_PORT = 8476
 

@@ -18,8 +18,16 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `launch.common` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.common import (TRAIN_ENTRY, LaunchError, execute, load_recipe, parse_launch_args, render, repo_relative,
-                           retrieval_overrides)
+from launch.common import (
+    TRAIN_ENTRY,
+    LaunchError,
+    execute,
+    load_recipe,
+    parse_launch_args,
+    render,
+    repo_relative,
+    retrieval_overrides,
+)
 
 REMOTE_DIR = "memsearcher-jax"
 TARBALL = "/tmp/memsearcher-jax.tar.gz"

@@ -9,9 +9,9 @@ import argparse
 import os
 import sys
 
+from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.config_utils import ConfigError, load_config, split_overrides
 from memsearcher_jax.distributed import initialize_from_env
-from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.errors import UserInputError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
@@ -32,7 +32,7 @@ def _run_args(p: argparse.ArgumentParser, func):
     p.set_defaults(func=func)
 
 
-def _load(args) -> "object":
+def _load(args) -> object:
     return load_config(args.config, args.config_overrides)
 
 

@@ -13,7 +13,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ml_collections
 
@@ -127,8 +128,9 @@ def apply_override(cfg: ml_collections.ConfigDict, dotted: str, text: str) -> No
     for i, part in enumerate(parts[:-1]):
         if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
             where = ".".join(parts[:i]) or "<root>"
+            sections = sorted(k for k in node.keys() if isinstance(node[k], ml_collections.ConfigDict))
             raise ConfigError(f"unknown config key --config.{dotted}: {where} has no section {part!r}; "
-                              f"sections: {sorted(k for k in node.keys() if isinstance(node[k], ml_collections.ConfigDict))}")
+                              f"sections: {sections}")
         node = node[part]
     leaf = parts[-1]
     if leaf not in node:

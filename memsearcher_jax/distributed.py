@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Mapping, Sequence, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 DEFAULT_PORT = 8476  # coordinator port when SLURM gives only the node list

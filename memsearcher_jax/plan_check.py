@@ -71,7 +71,8 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
     `call.shared_prefix`, each with budget `call.largest_budget`.
 
     Returns {"kv": largest per-device bytes of the cache the prefill allocated (the rows' own
-    slots and the shared prefix), "kv_shape" and "prefix_shape": their per-layer shapes, "prefill_temp": the compiled prefill program's temporary bytes per device,
+    slots and the shared prefix), "kv_shape" and "prefix_shape": their per-layer shapes,
+    "prefill_temp": the compiled prefill program's temporary bytes per device,
     "weights": the sampler's own weight copy per device}. attention_by_row: force the prefill
     attention's row loop on (True) or off (False, the accelerators' form); None: the Sampler's
     own choice for this platform.

@@ -31,8 +31,14 @@ from flax import nnx
 from safetensors import safe_open
 
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.data.curriculum import (KINDS, Curriculum, CurriculumConfig, PhasedCurriculum,
-                                             multi_probe_items, probe_items)
+from memsearcher_jax.data.curriculum import (
+    KINDS,
+    Curriculum,
+    CurriculumConfig,
+    PhasedCurriculum,
+    multi_probe_items,
+    probe_items,
+)
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.experiment import TrainConfigError
@@ -155,7 +161,8 @@ def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
 
 # ----------------------------------------------------------------------------- the job
 
-def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict, max_len: int) -> CurriculumConfig:
+def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict,
+                       max_len: int) -> CurriculumConfig:
     """A phase's curriculum: the row kinds `mix` weighs (in KINDS order; kinds it does not name
     are not drawn), the world settings of cfg.curriculum."""
     c = cfg.curriculum
@@ -186,7 +193,8 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
     return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), "max_len": cur.max_len, "batch_size": batch,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
-                               "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak at step {cfg.train.steps}"}}
+                               "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak "
+                                           f"at step {cfg.train.steps}"}}
             for (start, cur, batch), end in zip(phases, ends)]
 
 
@@ -293,13 +301,14 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     tokenizer = load_tokenizer(vocab_dir)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
     model, tied = _init_model(cfg, vocab, builder, len(tokenizer))
-    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed, warmup=min(t.warmup, t.steps),
-                        max_len=t.max_len, min_len=t.min_len, progress=False)
+    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
+                        warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len, progress=False)
     trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
     phases = phase_configs(cfg)
     curriculum = PhasedCurriculum([(s, Curriculum(vocab, builder, c)) for s, c, _ in phases])
     batch_at = lambda step: [b for s, _, b in phases if s <= step][-1]
-    sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)  # progress only; the final sets are never looked at here
+    # Progress only; the final sets are never looked at here.
+    sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
 
     manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"),

@@ -13,7 +13,7 @@ its trajectory's to give (agent.trajectory); nothing here imports the agent.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, runtime_checkable
 
-
 ERROR_HIT_ID = "__error__"
 
 

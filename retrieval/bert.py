@@ -29,7 +29,7 @@ class BertConfig:
     hidden_act: str = "gelu"
 
     @classmethod
-    def from_hf(cls, model_dir: str) -> "BertConfig":
+    def from_hf(cls, model_dir: str) -> BertConfig:
         path = os.path.join(model_dir, "config.json")
         with open(path, encoding="utf-8") as f:
             c = json.load(f)

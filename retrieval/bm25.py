@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.index import read_manifest, write_manifest
-
 
 
 def _bm25s():
@@ -47,7 +46,7 @@ class BM25Retriever:
         return len(self.docs)
 
     @classmethod
-    def from_passages(cls, passages: Sequence[dict], k1: float = 1.5, b: float = 0.75) -> "BM25Retriever":
+    def from_passages(cls, passages: Sequence[dict], k1: float = 1.5, b: float = 0.75) -> BM25Retriever:
         """Index `{"id", "contents"}` passages in memory."""
         docs = InMemoryDocs(passages)
         if len(docs) == 0:
@@ -76,7 +75,7 @@ class BM25Retriever:
         _write_manifest(out_dir, len(self.docs), self.model)
 
     @classmethod
-    def load(cls, index_dir: str, mmap: bool = True) -> "BM25Retriever":
+    def load(cls, index_dir: str, mmap: bool = True) -> BM25Retriever:
         bm25s = _bm25s()
         m = read_manifest(index_dir)
         if m["kind"] != "bm25":

@@ -87,7 +87,8 @@ def register(subparsers) -> None:
     p.add_argument("--chunk-size", type=positive_int, default=8192, help="passages read and encoded per chunk")
     p.add_argument("--nlist", type=positive_int, default=defaults.nlist, help="IVF cells")
     p.add_argument("--nprobe", type=positive_int, default=defaults.nprobe, help="IVF cells searched per query")
-    p.add_argument("--pq-m", type=positive_int, default=defaults.pq_m, help="PQ sub-quantizers (must divide the dimension)")
+    p.add_argument("--pq-m", type=positive_int, default=defaults.pq_m,
+                   help="PQ sub-quantizers (must divide the dimension)")
     p.add_argument("--pq-nbits", type=positive_int, default=defaults.pq_nbits, help="bits per PQ code")
     p.add_argument("--hnsw-m", type=positive_int, default=defaults.hnsw_m, help="HNSW neighbours per node")
     p.add_argument("--ef-construction", type=positive_int, default=defaults.ef_construction, help="HNSW build beam")

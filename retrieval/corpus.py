@@ -16,7 +16,8 @@ import dataclasses
 import json
 import mmap
 import os
-from typing import Iterable, Iterator, Protocol, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 

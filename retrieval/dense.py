@@ -17,15 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
 from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.encoder import DenseEncoder, EncoderConfig
-from retrieval.index import (IndexBuilder, IndexConfig, build_index, read_manifest, set_search_params,
-                             write_manifest)
+from retrieval.index import IndexBuilder, IndexConfig, build_index, read_manifest, set_search_params, write_manifest
 
 INDEX_FILE = "index.faiss"
 DOCS_DIR = "docs"
@@ -48,7 +47,7 @@ class DenseRetriever:
 
     @classmethod
     def build(cls, passages: Sequence[dict], encoder: DenseEncoder, index_config: IndexConfig | None = None,
-              progress: bool = False) -> "DenseRetriever":
+              progress: bool = False) -> DenseRetriever:
         """Encode passages (`{"id", "contents"}`) in memory and index them."""
         docs = InMemoryDocs(passages)
         cfg = index_config or IndexConfig()
@@ -86,7 +85,7 @@ class DenseRetriever:
 
     @classmethod
     def load(cls, index_dir: str, encoder: DenseEncoder | None = None, mmap: bool = True,
-             index_config: IndexConfig | None = None) -> "DenseRetriever":
+             index_config: IndexConfig | None = None) -> DenseRetriever:
         """Open a saved directory; `encoder` defaults to the one recorded in the manifest."""
         import faiss
 

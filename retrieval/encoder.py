@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -176,7 +176,7 @@ class DenseEncoder:
 
     @classmethod
     def from_pretrained(cls, model_dir: str, convention: str = "auto", *, max_batch_tokens: int | None = None,
-                        **overrides) -> "DenseEncoder":
+                        **overrides) -> DenseEncoder:
         return cls(resolve_config(model_dir, convention, **overrides), max_batch_tokens=max_batch_tokens)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 BASE_KW = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True,
                max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=0)

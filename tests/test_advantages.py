@@ -74,7 +74,8 @@ def test_empty():
 def test_matches_reference_on_random_batches(pairs):
     rewards = [p[0] for p in pairs]
     groups = [p[1] for p in pairs]
-    np.testing.assert_allclose(group_advantages(rewards, groups), reference_advantages(rewards, groups), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(group_advantages(rewards, groups), reference_advantages(rewards, groups),
+                               rtol=1e-4, atol=1e-3)
 
 
 def test_broadcast_trajectories_with_one_and_five_conversations():

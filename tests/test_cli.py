@@ -7,8 +7,14 @@ import sys
 import pytest
 
 from memsearcher_jax.cli import main
-from memsearcher_jax.config_utils import (ConfigError, apply_override, load_config, load_config_module,
-                                          split_config_path, split_overrides)
+from memsearcher_jax.config_utils import (
+    ConfigError,
+    apply_override,
+    load_config,
+    load_config_module,
+    split_config_path,
+    split_overrides,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -354,7 +354,7 @@ def test_eval_refuses_a_bad_split_limit_or_checkpoint_in_a_second(tmp_path, caps
         assert time.perf_counter() - t0 < 5.0
 
 
-# ----------------------------------------------------------------------------- a real (tiny) run: resume, Ctrl-C, damage
+# ------------------------------------------------------------------------ a real (tiny) run: resume, Ctrl-C, damage
 
 @pytest.fixture(scope="module")
 def one_step_run(tmp_path_factory):

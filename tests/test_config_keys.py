@@ -7,8 +7,15 @@ import os
 import pytest
 
 from memsearcher_jax.config_utils import load_config
-from memsearcher_jax.experiment import (COMPUTED_FIELDS, KEYS_READ_HERE, SECTIONS_OF, TrainConfigError, grpo_config,
-                                        loop_config, typed)
+from memsearcher_jax.experiment import (
+    COMPUTED_FIELDS,
+    KEYS_READ_HERE,
+    SECTIONS_OF,
+    TrainConfigError,
+    grpo_config,
+    loop_config,
+    typed,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")

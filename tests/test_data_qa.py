@@ -33,7 +33,8 @@ def _search_r1_row(i, question, answers, source):
 def root(tmp_path):
     r = tmp_path / "data"
     _write_jsonl(str(r / "nq" / "test.jsonl"), [
-        {"id": "test_0", "question": "who got the first nobel prize in physics", "golden_answers": ["Wilhelm Conrad Röntgen"]},
+        {"id": "test_0", "question": "who got the first nobel prize in physics",
+         "golden_answers": ["Wilhelm Conrad Röntgen"]},
         {"id": "test_1", "question": "  when is the next deadpool movie being released?  ",
          "golden_answers": ["May 18, 2018", "2018"], "metadata": {"x": 1}},
     ])
@@ -82,8 +83,8 @@ def test_load_qa_search_r1_parquet(root):
 def test_parquet_with_golden_answers_column_and_no_id(tmp_path):
     path = str(tmp_path / "popqa" / "test.parquet")
     os.makedirs(os.path.dirname(path))
-    pq.write_table(pa.Table.from_pylist([{"question": "What is Ada's occupation", "golden_answers": ["writer", "poet"]}]),
-                   path)
+    pq.write_table(pa.Table.from_pylist([{"question": "What is Ada's occupation",
+                                          "golden_answers": ["writer", "poet"]}]), path)
     rows = qa.load_qa(path)
     assert rows == [{"id": "popqa_0", "question": "What is Ada's occupation?", "golden_answers": ["writer", "poet"],
                      "data_source": "popqa"}]
@@ -224,10 +225,10 @@ def test_training_questions_file_dataset_dir_and_root(root, tmp_path):
 def test_every_user_input_error_shares_one_base():
     from memsearcher_jax.config_utils import ConfigError
     from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.experiment import TrainConfigError
     from memsearcher_jax.models.hf_io import CheckpointError
     from memsearcher_jax.models.safetensors_io import SafetensorsError
     from memsearcher_jax.planner import PlanError
-    from memsearcher_jax.experiment import TrainConfigError
     from retrieval.corpus import CorpusFormatError
 
     for cls in (ConfigError, CheckpointError, SafetensorsError, PlanError, TrainConfigError, CorpusFormatError,

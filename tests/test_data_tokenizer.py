@@ -3,8 +3,7 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from memsearcher_jax.data.synthetic import generate_world
 from memsearcher_jax.data.tokenizer import AGENT_TAGS, SPECIAL_TOKENS, load_tokenizer, train_tokenizer

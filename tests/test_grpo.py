@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +13,16 @@ from flax import nnx
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.grpo import (GRPOConfig, GRPOLearner, OptimConfig, accumulate_gradients,
-                                     minibatch_row_indices, pack_rows, score_trajectories, trajectory_advantages)
+from memsearcher_jax.rl.grpo import (
+    GRPOConfig,
+    GRPOLearner,
+    OptimConfig,
+    accumulate_gradients,
+    minibatch_row_indices,
+    pack_rows,
+    score_trajectories,
+    trajectory_advantages,
+)
 from memsearcher_jax.rl.losses import LossConfig, aggregation_weights
 from retrieval.base import Hit
 
@@ -43,7 +52,8 @@ class ScriptedSampler:
                 if done >= self.plan[q]:
                     body = "ok</think>\n\\boxed{Paris}"
                 else:
-                    body = 'go</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "q%d"}}</tool_call>' % done
+                    call = json.dumps({"name": "wikipedia_search", "arguments": {"query": f"q{done}"}})
+                    body = f"go</think>\n<tool_call>{call}</tool_call>"
             else:  # memory update
                 body = "<memory>" + " ".join(["fact"] * (done + 1)) + "</memory>"
             ids = self.tok.encode(body, add_special_tokens=False) + [self.b.eos_id]

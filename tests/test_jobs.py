@@ -26,7 +26,8 @@ def trained(tmp_path_factory):
 
 def _eval_args(worlds, *extra):
     return ["eval", "--config", os.path.join(ROOT, "configs/default.py"), f"--config.world.cache_dir={worlds}",
-            "--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128", "--config.model.num_layers=2",
+            "--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
+            "--config.model.num_layers=2",
             "--config.model.head_dim=16", "--limit", "6", *extra]
 
 
@@ -96,7 +97,8 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
                    wrong_answer_rate=0.0, early_answer_rate=0.0)
     setup = build_setup(cfg)
     seen = []
-    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id: (seen.extend(convs) or model, [{"loss": 0.0}]))
+    monkeypatch.setattr(jobs, "sft_train",
+                        lambda model, convs, config, pad_id: (seen.extend(convs) or model, [{"loss": 0.0}]))
     out = jobs.warm_start(cfg, setup, str(tmp_path / "ws"))
     assert os.path.isfile(os.path.join(out, "config.json"))
     rows = setup.train_questions[:30]

@@ -34,7 +34,7 @@ def _relative(path):
 
 
 def _lines(capsys):
-    return [l for l in capsys.readouterr().out.splitlines() if l.strip()]
+    return [line for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize("path", TPU, ids=_name)
@@ -43,7 +43,7 @@ def test_tpu_dry_run_prints_create_install_and_one_train_command_for_all_workers
                        "--retrieval", "shared", "--retrieval-url", "http://10.0.0.2:8000", "--dry-run",
                        "--config.train.steps=7"])
     assert rc == 0
-    cmds = [shlex.split(l) for l in _lines(capsys)]
+    cmds = [shlex.split(line) for line in _lines(capsys)]
     pod = next(k for k in ACCEL if k in _name(path))
     accel, version = ACCEL[pod]
     assert cmds[0] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "ms", "--zone", "us-west4-a", "--project",
@@ -93,9 +93,10 @@ def test_slurm_dry_run_prints_the_script_and_sbatch(path, capsys, tmp_path):
                  "#SBATCH --partition=h100", "export MEMSEARCHER_NUM_PROCESSES=1"):
         assert line in out, line
     assert 'MEMSEARCHER_COORDINATOR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):8476"' in body
-    srun = next(l for l in out if l.startswith("srun "))
+    srun = next(line for line in out if line.startswith("srun "))
     task = shlex.split(srun)[-1]
-    assert task.startswith("export MEMSEARCHER_PROCESS_ID=$SLURM_PROCID; exec python -m memsearcher_jax.cli --multihost")
+    assert task.startswith("export MEMSEARCHER_PROCESS_ID=$SLURM_PROCID; "
+                           "exec python -m memsearcher_jax.cli --multihost")
     assert shlex.split(task.split("exec ", 1)[1]) == [
         "python", "-m", "memsearcher_jax.cli", "--multihost", "train", "--config", _relative(path),
         "--config.retrieval.kind=index", "--config.retrieval.index_dir=/shared/e5", "--config.train.steps=3"]
@@ -141,7 +142,8 @@ def test_help_is_instant_and_imports_no_jax(script):
 def test_dry_run_in_a_fresh_process_loads_the_recipe_without_jax(mod, args):
     # A fresh interpreter, as a user runs it: `configs/recipe.py:MODEL,POD` and the base recipe it
     # loads beside it must resolve on their own (in-process tests may have loaded them already).
-    code = f"import sys; from launch import {mod}; rc = {mod}.main({args!r}); print('JAX', 'jax' in sys.modules); sys.exit(rc)"
+    code = (f"import sys; from launch import {mod}; rc = {mod}.main({args!r}); "
+            "print('JAX', 'jax' in sys.modules); sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "memsearcher_jax.cli --multihost train" in out.stdout and "JAX False" in out.stdout

@@ -19,8 +19,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, from_pretrained, make_mesh, param_dict, \
-    save_pretrained, shard_model
+from memsearcher_jax.models import (
+    ModelConfig,
+    Qwen2,
+    ShardingConfig,
+    from_pretrained,
+    make_mesh,
+    param_dict,
+    save_pretrained,
+    shard_model,
+)
 from memsearcher_jax.models.config import LORA_KERNELS
 from memsearcher_jax.models.hf_io import PEFT_CONFIG, PEFT_WEIGHTS, hf_state_dict, save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam, merge_lora
@@ -81,7 +89,8 @@ def test_at_step_0_the_lora_model_is_the_base_exactly(family, scan):
     assert all(np.all(np.asarray(v.get_value()) == 0) for k, v in nnx.to_flat_state(adapters) if k[-1].endswith("_b"))
     ids = _ids()
     mask = jnp.ones_like(ids).at[1, :3].set(0)
-    np.testing.assert_array_equal(np.asarray(lora(ids, attention_mask=mask)), np.asarray(base(ids, attention_mask=mask)))
+    np.testing.assert_array_equal(np.asarray(lora(ids, attention_mask=mask)),
+                                  np.asarray(base(ids, attention_mask=mask)))
     # The base's own weights are untouched by the adapters' presence.
     for (k, a), (_, b) in zip(nnx.to_flat_state(nnx.state(base, nnx.Param)),
                               [(k, v) for k, v in nnx.to_flat_state(nnx.state(lora, nnx.Param))
@@ -384,8 +393,8 @@ def test_sharded_lora_step_equals_single_device_and_exports(tmp_path, capsys):
 
 def _train_cmd(out, steps, worlds):
     args = [sys.executable, "-m", "memsearcher_jax.cli", "train", "--config", os.path.join(ROOT, "configs/default.py")]
-    for k, v in SMALL + LORA_SMALL + [("world.cache_dir", worlds), ("train.output_dir", out), ("train.steps", str(steps)),
-                                      ("train.save_every", "2"), ("train.keep", "5")]:
+    for k, v in SMALL + LORA_SMALL + [("world.cache_dir", worlds), ("train.output_dir", out),
+                                      ("train.steps", str(steps)), ("train.save_every", "2"), ("train.keep", "5")]:
         args.append(f"--config.{k}={v}")
     return args
 

@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memsearcher_jax.models import (CheckpointError, ModelConfig, Qwen2, ShardingConfig, from_pretrained,
-                                    make_mesh, param_dict, save_pretrained, shard_model)
+from memsearcher_jax.models import (
+    CheckpointError,
+    ModelConfig,
+    Qwen2,
+    ShardingConfig,
+    from_pretrained,
+    make_mesh,
+    param_dict,
+    save_pretrained,
+    shard_model,
+)
 from memsearcher_jax.models.safetensors_io import SafetensorsFile, TensorDirectory, save_file
 from tests.hf_fixtures import make_hf_qwen2, torch_logits
 

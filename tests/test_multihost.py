@@ -128,8 +128,8 @@ def train_step_worker(out_dir: str, tag: str, worlds: str, lora: bool = False) -
     from jax.experimental import multihost_utils
 
     from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.models import param_dict
     from memsearcher_jax.experiment import build_trainer
+    from memsearcher_jax.models import param_dict
     from tests.test_train_step import SMALL
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),

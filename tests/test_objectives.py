@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from memsearcher_jax.data.synthetic import (check_objectives, generate_world, join_objectives, objectives_of)
-from memsearcher_jax.qa_metrics import (FORMAT_CREDIT, compute_reward, objective_golds, objective_scores,
-                                       split_answers, token_f1)
+from memsearcher_jax.data.synthetic import check_objectives, generate_world, join_objectives, objectives_of
+from memsearcher_jax.qa_metrics import (
+    FORMAT_CREDIT,
+    compute_reward,
+    objective_golds,
+    objective_scores,
+    split_answers,
+    token_f1,
+)
 
 
 def final(answer: str) -> str:

@@ -15,8 +15,8 @@ from flax import nnx
 from memsearcher_jax import planner
 from memsearcher_jax.config_utils import load_config, load_config_module
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, make_mesh, shard_model
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
 from memsearcher_jax.plan_check import compare, measure_sampler_call, per_device_bytes
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
 from memsearcher_jax.sampling import Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -329,8 +329,8 @@ def test_plan_check_compares_the_rollout_rows(capsys, monkeypatch):
     rows = {name: (want, got) for name, want, got in compare(cfg, rows=4)}
     assert set(rows) == {"sampler weights", "KV cache", "prefill activations"}
     assert rows["KV cache"][0] == rows["KV cache"][1] and rows["sampler weights"][0] == rows["sampler weights"][1]
-    args = ["--config", os.path.join(ROOT, "configs", "default.py"), "--rows", "4", "--config.model.source=init", "--config.model.hidden_size=64",
-            "--config.model.num_layers=2", "--config.agent.max_context_tokens=400"]
+    args = ["--config", os.path.join(ROOT, "configs", "default.py"), "--rows", "4", "--config.model.source=init",
+            "--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.agent.max_context_tokens=400"]
     # CPU's own prefill goes row by row, far below the accelerators' plan: reported, not failed.
     assert plan_check(args) == 0
     assert "over (safe" in capsys.readouterr().out
@@ -369,7 +369,8 @@ def test_lora_plan_matches_live_arrays_and_the_compiled_refresh(mesh_shape, mode
     sampler = Sampler(policy, cache_dtype=jnp.float32, mesh=mesh, layer_by_layer=True)
     measured = {"params": per_device_bytes(learner.frozen),
                 "LoRA adapters": per_device_bytes(learner.params) + per_device_bytes(learner.ref_params),
-                "optimizer state": per_device_bytes(learner.opt_state), "sampler weights": per_device_bytes(sampler._params)}
+                "optimizer state": per_device_bytes(learner.opt_state),
+                "sampler weights": per_device_bytes(sampler._params)}
     for name, got in measured.items():
         assert abs(plan.row(name).bytes - got) <= 16, (name, plan.row(name).bytes, got)  # AdamW's step counts aside
     # The refresh: what the largest piece's compiled program holds beyond the old arrays (its

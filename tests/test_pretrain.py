@@ -100,7 +100,7 @@ def test_probe_items_read_reserved_names_from_context(parts):
     vocab, tok, builder = parts
     reserved = pool_ids(vocab, "reserved")
     items = probe_items(vocab, builder, 40, seed=2)
-    for ids, target, relation in items:
+    for ids, target, _relation in items:
         text = builder.decode(ids)
         assert text.endswith("\\boxed{") and builder.decode([target]) in text  # the answer is in the context
         assert reserved & set(ids)
@@ -167,7 +167,8 @@ def test_long_rows_spread_length_and_the_asked_position(parts):
     counts = [len(r.passages) for r in rows]
     assert min(counts) == 4 and max(counts) == 16
     assert max(len(r.prompt_ids) for r in rows) > 800
-    where = [r.passages.index(q["subject"]) / (len(r.passages) - 1) for r in rows for q in r.questions if q["hops"] == 1]
+    where = [r.passages.index(q["subject"]) / (len(r.passages) - 1)
+             for r in rows for q in r.questions if q["hops"] == 1]
     assert min(where) == 0.0 and max(where) == 1.0
     quarters = np.histogram(where, bins=4, range=(0, 1))[0]
     assert quarters.min() > 0.15 * len(where), quarters  # roughly uniform over the whole length

@@ -8,9 +8,9 @@ from transformers import AutoTokenizer
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, extract_memory, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits, tool_schema
-from tests.assets import qwen_tokenizer_dir
 from memsearcher_jax.qa_metrics import compute_reward
 from retrieval.base import ERROR_HIT_ID, Hit
+from tests.assets import qwen_tokenizer_dir
 
 IM_START, IM_END, ENDOFTEXT, THINK = 151644, 151645, 151643, 151667
 
@@ -46,11 +46,13 @@ def test_memsearcher_context_structure(pb, tok):
     text = pb.decode(ids)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n<think>")
     assert ids[-1] == THINK and ids[0] == IM_START
-    assert "<|im_start|>user\n<question> Who wrote Hamlet? </question>\n<memory> Hamlet is a play. </memory><|im_end|>\n" in text
+    assert ("<|im_start|>user\n<question> Who wrote Hamlet? </question>\n"
+            "<memory> Hamlet is a play. </memory><|im_end|>\n") in text
     assert ids.count(IM_START) == 3 and ids.count(IM_END) == 2
     # The system prompt carries the tool schema and the three output formats.
     assert json.dumps(tool_schema(5)) in text
-    for needle in ("<think> </think>", "\\boxed{", '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "...", "top_n": 5}}</tool_call>', "<memory> </memory>"):
+    call = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "...", "top_n": 5}}</tool_call>'
+    for needle in ("<think> </think>", "\\boxed{", call, "<memory> </memory>"):
         assert needle in text
     # Assembled ids equal tokenizing the rendered string in one go.
     assert enc(tok, text) == ids
@@ -81,7 +83,8 @@ def test_observation_structure(pb, tok):
     assert text.startswith("\n<|im_start|>user\n<tool_response>\n")
     assert text.endswith("</memory>.<|im_end|>\n<|im_start|>assistant\n")
     assert text.count("<tool_response>") == 3 and text.count("</tool_response>") == 3
-    assert "Doc 1 (Title: Hamlet) Hamlet is a tragedy written by William Shakespeare.\nDoc 2 (Title: \"Elsinore\") Kronborg" in text
+    assert ("Doc 1 (Title: Hamlet) Hamlet is a tragedy written by William Shakespeare.\n"
+            "Doc 2 (Title: \"Elsinore\") Kronborg") in text
     assert "retriever timed out after 30s" in text and "No results found." in text
     assert "<memory> </memory>" in text
     assert enc(tok, text) == ids
@@ -89,7 +92,8 @@ def test_observation_structure(pb, tok):
 
 def test_full_turn_round_trips_through_the_tokenizer(pb, tok):
     ctx = pb.memsearcher_context("Who wrote Hamlet?", "")
-    act = enc(tok, 'I should search.</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Hamlet author", "top_n": 2}}</tool_call>') + [IM_END]
+    act = enc(tok, 'I should search.</think>\n<tool_call>{"name": "wikipedia_search", '
+                   '"arguments": {"query": "Hamlet author", "top_n": 2}}</tool_call>') + [IM_END]
     obs = pb.observation(HITS[:1])
     upd = enc(tok, "<memory>Hamlet was written by Shakespeare.</memory>") + [IM_END]
     seq = ctx + act + obs + upd
@@ -118,7 +122,8 @@ def test_split_generation_stops(pb):
 def test_react_context_and_observation(pb, tok):
     ctx = pb.react_context("Who wrote Hamlet?")
     text = pb.decode(ctx)
-    assert "<memory>" not in text and "<question> Who wrote Hamlet? </question><|im_end|>\n<|im_start|>assistant\n<think>" in text
+    assert "<memory>" not in text
+    assert "<question> Who wrote Hamlet? </question><|im_end|>\n<|im_start|>assistant\n<think>" in text
     assert json.dumps(tool_schema(5)) in text
     obs = pb.react_observation(HITS[:2])
     otext = pb.decode(obs)
@@ -148,7 +153,8 @@ def test_format_hits():
     assert format_hits([Hit(ERROR_HIT_ID, "boom")]) == "Search failed: boom"
 
 
-@pytest.mark.parametrize("m", ["Shakespeare wrote Hamlet around 1600.", "x", "  padded  ", "", "多语言 memory 🗻\nline two"])
+@pytest.mark.parametrize("m", ["Shakespeare wrote Hamlet around 1600.", "x", "  padded  ", "",
+                               "多语言 memory 🗻\nline two"])
 def test_memory_tokens_is_the_context_growth(pb, m):
     delta = len(pb.memsearcher_context("q", m)) - len(pb.memsearcher_context("q", ""))
     assert pb.memory_tokens(m) == delta
@@ -185,15 +191,18 @@ def test_mem1_and_memory_ops_prompts_equal_their_rendered_text(tok, style):
     from memsearcher_jax.agent.workflows.memory_ops import memory_ops_context, ops_observation
 
     pb = PromptBuilder(tok, style=style)
-    act = enc(tok, 'Hamlet: Shakespeare?</think>\n<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Hamlet"}}</tool_call>') + [IM_END]
+    act = enc(tok, 'Hamlet: Shakespeare?</think>\n<tool_call>{"name": "wikipedia_search", '
+                   '"arguments": {"query": "Hamlet"}}</tool_call>') + [IM_END]
     ctx = mem1_context(pb, "Who wrote Hamlet?", act, pb.tool_message(HITS[:1], reopen_think=True))
     text = pb.decode(ctx)
-    assert text.count("<|im_start|>assistant\n<think>") == 2 and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n<think>")
+    assert text.count("<|im_start|>assistant\n<think>") == 2
+    assert text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n<think>")
     assert enc(tok, text) == ctx
     bank = memory_ops_context(pb, "Who wrote Hamlet?", [(1, "Hamlet is a play."), (3, "By Shakespeare.")],
                               ["DELETE 7: no entry 7"])
     btext = pb.decode(bank)
-    assert "<memory>\n[1] Hamlet is a play.\n[3] By Shakespeare.\n</memory>\n<errors>\nDELETE 7: no entry 7\n</errors><|im_end|>" in btext
+    assert ("<memory>\n[1] Hamlet is a play.\n[3] By Shakespeare.\n</memory>\n"
+            "<errors>\nDELETE 7: no entry 7\n</errors><|im_end|>") in btext
     assert enc(tok, btext) == bank and bank[-1] == THINK
     obs = ops_observation(pb, HITS[:1])
     assert enc(tok, pb.decode(obs)) == obs and "<ops>" in pb.decode(obs)

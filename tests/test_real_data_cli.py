@@ -15,9 +15,9 @@ import sys
 import pytest
 from flax import nnx
 
-from tests.assets import qwen_tokenizer_dir
 from memsearcher_jax.data.qa import EVAL_SETS
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
+from tests.assets import qwen_tokenizer_dir
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,8 @@ def files(tmp_path_factory):
                                    eos_token_id=tok.convert_tokens_to_ids("<|im_end|>")), rngs=nnx.Rngs(0))
     model_dir = save_pretrained(model, str(root / "model"), tokenizer_dir=qwen_tokenizer_dir())
     write_jsonl(str(root / "corpus.jsonl"),
-                [{"id": str(i), "contents": f"{p}\n{p} was born in the city of Town{i}."} for i, p in enumerate(PEOPLE)])
+                [{"id": str(i), "contents": f"{p}\n{p} was born in the city of Town{i}."}
+                 for i, p in enumerate(PEOPLE)])
     qa = lambda i: {"id": f"q{i}", "question": f"Where was {PEOPLE[i]} born", "golden_answers": [f"Town{i}"]}
     data = root / "data"
     for k, name in enumerate(EVAL_SETS):

@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 
-from tests.assets import minilm_encoder_dir
 from retrieval.cli import main, register
 from retrieval.index import read_manifest
 from retrieval.loading import load_retriever
+from tests.assets import minilm_encoder_dir
 from tests.synthetic_corpus import generate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ from tests.synthetic_corpus import generate, recall_at_k
 
 
 def _write(path, lines):
-    path.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return str(path)
 
 

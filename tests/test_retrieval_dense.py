@@ -12,13 +12,13 @@ codes, lossy) at most 0.08.
 import numpy as np
 import pytest
 
-from tests.assets import minilm_encoder_dir
 from retrieval.base import Hit
 from retrieval.corpus import InMemoryDocs
 from retrieval.dense import DenseRetriever, build_dense_index
 from retrieval.encoder import DenseEncoder
 from retrieval.index import IndexConfig, build_index, read_manifest
 from retrieval.loading import load_retriever
+from tests.assets import minilm_encoder_dir
 from tests.synthetic_corpus import generate, recall_at_k
 
 N_PASSAGES, N_QUERIES = 800, 200

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.assets import minilm_encoder_dir
 from retrieval.encoder import DenseEncoder, _length_buckets, _pick, resolve_config
+from tests.assets import minilm_encoder_dir
 
 TEXTS = [
     "who wrote the play hamlet",

@@ -15,7 +15,8 @@ from memsearcher_jax.qa_metrics import (
     token_f1,
 )
 
-CALL = "<tool_call>" + json.dumps({"name": "wikipedia_search", "arguments": {"query": "q", "top_n": 5}}) + "</tool_call>"
+CALL = ("<tool_call>" + json.dumps({"name": "wikipedia_search", "arguments": {"query": "q", "top_n": 5}})
+        + "</tool_call>")
 
 
 @pytest.mark.parametrize(
@@ -48,7 +49,8 @@ def f1_by_hand(pred_tokens, gold_tokens):
     [
         ("Paris", ["paris"], 1.0),
         ("the city of Paris", ["Paris"], f1_by_hand(["city", "of", "paris"], ["paris"])),
-        ("Barack Obama", ["Obama", "Barack Hussein Obama"], f1_by_hand(["barack", "obama"], ["barack", "hussein", "obama"])),
+        ("Barack Obama", ["Obama", "Barack Hussein Obama"],
+         f1_by_hand(["barack", "obama"], ["barack", "hussein", "obama"])),
         ("a b b", ["b b c"], f1_by_hand(["b", "b"], ["b", "b", "c"])),  # "a" is an article
         ("London", ["Paris"], 0.0),
         ("yes", ["no"], 0.0),

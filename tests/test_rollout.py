@@ -155,7 +155,8 @@ def test_call_without_top_n_gets_missing_top_n(tok, missing, expected):
 def test_tool_call_inside_a_later_think_span_is_not_run(tok):
     # classify_act and the search see the same text: calls outside every <think> span only.
     b = PromptBuilder(tok)
-    act = SEARCH + "<think>also <tool_call>{\"name\": \"wikipedia_search\", \"arguments\": {\"query\": \"hidden\"}}</tool_call></think>"
+    act = SEARCH + ('<think>also <tool_call>{"name": "wikipedia_search", "arguments": {"query": "hidden"}}'
+                    "</tool_call></think>")
     docs = Docs()
     runner = AgentRunner(b, FixedSampler(tok, b, lambda i: act, lambda i: "<memory>m</memory>"), docs,
                          AgentConfig(max_turns=1))

@@ -311,7 +311,8 @@ def test_shared_prefix_equals_plain_path(hf_and_model):
             assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-4
     # On a mesh (rows over data x fsdp, KV heads over tp) the one-copy prefix is replicated
     # over the row shards and split over tp like the rows' own cache.
-    sharded = Sampler(model, cache_dtype=jnp.float32, mesh=make_mesh(2, 2, 2), buckets=BucketConfig(min_shared_prefix=8))
+    sharded = Sampler(model, cache_dtype=jnp.float32, mesh=make_mesh(2, 2, 2),
+                      buckets=BucketConfig(min_shared_prefix=8))
     kw = dict(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=2)
     before = set(sharded.compiled_keys)
     for a, b in zip(s.generate(prompts, **kw), sharded.generate(prompts, **kw)):

@@ -6,9 +6,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memsearcher_jax.sampling import (BucketConfig, bucket, common_prefix_length, filter_mask, find_stop,
-                                      normalize_stops, pack_stops, push_window, sample_from_logits, stop_hits,
-                                      token_logprobs)
+from memsearcher_jax.sampling import (
+    BucketConfig,
+    bucket,
+    common_prefix_length,
+    filter_mask,
+    find_stop,
+    normalize_stops,
+    pack_stops,
+    push_window,
+    sample_from_logits,
+    stop_hits,
+    token_logprobs,
+)
 from memsearcher_jax.sampling.packing import layout_prefill, pack_suffixes
 from memsearcher_jax.sampling.stopping import NO_TOKEN
 

@@ -11,10 +11,10 @@ from flax import nnx
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.config_utils import load_config
+from memsearcher_jax.experiment import stop_token_ids
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.rl.grpo import score_trajectories
-from memsearcher_jax.experiment import stop_token_ids
 from memsearcher_jax.sampling import Sampler
 from tests.test_rollout import Docs, FixedSampler, Q
 
@@ -59,9 +59,9 @@ def test_config_override_wins_and_default_reads_model_dir(tmp_path, tok):
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_turn_loop_stops_on_either_declared_eos(tmp_path, tok, which):
-    """A tiny model's sampled act (fixed seed: the same tokens with and without the extra stop), with generation_config listing two eos ids: the act ends on
-    the declared id (first or second in the list), is ended, and its loss mask covers the stop
-    token and nothing after it."""
+    """A tiny model's sampled act (fixed seed: the same tokens with and without the extra stop),
+    with generation_config listing two eos ids: the act ends on the declared id (first or second
+    in the list), is ended, and its loss mask covers the stop token and nothing after it."""
     model = Qwen2(ModelConfig.tiny(vocab_size=len(tok), num_layers=1), rngs=nnx.Rngs(5))
     plain = PromptBuilder(tok)
     sampler = Sampler(model, cache_dtype=jnp.float32)

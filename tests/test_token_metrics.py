@@ -8,8 +8,14 @@ import pytest
 
 from memsearcher_jax.agent.trajectory import ACT, SECOND, Trajectory
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn
-from memsearcher_jax.token_metrics import (TurnTokens, by_turn_metrics, episode_token_metrics, prompt_tokens_by_turn,
-                                           trajectory_token_metrics, turn_growth)
+from memsearcher_jax.token_metrics import (
+    TurnTokens,
+    by_turn_metrics,
+    episode_token_metrics,
+    prompt_tokens_by_turn,
+    trajectory_token_metrics,
+    turn_growth,
+)
 
 
 def test_prompt_tokens_by_turn_counts_only_episodes_that_reached_the_turn():
@@ -47,7 +53,8 @@ def test_by_turn_metrics_names():
 
 def test_plot_one_line_pair_per_workflow(tmp_path):
     png = plot_prompt_tokens_by_turn({"memsearcher": prompt_tokens_by_turn([[100, 110]]),
-                                      "react": [{"turn": 1, "mean": 100, "max": 100}, {"turn": 2, "mean": 250, "max": 300}],
+                                      "react": [{"turn": 1, "mean": 100, "max": 100},
+                                                {"turn": 2, "mean": 250, "max": 300}],
                                       "empty": []}, str(tmp_path / "by_turn.png"))
     assert png and (tmp_path / "by_turn.png").stat().st_size > 1000
     assert plot_prompt_tokens_by_turn({"x": []}, str(tmp_path / "none.png")) is None

@@ -12,8 +12,14 @@ from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.agent.workflows import Workflow, get_workflow, register, workflow_names
 from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context, mem1_first_context
-from memsearcher_jax.agent.workflows.memory_ops import (Operation, apply_operations, memory_ops_context,
-                                                        ops_observation, parse_operations, render_bank)
+from memsearcher_jax.agent.workflows.memory_ops import (
+    Operation,
+    apply_operations,
+    memory_ops_context,
+    ops_observation,
+    parse_operations,
+    render_bank,
+)
 from memsearcher_jax.rl.grpo import pack_rows, score_trajectories, trajectory_advantages
 from retrieval.base import Hit
 

@@ -62,7 +62,7 @@ class ToolCallParse:
         return bool(self.calls) and not self.malformed
 
 
-class ActKind(str, enum.Enum):
+class ActKind(enum.StrEnum):
     ANSWER = "answer"
     TOOL_CALLS = "tool_calls"
     INVALID = "invalid"

@@ -21,11 +21,10 @@ question, then after each act `\\n<|im_start|>user\\n{tool responses}<|im_end|>\
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from memsearcher_jax.agent.tools import DEFAULT_TOOL, SearchTool
 from retrieval.base import ERROR_HIT_ID, Hit
-
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 THINK, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<think>", "<tool_response>", "</tool_response>"
@@ -149,7 +148,8 @@ class PromptBuilder:
         # Asserts the pieces do not merge across boundaries: "user\n" + "<question>" etc.
         for piece in ("system\n", "user\n", "assistant\n"):
             if self._enc(piece + "<x")[: len(self._enc(piece))] != self._enc(piece):
-                raise ValueError(f"tokenizer merges {piece!r} with the following text; token-space assembly would differ")
+                raise ValueError(f"tokenizer merges {piece!r} with the following text; token-space assembly "
+                                 "would differ")
 
     # ------------------------------------------------------------------ helpers
     def _single_id(self, token: str) -> int:

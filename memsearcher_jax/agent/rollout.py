@@ -17,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
 from memsearcher_jax.agent.prompts import PromptBuilder
+
 # Conversation, Trajectory and CallRecord are re-exported: callers import them from here.
 from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401
 from memsearcher_jax.agent.workflows import Workflow, get_workflow, workflow_names
@@ -72,7 +74,7 @@ class AgentConfig:
         if problems:
             raise ValueError("invalid AgentConfig: " + "; ".join(problems))
 
-    def evaluation(self, max_turns: int = 20) -> "AgentConfig":
+    def evaluation(self, max_turns: int = 20) -> AgentConfig:
         """The recipe's evaluation setting: greedy, up to 20 turns."""
         return dataclasses.replace(self, temperature=0.0, top_p=1.0, top_k=0, max_turns=max_turns)
 
@@ -205,7 +207,7 @@ class AgentRunner:
         trajectories the whole batch run in one call would."""
         trajs = []
         for qi, q in enumerate(questions):
-            for g in range(group_size):
+            for _ in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
                                         question=q["question"], golds=list(q.get("golden_answers", []))))
         self._run(get_workflow(self.config.workflow), trajs, seed)

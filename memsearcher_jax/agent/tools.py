@@ -52,7 +52,7 @@ class SearchTool:
         return f"<tool_call>{body}</tool_call>"
 
     @classmethod
-    def from_schema(cls, schema: dict) -> "SearchTool":
+    def from_schema(cls, schema: dict) -> SearchTool:
         """A tool from an OpenAI-style function schema: its first required string parameter is
         the query; an integer parameter, if any, the number of passages."""
         fn = schema.get("function", schema) if isinstance(schema, dict) else None

@@ -6,7 +6,8 @@ Kept apart from the turn loop so that workflows (agent/workflows/) and the loop
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 ACT, SECOND = "act", "second"  # the two kinds of generation call a turn can make
 

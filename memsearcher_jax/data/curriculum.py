@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, make_demonstrations

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from memsearcher_jax.agent.parsing import (
     ActKind,
@@ -289,7 +289,8 @@ def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retr
     for i, row in enumerate(world_rows):
         for key in ("question", "golden_answers"):
             if key not in row:
-                raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world question row")
+                raise ValueError(f"row {i} ({row.get('id', '?')}) lacks {key!r}; expected a synthetic-world "
+                                 "question row")
         for o in objectives_of(row):
             for key in ("hops", "facts", "queries", "relation", "subject", "golden_answers"):
                 if key not in o:

@@ -195,8 +195,8 @@ def load_paper_dataset(root: str, dataset: str) -> dict[str, list[dict[str, Any]
             if dataset != TRAIN_SET and source == TRAIN_SET:  # Search-R1 merged test file
                 part = [r for r in part if r["data_source"] == dataset]
                 if not part:
-                    raise QADataError(f"{path}: no rows with data_source == {dataset!r}, and no {dataset}/{split}.jsonl "
-                                      f"or .parquet under {root}; {LAYOUT_HELP}")
+                    raise QADataError(f"{path}: no rows with data_source == {dataset!r}, and no "
+                                      f"{dataset}/{split}.jsonl or .parquet under {root}; {LAYOUT_HELP}")
             rows.extend(part)
         ids = [r["id"] for r in rows]
         if len(set(ids)) != len(ids):  # merged files may reuse ids; prefix with the source

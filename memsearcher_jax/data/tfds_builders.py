@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -130,7 +130,8 @@ def load_tokenizer(tok_dir: str):
     """AutoTokenizer for a directory written by `train_tokenizer` (a clear error if it isn't one)."""
     if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
         raise FileNotFoundError(f"{tok_dir}: no tokenizer.json; expected a directory written by "
-                                "memsearcher_jax.data.tokenizer.train_tokenizer (tokenizer.json + tokenizer_config.json)")
+                                "memsearcher_jax.data.tokenizer.train_tokenizer "
+                                "(tokenizer.json + tokenizer_config.json)")
     from transformers import AutoTokenizer  # heavy import, only when loading
 
     return AutoTokenizer.from_pretrained(tok_dir)

@@ -28,10 +28,23 @@ import random
 
 from tokenizers import AddedToken, Tokenizer
 
-from memsearcher_jax.agent.prompts import (COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION,
-                                           MEMORY_UPDATE_INSTRUCTION, memsearcher_system_prompt, react_system_prompt)
-from memsearcher_jax.data.synthetic import (COLOURS, LANDMARKS, OCCUPATIONS, PRODUCTS, YEARS, make_name,
-                                            template_texts, template_words)
+from memsearcher_jax.agent.prompts import (
+    COMPACT_SYSTEM_PROMPT,
+    COMPACT_UPDATE_INSTRUCTION,
+    MEMORY_UPDATE_INSTRUCTION,
+    memsearcher_system_prompt,
+    react_system_prompt,
+)
+from memsearcher_jax.data.synthetic import (
+    COLOURS,
+    LANDMARKS,
+    OCCUPATIONS,
+    PRODUCTS,
+    YEARS,
+    make_name,
+    template_texts,
+    template_words,
+)
 from memsearcher_jax.data.tokenizer import AGENT_TAGS, build_untrained, save_tokenizer
 
 MANIFEST = "reading_vocab.json"
@@ -60,7 +73,7 @@ class ReadingVocab:
         return {t: list(p[kind]) for t, p in self.names.items()}
 
     @classmethod
-    def load(cls, directory: str) -> "ReadingVocab":
+    def load(cls, directory: str) -> ReadingVocab:
         path = os.path.join(directory, MANIFEST)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{directory}: no {MANIFEST}; a reading vocabulary directory is written by "

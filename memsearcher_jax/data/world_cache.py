@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 

@@ -109,7 +109,7 @@ class ModelConfig:
         """RMSNorm on each query and key head before rope (Qwen3)."""
         return self.model_type == "qwen3"
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def num_params(self) -> int:
@@ -138,34 +138,34 @@ class ModelConfig:
 
     # ----- Qwen2.5 Instruct presets (public Hugging Face config values) -----
     @classmethod
-    def qwen2_5_0_5b(cls, **kw) -> "ModelConfig":
+    def qwen2_5_0_5b(cls, **kw) -> ModelConfig:
         return cls(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
                    num_heads=14, num_kv_heads=2, head_dim=64, tie_word_embeddings=True, **kw)
 
     @classmethod
-    def qwen2_5_1_5b(cls, **kw) -> "ModelConfig":
+    def qwen2_5_1_5b(cls, **kw) -> ModelConfig:
         return cls(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
                    num_heads=12, num_kv_heads=2, head_dim=128, tie_word_embeddings=True, **kw)
 
     @classmethod
-    def qwen2_5_3b(cls, **kw) -> "ModelConfig":
+    def qwen2_5_3b(cls, **kw) -> ModelConfig:
         return cls(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
                    num_heads=16, num_kv_heads=2, head_dim=128, tie_word_embeddings=True, **kw)
 
     @classmethod
-    def qwen2_5_7b(cls, **kw) -> "ModelConfig":
+    def qwen2_5_7b(cls, **kw) -> ModelConfig:
         return cls(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
                    num_heads=28, num_kv_heads=4, head_dim=128, tie_word_embeddings=False, **kw)
 
     @classmethod
-    def qwen2_5_14b(cls, **kw) -> "ModelConfig":
+    def qwen2_5_14b(cls, **kw) -> ModelConfig:
         return cls(vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_layers=48,
                    num_heads=40, num_kv_heads=8, head_dim=128, tie_word_embeddings=False,
                    rms_norm_eps=1e-5, **kw)
 
     # ----- Qwen3 dense presets (public Hugging Face config values) -----
     @classmethod
-    def _qwen3(cls, **kw) -> "ModelConfig":
+    def _qwen3(cls, **kw) -> ModelConfig:
         base = dict(vocab_size=151936, head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                     max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645,
                     model_type="qwen3")
@@ -173,33 +173,33 @@ class ModelConfig:
         return cls(**base)
 
     @classmethod
-    def qwen3_0_6b(cls, **kw) -> "ModelConfig":
+    def qwen3_0_6b(cls, **kw) -> ModelConfig:
         return cls._qwen3(**{**dict(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
                                     num_kv_heads=8, tie_word_embeddings=True), **kw})
 
     @classmethod
-    def qwen3_1_7b(cls, **kw) -> "ModelConfig":
+    def qwen3_1_7b(cls, **kw) -> ModelConfig:
         return cls._qwen3(**{**dict(hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16,
                                     num_kv_heads=8, tie_word_embeddings=True), **kw})
 
     @classmethod
-    def qwen3_4b(cls, **kw) -> "ModelConfig":
+    def qwen3_4b(cls, **kw) -> ModelConfig:
         return cls._qwen3(**{**dict(hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
                                     num_kv_heads=8, tie_word_embeddings=True), **kw})
 
     @classmethod
-    def qwen3_8b(cls, **kw) -> "ModelConfig":
+    def qwen3_8b(cls, **kw) -> ModelConfig:
         return cls._qwen3(**{**dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                                     num_kv_heads=8, tie_word_embeddings=False), **kw})
 
     @classmethod
-    def qwen3_14b(cls, **kw) -> "ModelConfig":
+    def qwen3_14b(cls, **kw) -> ModelConfig:
         return cls._qwen3(**{**dict(hidden_size=5120, intermediate_size=17408, num_layers=40, num_heads=40,
                                     num_kv_heads=8, tie_word_embeddings=False), **kw})
 
     # ----- tiny presets for tests and the embedded default -----
     @classmethod
-    def tiny(cls, **kw) -> "ModelConfig":
+    def tiny(cls, **kw) -> ModelConfig:
         base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=2048,
                     bos_token_id=0, eos_token_id=1)
@@ -207,14 +207,14 @@ class ModelConfig:
         return cls(**base)
 
     @classmethod
-    def tiny_untied(cls, **kw) -> "ModelConfig":
+    def tiny_untied(cls, **kw) -> ModelConfig:
         return cls.tiny(**{"tie_word_embeddings": False, **kw})
 
     PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b",
                "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b", "tiny", "tiny_untied")
 
     @classmethod
-    def from_preset(cls, name: str, **kw) -> "ModelConfig":
+    def from_preset(cls, name: str, **kw) -> ModelConfig:
         key = name.replace(".", "_").replace("-", "_").lower()
         if key not in cls.PRESETS:
             raise ValueError(f"unknown model preset {name!r}; expected one of {cls.PRESETS}")
@@ -222,7 +222,7 @@ class ModelConfig:
 
     # ----- Hugging Face config.json -----
     @classmethod
-    def from_hf_config(cls, hf: dict[str, Any] | str | os.PathLike, **kw) -> "ModelConfig":
+    def from_hf_config(cls, hf: dict[str, Any] | str | os.PathLike, **kw) -> ModelConfig:
         """Build from a HF `config.json` dict, a path to one, or a model directory."""
         source = "config dict"
         if not isinstance(hf, dict):

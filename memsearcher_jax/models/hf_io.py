@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Iterable
+from collections.abc import Iterable
 
 import ml_dtypes
 import numpy as np

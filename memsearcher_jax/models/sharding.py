@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -45,7 +45,7 @@ class ShardingConfig:
     batch: P          # [B, T] token ids, masks, positions
 
     @classmethod
-    def training(cls) -> "ShardingConfig":
+    def training(cls) -> ShardingConfig:
         """FSDP + TP: weights split over both axes, batch over data and fsdp."""
         return cls(
             embed=P("tp", "fsdp"),
@@ -67,7 +67,7 @@ class ShardingConfig:
         )
 
     @classmethod
-    def sampling(cls) -> "ShardingConfig":
+    def sampling(cls) -> ShardingConfig:
         """TP only on the weights (replicated over data/fsdp); batch over data and fsdp."""
         t = cls.training()
         return dataclasses.replace(

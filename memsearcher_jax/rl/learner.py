@@ -9,7 +9,7 @@ the steps take as a separate argument that is neither updated nor donated.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -14,7 +14,7 @@ KL estimators and aggregation modes are looked up by name in small registries
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -62,13 +62,15 @@ class LossConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"LossConfig.kl_estimator={self.kl_estimator!r}; expected one of {sorted(KL_ESTIMATORS)}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
-            raise ValueError(f"LossConfig clip range needs 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+            raise ValueError("LossConfig clip range needs 0 <= clip_low < 1 and clip_high >= 0, "
+                             f"got {self.clip_low}, {self.clip_high}")
         if self.dual_clip <= 1.0:
             raise ValueError(f"LossConfig.dual_clip must be > 1, got {self.dual_clip}")
         if self.tis_cap < 0:
             raise ValueError(f"LossConfig.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
         if self.kl_clamp <= 0 or self.log_ratio_clamp <= 0:
-            raise ValueError(f"LossConfig clamps must be positive, got kl_clamp={self.kl_clamp}, log_ratio_clamp={self.log_ratio_clamp}")
+            raise ValueError(f"LossConfig clamps must be positive, got kl_clamp={self.kl_clamp}, "
+                             f"log_ratio_clamp={self.log_ratio_clamp}")
 
 
 # ----------------------------------------------------------------------------- KL estimators
@@ -244,7 +246,8 @@ def _agg_microbatch_token_mean(mask, traj_ids, microbatch_ids, num_microbatches)
     return w, 1.0
 
 
-def aggregation_weights(mode: str, loss_mask, traj_ids, microbatch_ids, num_microbatches: int) -> tuple[np.ndarray, float]:
+def aggregation_weights(mode: str, loss_mask, traj_ids, microbatch_ids,
+                        num_microbatches: int) -> tuple[np.ndarray, float]:
     """Per-token weights for the whole optimizer batch (host side).
 
     loss_mask: [N, T] (1 on generated tokens); traj_ids: [N] trajectory of each row (any
@@ -266,6 +269,7 @@ def aggregation_weights(mode: str, loss_mask, traj_ids, microbatch_ids, num_micr
     if int(num_microbatches) < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
     if mb.size and (not np.issubdtype(mb.dtype, np.integer) or mb.min() < 0 or mb.max() >= num_microbatches):
-        raise ValueError(f"microbatch_ids must be integers in [0, {num_microbatches}), got range [{mb.min()}, {mb.max()}]")
+        raise ValueError(f"microbatch_ids must be integers in [0, {num_microbatches}), "
+                         f"got range [{mb.min()}, {mb.max()}]")
     weights, denom = AGGREGATIONS[mode](mask, traj, mb, int(num_microbatches))
     return weights.astype(np.float32), float(denom)

@@ -56,7 +56,8 @@ def sample_records(trajs: list[Trajectory], results, decode, n: int) -> list[dic
 def _truncate_jsonl(path: epath.Path, resume_step: int) -> None:
     """Drop lines logged past resume_step by a run that died, so every step appears once."""
     if path.exists():
-        kept = [line + "\n" for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+        kept = [line + "\n" for line in path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= resume_step]
         tmp = path.parent / (path.name + ".tmp")
         tmp.write_text("".join(kept))
         tmp.replace(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +79,7 @@ class SFTRows:
     lengths: np.ndarray   # int32 [N] real positions per row
     truncated: int        # rows cut to max_len
 
-    def take(self, idx, length: int) -> "SFTRows":
+    def take(self, idx, length: int) -> SFTRows:
         return SFTRows(self.inputs[idx, :length], self.targets[idx, :length], self.weights[idx, :length],
                        self.lengths[idx], 0)
 

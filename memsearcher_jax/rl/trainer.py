@@ -266,8 +266,8 @@ class Trainer:
         steps = self.loop.steps if steps is None else steps
         self.maybe_resume()
         lead = jax.process_index() == 0  # one host writes the logs and draws the bar
-        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step, wandb_project=self.loop.wandb_project,
-                                run_name=self.out_dir.name) if lead else None)
+        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step,
+                                wandb_project=self.loop.wandb_project, run_name=self.out_dir.name) if lead else None)
         history = []
         bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not (self.progress and lead),
                    dynamic_ncols=True)

@@ -19,7 +19,8 @@ tests. `agent.workflow=<name>` then selects it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import compact_system_prompt, tool_block
