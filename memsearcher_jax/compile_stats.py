@@ -103,3 +103,11 @@ def enable_persistent_cache(configured: str | None = None) -> str:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     compilation_cache.reset_cache()  # JAX settles on a cache at its first compile: re-read the settings
     return path
+
+
+def step_compiles(total, logprobs: int, update: int) -> dict:
+    """New programs of one step per phase: `total` (a compile_stats count over the whole step)
+    less the learner's log-prob pass and update is the sampler's (rollout and weight refresh)."""
+    return {"compiles": total.programs, "compiles_sampler": total.programs - logprobs - update,
+            "compiles_logprobs": logprobs, "compiles_update": update, "compiles_from_cache": total.from_cache,
+            "compile_seconds": total.seconds}

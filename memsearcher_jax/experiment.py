@@ -55,9 +55,9 @@ from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits, lora_fields
 from memsearcher_jax.qa_metrics import compute_reward
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, sampling_model, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
-from memsearcher_jax.rl.trainer import LoopConfig, Trainer, sampling_model
+from memsearcher_jax.rl.trainer import LoopConfig, Trainer
 from memsearcher_jax.sampling import BucketConfig, Sampler
 from memsearcher_jax.sampling.sampler import check_query_block
 from memsearcher_jax.token_metrics import trajectory_token_metrics

@@ -418,6 +418,29 @@ def test_export_from_a_damaged_checkpoint_names_the_step(one_step_run, tmp_path,
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
+def test_resume_from_a_truncated_checkpoint_names_the_step(one_step_run, tmp_path, capsys):
+    import shutil
+
+    out, overrides = one_step_run
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    for dirpath, _, files in os.walk(damaged / "checkpoints" / "1" / "params"):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if os.path.getsize(path) > 64:
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) // 2)
+    before = _user_files(damaged)
+    overrides = [o for o in overrides if not o.startswith("--config.train.output_dir=")]
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *overrides, f"--config.train.output_dir={damaged}",
+                     "--config.train.steps=2")
+    assert code == 2 and "step 1" in msg and str(damaged) in msg and "--fresh" in msg, msg
+    assert "Traceback" not in msg
+    assert {k: v for k, v in _user_files(damaged).items() if "checkpoints" in k} == \
+        {k: v for k, v in before.items() if "checkpoints" in k}
+
+
 # ----------------------------------------------------------------------------- fault injection
 
 def _start_server(index_dir: str, port: int):

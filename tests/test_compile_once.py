@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from memsearcher_jax import compile_stats
-from memsearcher_jax.rl.trainer import step_compiles
+from memsearcher_jax.compile_stats import step_compiles
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -25,11 +25,13 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import Trajectory
+from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
@@ -373,3 +375,25 @@ class GRPOLearner(Learner):
             "time_logprobs": time_logprobs, "compiles_logprobs": compiles_logprobs,
         })
         return metrics
+
+
+def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> CausalLM:
+    """The learner's current weights as the sampler wants them: a model over fresh Variables
+    (re-placing it must not move the learner's own params out of the training layout), in the
+    TP-only sampling layout on a mesh, as host-local arrays on several hosts. LoRA: the
+    learner's model as it lies; its layer_by_layer sampler merges and re-lays it out itself."""
+    if learner.frozen is not None:
+        return learner.model()
+    model = nnx.merge(learner.graphdef, jax.tree.map(lambda x: x, learner.params))
+    if mesh is not None:
+        # The tensors that move are moved in the compute dtype (the Sampler casts to it anyway).
+        model = shard_model(model, mesh, ShardingConfig.sampling(), move_dtype=dtype)
+    if jax.process_count() > 1:
+        # The sampling layout is replicated over data/fsdp and split over tp, which stays inside
+        # a host: every host holds a whole copy among its shards. Rebuild it as host-local arrays
+        # on the sampler's local mesh (same specs, same devices).
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, distributed.to_local_arrays(state, sampler_mesh))
+        model.mesh = sampler_mesh
+        model.sharding = ShardingConfig.sampling()
+    return model

@@ -26,16 +26,23 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
+from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.models import CausalLM
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
-from memsearcher_jax.rl.grpo import GRPOLearner, gather_rows, pack_rows, score_trajectories, trajectory_advantages
+from memsearcher_jax.rl.grpo import (
+    GRPOLearner,
+    gather_rows,
+    pack_rows,
+    sampling_model,
+    score_trajectories,
+    trajectory_advantages,
+)
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
 
 
@@ -67,28 +74,6 @@ def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> t
         perm = np.random.default_rng([seed, epoch]).permutation(n)
         out.append(questions[perm[i]])
     return out, start + batch
-
-
-def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> CausalLM:
-    """The learner's current weights as the sampler wants them: a model over fresh Variables
-    (re-placing it must not move the learner's own params out of the training layout), in the
-    TP-only sampling layout on a mesh, as host-local arrays on several hosts. LoRA: the
-    learner's model as it lies; its layer_by_layer sampler merges and re-lays it out itself."""
-    if learner.frozen is not None:
-        return learner.model()
-    model = nnx.merge(learner.graphdef, jax.tree.map(lambda x: x, learner.params))
-    if mesh is not None:
-        # The tensors that move are moved in the compute dtype (the Sampler casts to it anyway).
-        model = shard_model(model, mesh, ShardingConfig.sampling(), move_dtype=dtype)
-    if jax.process_count() > 1:
-        # The sampling layout is replicated over data/fsdp and split over tp, which stays inside
-        # a host: every host holds a whole copy among its shards. Rebuild it as host-local arrays
-        # on the sampler's local mesh (same specs, same devices).
-        graphdef, state = nnx.split(model)
-        model = nnx.merge(graphdef, distributed.to_local_arrays(state, sampler_mesh))
-        model.mesh = sampler_mesh
-        model.sharding = ShardingConfig.sampling()
-    return model
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -164,9 +149,15 @@ class Trainer:
         if latest is None:
             return False
         abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-        restored = self.checkpoints.restore(latest, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract(self.learner.params)),
-            opt_state=ocp.args.StandardRestore(abstract(self.learner.opt_state)), meta=ocp.args.JsonRestore()))
+        try:
+            restored = self.checkpoints.restore(latest, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract(self.learner.params)),
+                opt_state=ocp.args.StandardRestore(abstract(self.learner.opt_state)), meta=ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged file
+            where = f"{self.checkpoints.directory}/{latest}"
+            raise UserInputError(f"cannot resume: the checkpoint of step {latest} ({where}) cannot be read "
+                                 f"({type(e).__name__}); it is truncated or incomplete. Remove {where} to resume "
+                                 "from the step before, or start over with --fresh") from None
         self.learner.params = restored["params"]
         self.learner.opt_state = restored["opt_state"]
         self.learner.skipped_steps = int(restored["meta"]["skipped_steps"])
@@ -258,7 +249,7 @@ class Trainer:
             "time_retrieval": stats.retrieval_seconds, "search_errors": stats.search_errors,
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
-        metrics.update(step_compiles(compile_stats.snapshot() - c0, update["compiles_logprobs"],
+        metrics.update(compile_stats.step_compiles(compile_stats.snapshot() - c0, update["compiles_logprobs"],
                                      update["compiles_update"]))
         return metrics
 
@@ -296,14 +287,6 @@ class Trainer:
             if self._ckpt is not None:
                 self.checkpoints.wait_until_finished()
         return history
-
-
-def step_compiles(total, logprobs: int, update: int) -> dict:
-    """New programs of one step per phase: `total` (a compile_stats count over the whole step)
-    less the learner's log-prob pass and update is the sampler's (rollout and weight refresh)."""
-    return {"compiles": total.programs, "compiles_sampler": total.programs - logprobs - update,
-            "compiles_logprobs": logprobs, "compiles_update": update, "compiles_from_cache": total.from_cache,
-            "compile_seconds": total.seconds}
 
 
 def _step_seed(seed: int, step: int) -> int:
