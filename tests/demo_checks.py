@@ -18,7 +18,8 @@ from memsearcher_jax.agent.workflows.memory_ops import (
     parse_operations,
     render_bank,
 )
-from memsearcher_jax.data.demos import Demonstration, objectives_of
+from memsearcher_jax.data.demos import Demonstration
+from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.qa_metrics import (
     compute_reward,
     exact_match,

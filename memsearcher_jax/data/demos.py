@@ -47,6 +47,7 @@ from memsearcher_jax.agent.workflows.memory_ops import (
     ops_observation,
     render_bank,
 )
+from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.qa_metrics import (
     normalize_answer,
     token_f1,
@@ -264,11 +265,6 @@ class _MemoryOpsBuilder(_Builder):
 
 
 RECORDERS = {"memsearcher": _Builder, "react": _ReactBuilder, "mem1": _Mem1Builder, "memory_ops": _MemoryOpsBuilder}
-
-
-def objectives_of(row: dict) -> list[dict]:
-    """A row's sub-questions: `row["objectives"]` for a multi-objective row, else the row itself."""
-    return list(row["objectives"]) if row.get("objectives") else [row]
 
 
 def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retriever, seed: int = 0,
