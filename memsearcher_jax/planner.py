@@ -275,12 +275,12 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     ReAct prompt carries the response so far and leaves >= 1 token of budget), its budgets at
     most min(max_new_tokens, max_response_tokens, max_context_tokens - 1); a batch whose
     prompts share a prefix of plen >= min_shared_prefix tokens is split into prefix and suffix,
-    each rounded up to its own prompt bucket. The Sampler's own BucketConfig does the rounding
-    (the trainer builds its Sampler with the default one).
+    each rounded up to its own prompt bucket. The Sampler's own BucketConfig does the rounding:
+    the turn loop's (`BucketConfig.for_turn_loop`, what experiment.build_sampler gives the trainer).
     """
     from memsearcher_jax.sampling.buckets import BucketConfig
 
-    bk = BucketConfig()
+    bk = BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens))
     d, f, t = _mesh_shape(cfg)
     hosts, per_host = hosts_and_local_devices(cfg)
     mesh = (1, per_host // t, t) if hosts > 1 else (d, f, t)

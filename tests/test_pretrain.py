@@ -200,8 +200,10 @@ def test_probe_sets_final_items_are_new_and_lengths_are_long(parts):
         assert not seen & {tuple(ids) for ids, _, _ in final[key]}, key
     assert min(len(ids) for ids, _, _ in final["16"]) > 750 and np.mean([len(ids) for ids, _, _ in final["16"]]) > 800
     assert min(len(ids) for ids, _, _ in final["8"]) > 2 * max(len(ids) for ids, _, _ in final["2"])
-    reserved = set(vocab.name_ids("reserved"))
-    pretrain = set(vocab.name_ids("pretrain"))
+    def name_ids(pool):  # token ids of one pool's names
+        return {vocab.ids[n] for kinds in vocab.names.values() for n in kinds[pool]}
+
+    reserved, pretrain = name_ids("reserved"), name_ids("pretrain")
     for ids, target, rel in final["multi"]:
         assert rel == "multi" and not pretrain & set(ids) and reserved & set(ids)
         first, _, second = builder.decode(target).partition("; ")
