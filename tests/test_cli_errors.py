@@ -293,6 +293,22 @@ def test_index_names_duplicate_ids_empty_contents_and_non_utf8_lines(tmp_path, c
     assert code == 0 and "indexed 3 passages" in msg and "dropped 1 duplicate" in msg and "skipped 1 bad" in msg
 
 
+def test_index_ivf_pq_m_that_does_not_divide_the_dimension_is_named_before_encoding(tmp_path, capsys, monkeypatch):
+    import retrieval.dense
+    from tests.assets import minilm_encoder_dir
+
+    def encode_nothing(*args, **kwargs):
+        raise AssertionError("the corpus was encoded before --pq-m was checked")
+
+    monkeypatch.setattr(retrieval.dense, "build_dense_index", encode_nothing)
+    corpus = tmp_path / "c.jsonl"
+    _write_corpus(corpus, [_good(i) for i in range(4)])
+    code, msg = _run(capsys, "index", "--corpus", str(corpus), "--out", str(tmp_path / "pq"), "--index-type", "ivf_pq",
+                     "--encoder", minilm_encoder_dir(), "--pq-m", "7")
+    assert code == 2 and "--pq-m 7" in msg and "384" in msg, msg
+    assert not (tmp_path / "pq").exists()
+
+
 def test_serve_retriever_reports_a_busy_port_before_serving(tmp_path, capsys):
     import socket
 
