@@ -208,7 +208,7 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
 
 def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
     """world.objectives: an integer >= 1, and above 1 only on the synthetic world."""
-    n = cfg.world.get("objectives", 1)
+    n = cfg.world.objectives
     try:
         check_objectives(n)
     except ValueError as e:
@@ -279,7 +279,7 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                             stop_ids=stop_token_ids(cfg, tokenizer),
                             tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema))
     if world_paths is not None:
-        n = cfg.world.get("objectives", 1)
+        n = cfg.world.objectives
         train_q = join_objectives(read_jsonl(world_paths.train), n, seed=cfg.world.seed)
         eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(world_paths.heldout), n, seed=cfg.world.seed)}
         missing_sets: dict[str, str] = {}

@@ -487,7 +487,6 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     setup = build_setup(cfg, training=False)
     if model_dir:
         check_same_tokenizer(model_dir, setup)
-    if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:
         policy, _ = restore_policy(checkpoint)

@@ -355,9 +355,9 @@ def multi_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed:
         for r in world.train:
             if r["hops"] == 1:
                 one_hop.setdefault(r["subject"], []).append(r)
+        passage_of = {_title(p): p for p in world.corpus}  # once per world, not once per item
         for _ in range(8):
             a, b = rng.sample(sorted(one_hop), 2)
-            passage_of = {_title(p): p for p in world.corpus}
             others = [p for p in world.corpus if _title(p) not in (a, b)]
             shown = [passage_of[a], passage_of[b]] + rng.sample(others, n_passages - 2)
             rng.shuffle(shown)
