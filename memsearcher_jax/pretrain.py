@@ -190,7 +190,9 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
     lr = _optim(cfg).schedule_fn()
     phases = phase_configs(cfg)
     ends = [p[0] for p in phases[1:]] + [cfg.train.steps]
-    rows = "packed several to a sequence of max_len" if cfg.train.pack else "one per padded row"
+    rows = "one per padded row"
+    if cfg.train.pack:
+        rows = "packed several to a sequence (the bucket of the step's longest row)"
     return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), "max_len": cur.max_len, "batch_size": batch,
              "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
@@ -314,8 +316,11 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     def batch_for(step: int):
         cur, batch = phase_at(step)
         rows = curriculum.rows_for_step(step, batch)
-        if pack:  # several rows per sequence of the phase's max_len: the same loss, less padding
-            return pack_rows(rows, builder.pad_id, cur.max_len)
+        if pack:  # several rows per sequence: the same loss, less padding
+            longest = max(len(r.prompt_ids) + len(r.response_ids) - 1 for r in rows)
+            # As wide as the step's longest row needs (its bucket), not always max_len: a short-row
+            # step packed into max_len-wide rows would pay attention over max_len for nothing.
+            return pack_rows(rows, builder.pad_id, min(cur.max_len, sft_cfg.bucket_for(longest)))
         return build_rows(rows, builder.pad_id, sft_cfg.max_len)
 
     # Progress only; the final sets are never looked at here.
