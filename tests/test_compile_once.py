@@ -148,5 +148,7 @@ def test_learner_rows_take_a_few_widths():
 
     learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
                           GRPOConfig(min_seq_len=128, max_seq_len=1536))
-    widths = {learner.row_width(np.array([1, n])) for n in range(1, 1537)}
+    # Below the step's longest rows (packed `columns` wide), calls take whole octaves only.
+    widths = {learner.row_width(np.array([1, n]), 1536) for n in range(1, 1537)}
     assert widths == {128, 256, 512, 1024, 1536}
+    assert {learner.row_width(np.array([n]), 448) for n in range(1, 449)} == {128, 256, 448}

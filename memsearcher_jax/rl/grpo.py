@@ -134,13 +134,16 @@ def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)
 
-def _logp_entropy(logits: jax.Array, targets: jax.Array):
+def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True):
     logp = token_logprobs(logits, targets)
+    if not entropy:  # a pass over the vocabulary saved (XLA cannot drop it from inside lax.map's loop)
+        return logp, jnp.zeros_like(logp)
     logz = jax.nn.logsumexp(logits, axis=-1)
     return logp, logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
 
 
-def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0):
+def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0,
+                               entropy: bool = True):
     """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
 
     logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
@@ -149,21 +152,22 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
     logits_chunk > 0: the float32 logits [B, S, V] are never whole: the final hidden states go
     through the head `logits_chunk` positions at a time, each chunk's logits recomputed in the
     backward pass (jax.checkpoint), so the loss holds one chunk's logits instead of all of them.
+    entropy=False: zeros instead (the log-prob passes need none).
     """
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     if logits_chunk <= 0 or logits_chunk >= tokens.shape[1] - 1:
         logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
-        logp, entropy = _logp_entropy(logits, tokens[:, 1:])
-        return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+        logp, ent = _logp_entropy(logits, tokens[:, 1:], entropy)
+        return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
     b, t = tokens.shape[0], tokens.shape[1] - 1
     n = -(-t // logits_chunk)
     h = model.hidden_states(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, D]
     h = jnp.pad(h, ((0, 0), (0, n * logits_chunk - t), (0, 0)))
     targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, n * logits_chunk - t)))
     chunks = (h.reshape(b, n, logits_chunk, -1).swapaxes(0, 1), targets.reshape(b, n, logits_chunk).swapaxes(0, 1))
-    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1]))
-    logp, entropy = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
-    return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1], entropy))
+    logp, ent = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
+    return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
 
 
 def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
@@ -258,7 +262,8 @@ class GRPOLearner(Learner):
 
         @jax.jit
         def logprobs(params, frozen, tokens, attention):
-            return token_logprobs_and_entropy(merge_params(graphdef, params, frozen), tokens, attention, chunk)[0]
+            model = merge_params(graphdef, params, frozen)
+            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False)[0]
 
         # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
         # shapes never depend on how many micro-batches a step has (a lax.scan over all of them
@@ -294,12 +299,13 @@ class GRPOLearner(Learner):
             spec[batch_axis] = BATCH
         return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
 
-    def row_width(self, lengths: np.ndarray) -> int:
+    def row_width(self, lengths: np.ndarray, columns: int) -> int:
         """Columns one call gives rows of these real lengths: the longest's whole-octave bucket
-        (from min_seq_len, at most max_seq_len). Coarse on purpose: a handful of widths serves a
-        whole run, so its log-prob and gradient programs are all met in its first steps."""
+        (from min_seq_len), never wider than the packed rows' own `columns` (pack_rows' bucket of
+        the step's longest row, what the planner sizes) nor max_seq_len. Coarse on purpose: the
+        calls below the longest take a handful of widths a whole run shares."""
         cfg = self.config
-        return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len)
+        return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len, columns)
 
     def compute_logprobs(self, params, rows: RowBatch) -> np.ndarray:
         """Trainer log-probs [R, S] of exactly the sampled ids (padding positions mean nothing), in chunks
@@ -310,12 +316,11 @@ class GRPOLearner(Learner):
         out = np.zeros(rows.tokens.shape, np.float32)
         for i in range(0, rows.num_rows, bs):
             idx = order[i:i + bs]
-            width = self.row_width(lengths[idx])
+            width = self.row_width(lengths[idx], rows.tokens.shape[1])
             # Zero rows pad the last chunk so one program serves every chunk of this width.
             tok, att = (fit_block(a[idx], bs, width) for a in (rows.tokens, rows.attention))
             lp = _to_host(self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0)))
-            keep = min(width, rows.tokens.shape[1])
-            out[idx, :keep] = lp[:len(idx), :keep]
+            out[idx, :width] = lp[:len(idx)]
         return out
 
     def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
@@ -339,7 +344,7 @@ class GRPOLearner(Learner):
         out = []
         for m in range(n_micro):
             part = order[m * mbs:(m + 1) * mbs]
-            width = self.row_width(lengths[part])
+            width = self.row_width(lengths[part], rows.tokens.shape[1])
             out.append({k: self._put(fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs), 0)
                         for k, a in micro.items()})
         return out, denom
