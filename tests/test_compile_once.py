@@ -115,3 +115,40 @@ def test_turn_loop_buckets_take_few_shapes():
     assert {bk.prompt(n) for n in range(1, 1025)} == {64, 128, 256, 512, 1024}
     assert {bk.new_tokens(n) for n in range(1, 65)} == {64}  # every budget of the turn loop: one buffer
     assert BucketConfig.for_turn_loop(100).new_tokens(3) == 128
+
+
+def test_prefill_layouts_of_the_turn_loop_take_no_shape_of_their_own():
+    # Every (batch, prefix, suffix, grid rows) key a turn-loop call can reach: the grid's rows follow
+    # from the batch, so prefill programs are no more than decode programs, however the suffixes pack
+    # (the default run met a new grid row count at GRPO step 6 while its grid rows were bucketed apart).
+    from memsearcher_jax.sampling.buckets import BucketConfig
+    from memsearcher_jax.sampling.packing import layout_prefill
+
+    bk = BucketConfig.for_turn_loop(64)
+    rng = np.random.default_rng(0)
+    system = rng.integers(5, 100, 40).tolist()
+    keys = set()
+    for n in list(range(1, 34)) + [47, 64, 65, 80, 100, 128]:
+        for spread in (4, 60, 300):  # suffixes of like length (one per grid row) to very ragged (packed)
+            for dup in (1, 5):  # turn 0: a group's G identical prompts
+                tails = [rng.integers(5, 100, int(rng.integers(1, spread + 1))).tolist() for _ in range(-(-n // dup))]
+                prompts = [system + t for t in tails for _ in range(dup)][:n]
+                lay = layout_prefill(prompts, bk, 1, None, True, True)
+                assert lay.grid_rows == lay.batch and lay.grid[0].shape == (lay.batch, lay.suffix_slots)
+                keys.add((lay.batch, lay.prefix_slots, lay.suffix_slots, lay.grid_rows))
+    decode_keys = {k[:3] for k in keys}
+    assert len(keys) == len(decode_keys) <= 5 * 2 * 4  # batch x (prefix or none) x suffix buckets met
+
+
+def test_learner_rows_take_a_few_widths():
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
+
+    learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
+                          GRPOConfig(min_seq_len=128, max_seq_len=1536))
+    # Below the step's longest rows (packed `columns` wide), calls take whole octaves only.
+    widths = {learner.row_width(np.array([1, n]), 1536) for n in range(1, 1537)}
+    assert widths == {128, 256, 512, 1024, 1536}
+    assert {learner.row_width(np.array([n]), 448) for n in range(1, 449)} == {128, 256, 448}

@@ -17,7 +17,6 @@ from memsearcher_jax.rl.grpo import (
     GRPOConfig,
     GRPOLearner,
     OptimConfig,
-    accumulate_gradients,
     minibatch_row_indices,
     pack_rows,
     score_trajectories,
@@ -138,35 +137,63 @@ def _random_rows(rng, n, s, vocab):
     return tokens, attention, mask
 
 
-@pytest.mark.parametrize("mode", ["token_mean", "trajectory_mean"])
-def test_four_micro_batches_give_the_one_batch_gradient(mode):
+@pytest.mark.parametrize("mode", ["token_mean", "trajectory_mean", "microbatch_token_mean"])
+def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
+    # The learner's own path: rows regrouped by length into micro-batches each only as wide as its
+    # longest row, gradients summed over them, equal the gradient of the weighted loss over the whole
+    # batch at full width, the weights being those of the rows split in order (so microbatch_token_mean
+    # keeps its meaning). For token_mean and trajectory_mean that is the one-batch gradient itself.
+    from memsearcher_jax.rl.grpo import RowBatch, micro_batch_loss
+
     cfg = ModelConfig.tiny(vocab_size=64, num_layers=2)
-    model = Qwen2(cfg, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model, nnx.Param)
+    n, s, mbs = 8, 40, 2
+    learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(0)),
+                          GRPOConfig(micro_batch_size=mbs, min_seq_len=8, loss=LossConfig(aggregation=mode)))
     rng = np.random.default_rng(0)
-    n, s = 8, 24
-    tokens, attention, mask = _random_rows(rng, n, s, 64)
+    tokens = rng.integers(0, 64, (n, s)).astype(np.int32)
+    lengths = np.array([40, 7, 23, 12, 40, 31, 9, 18])
+    attention = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
+    mask = ((np.arange(s)[None] >= lengths[:, None] // 2) & (attention == 1)).astype(np.float32)
+    mask[:, ::5] = 0  # observation holes
     traj = np.array([0, 0, 1, 2, 2, 2, 3, 4])
-    adv = rng.normal(size=n).astype(np.float32)
     old = rng.normal(-3, 0.3, (n, s)).astype(np.float32)
     ref = rng.normal(-3, 0.3, (n, s)).astype(np.float32)
-    loss_cfg = LossConfig(aggregation=mode)
+    rows = RowBatch(tokens=tokens, attention=attention, loss_mask=mask, sampler_logp=np.zeros((n, s), np.float32),
+                    advantages=rng.normal(size=n).astype(np.float32), traj_ids=traj, group_ids=traj // 2,
+                    turns=np.zeros(n, int), is_final=np.ones(n, bool))
+    idx = rng.permutation(n)
 
-    def grads_with(m):
-        weights, denom = aggregation_weights(mode, mask, traj, np.arange(n) // (n // m), m)
-        batch = {"tokens": tokens, "attention": attention, "loss_mask": mask, "weights": weights, "advantages": adv,
-                 "old_logp": old, "ref_logp": ref}
-        batch = {k: jnp.asarray(v).reshape((m, n // m) + v.shape[1:]) for k, v in batch.items()}
-        g, loss, _ = jax.jit(accumulate_gradients, static_argnums=(1, 3))(params, graphdef, batch, loss_cfg)
-        return jax.tree.map(lambda x: x / denom, g), loss / denom
+    micro, denom = learner._micro_batches(rows, idx, old, ref, None)
+    assert len({mb["tokens"].shape[1] for mb in micro}) > 1  # the widths really differ
+    acc = learner._zero_sums(learner.params)
+    for mb in micro:
+        acc = learner._accumulate(acc, learner.params, None, mb)
+    grads, loss = jax.tree.map(lambda g: g / denom, acc[0]), float(acc[1]) / denom
 
-    g1, l1 = grads_with(1)
-    g4, l4 = grads_with(4)
-    assert abs(float(l1) - float(l4)) <= 1e-6 * abs(float(l1))
-    flat1 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g1)])
-    flat4 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g4)])
-    assert np.linalg.norm(flat1) > 0
-    assert np.linalg.norm(flat1 - flat4) / np.linalg.norm(flat1) < 1e-6
+    weights, denom_ref = aggregation_weights(mode, mask[idx], traj[idx], np.arange(n) // mbs, n // mbs)
+    whole = {"tokens": tokens[idx], "attention": attention[idx], "loss_mask": mask[idx], "weights": weights,
+             "advantages": rows.advantages[idx], "old_logp": old[idx], "ref_logp": ref[idx]}
+    (loss_ref, _), g_ref = jax.value_and_grad(micro_batch_loss, has_aux=True)(
+        learner.params, learner.graphdef, {k: jnp.asarray(v) for k, v in whole.items()}, learner.config.loss)
+    assert denom == pytest.approx(denom_ref)
+    assert loss == pytest.approx(float(loss_ref) / denom_ref, rel=1e-5)
+    flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grads)])
+    flat_ref = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g_ref)]) / denom_ref
+    assert np.linalg.norm(flat_ref) > 0
+    assert np.linalg.norm(flat - flat_ref) / np.linalg.norm(flat_ref) < 1e-5
+
+
+def test_logprobs_in_chunks_of_like_length_equal_the_full_width_pass():
+    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
+
+    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=2), rngs=nnx.Rngs(3))
+    learner = GRPOLearner(model, GRPOConfig(logprob_batch_size=3, min_seq_len=8))
+    rows = _toy_rows(n=7, s=40, seed=2)
+    rows.attention[:3, 12:] = 0  # three short rows: a narrower chunk
+    got = learner.compute_logprobs(learner.params, rows)
+    full = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention))[0])
+    real = rows.attention == 1
+    assert got.shape == rows.tokens.shape and np.abs(got - full)[real].max() < 1e-5
 
 
 def _toy_rows(n=6, s=16, vocab=64, seed=0):

@@ -9,6 +9,7 @@ from flax import nnx
 
 from memsearcher_jax.models import from_pretrained, make_mesh
 from memsearcher_jax.sampling import BucketConfig, Sampler, filter_mask, find_stop, generate, normalize_stops
+from memsearcher_jax.sampling.packing import layout_prefill
 from tests.hf_fixtures import make_hf_qwen2
 
 VOCAB = 128
@@ -337,12 +338,14 @@ def test_packed_prefill_equals_one_row_per_prompt(hf_and_model):
         kw = dict(max_new_tokens=9, temperature=1.0, top_p=0.9, seed=4)
         before = set(s.compiled_keys)
         packed = s.generate(prompts, **kw)
-        grid_rows = [k[-1] for k in s.compiled_keys - before]
+        grid_rows = {k[-1] for k in s.compiled_keys - before}
         plain = s.generate(prompts, pack=False, **kw)
         for a, b in zip(packed, plain):
             assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
             assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-5
-        assert all(r < len(prompts) for r in grid_rows), grid_rows  # packing really happened
+        lay = layout_prefill(prompts, s.buckets, 1, None, True, True)
+        assert len(set(lay.reads[0][:len(prompts)].tolist())) < len(prompts)  # packing really happened
+        assert grid_rows <= {lay.batch}  # the grid has the batch's rows: no program of its own
     greedy = s.generate(tails, max_new_tokens=5)
     assert [o.tokens for o in greedy] == [_naive_greedy(model, t, 5) for t in tails]
 

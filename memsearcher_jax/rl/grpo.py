@@ -7,7 +7,7 @@ The step itself (rollout, filtering, this file's pieces, the sampler's new weigh
     rows --pack--> [R, S] token arrays --trainer log-probs--> old / ref log-probs
     rows --shuffle, split into `optimizer_steps` mini-batches--> for each non-empty mini-batch:
         aggregation weights over the mini-batch (exact global token mean by default)
-        --micro-batches under lax.scan, gradients summed--> / denominator --AdamW--> params
+        --micro-batches of rows of like length, gradients summed--> / denominator --AdamW--> params
 
 The per-token loss, aggregation weights and metric sums are pure functions in `rl/losses.py`.
 `GRPOLearner` holds the params, the frozen reference, the optimizer state and the jitted
@@ -134,13 +134,16 @@ def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)
 
-def _logp_entropy(logits: jax.Array, targets: jax.Array):
+def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True):
     logp = token_logprobs(logits, targets)
+    if not entropy:  # a pass over the vocabulary saved (XLA cannot drop it from inside lax.map's loop)
+        return logp, jnp.zeros_like(logp)
     logz = jax.nn.logsumexp(logits, axis=-1)
     return logp, logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
 
 
-def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0):
+def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0,
+                               entropy: bool = True):
     """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
 
     logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
@@ -149,21 +152,22 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
     logits_chunk > 0: the float32 logits [B, S, V] are never whole: the final hidden states go
     through the head `logits_chunk` positions at a time, each chunk's logits recomputed in the
     backward pass (jax.checkpoint), so the loss holds one chunk's logits instead of all of them.
+    entropy=False: zeros instead (the log-prob passes need none).
     """
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     if logits_chunk <= 0 or logits_chunk >= tokens.shape[1] - 1:
         logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
-        logp, entropy = _logp_entropy(logits, tokens[:, 1:])
-        return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+        logp, ent = _logp_entropy(logits, tokens[:, 1:], entropy)
+        return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
     b, t = tokens.shape[0], tokens.shape[1] - 1
     n = -(-t // logits_chunk)
     h = model.hidden_states(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, D]
     h = jnp.pad(h, ((0, 0), (0, n * logits_chunk - t), (0, 0)))
     targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, n * logits_chunk - t)))
     chunks = (h.reshape(b, n, logits_chunk, -1).swapaxes(0, 1), targets.reshape(b, n, logits_chunk).swapaxes(0, 1))
-    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1]))
-    logp, entropy = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
-    return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1], entropy))
+    logp, ent = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
+    return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
 
 
 def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
@@ -176,28 +180,6 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=No
     aux = dict(aux, entropy=entropy, trainer_logp=logp)
     sums = masked_aux_sums({k: aux[k] for k in AUX_METRIC_KEYS}, mb["loss_mask"])
     return weighted_loss_sum(loss, mb["weights"]), sums
-
-
-def accumulate_gradients(params, graphdef, micro_batches: dict, loss_cfg: LossConfig, frozen=None,
-                         logits_chunk: int = 0):
-    """Sum of per-micro-batch gradients (and loss/metric sums) under lax.scan.
-
-    micro_batches: dict of [M, mb, ...] arrays. Because each micro-batch's loss is a plain
-    weighted SUM, the accumulated gradient equals the gradient of the whole mini-batch.
-    frozen: a LoRA model's base; the gradients are then the adapters' alone.
-    """
-    grad_fn = jax.value_and_grad(micro_batch_loss, has_aux=True)
-
-    def body(carry, mb):
-        g_acc, l_acc, s_acc = carry
-        (loss, sums), g = grad_fn(params, graphdef, mb, loss_cfg, frozen, logits_chunk)
-        g_acc = jax.tree.map(jnp.add, g_acc, g)
-        return (g_acc, l_acc + loss, combine_metric_sums(s_acc, sums)), None
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    (grads, loss_sum, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32), empty_metric_sums()),
-                                              micro_batches)
-    return grads, loss_sum, sums
 
 
 def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.random.Generator,
@@ -222,6 +204,22 @@ def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.ra
 
 
 # ----------------------------------------------------------------------------- learner
+
+def real_lengths(attention: np.ndarray) -> np.ndarray:
+    """Tokens up to and including each right-padded row's last real one [R] (0: an empty row)."""
+    real = attention != 0
+    return np.where(real.any(axis=1), real.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
+
+
+def fit_block(a: np.ndarray, rows: int, width: int | None = None) -> np.ndarray:
+    """a [n <= rows, ...] zero-padded to `rows` rows and, for [n, S] arrays, cut or zero-padded to
+    `width` columns (the columns cut hold padding only: width covers every row's tokens)."""
+    if width is not None:
+        a = a[:, :width] if a.shape[1] >= width else np.pad(a, ((0, 0), (0, width - a.shape[1])))
+    if a.shape[0] < rows:
+        a = np.concatenate([a, np.zeros((rows - a.shape[0],) + a.shape[1:], a.dtype)])
+    return a
+
 
 def _to_host(x: jax.Array) -> np.ndarray:
     """Fetch a (possibly multi-host sharded) array to every host."""
@@ -264,7 +262,8 @@ class GRPOLearner(Learner):
 
         @jax.jit
         def logprobs(params, frozen, tokens, attention):
-            return token_logprobs_and_entropy(merge_params(graphdef, params, frozen), tokens, attention, chunk)[0]
+            model = merge_params(graphdef, params, frozen)
+            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False)[0]
 
         # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
         # shapes never depend on how many micro-batches a step has (a lax.scan over all of them
@@ -300,35 +299,55 @@ class GRPOLearner(Learner):
             spec[batch_axis] = BATCH
         return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
 
+    def row_width(self, lengths: np.ndarray, columns: int) -> int:
+        """Columns one call gives rows of these real lengths: the longest's whole-octave bucket
+        (from min_seq_len), never wider than the packed rows' own `columns` (pack_rows' bucket of
+        the step's longest row, what the planner sizes) nor max_seq_len. Coarse on purpose: the
+        calls below the longest take a handful of widths a whole run shares."""
+        cfg = self.config
+        return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len, columns)
+
     def compute_logprobs(self, params, rows: RowBatch) -> np.ndarray:
-        """Trainer log-probs [R, S] of exactly the sampled ids, in fixed-size chunks."""
+        """Trainer log-probs [R, S] of exactly the sampled ids (padding positions mean nothing), in chunks
+        of logprob_batch_size rows of like length, each only as wide as its own longest row."""
         bs = self.config.logprob_batch_size
-        out = []
+        lengths = real_lengths(rows.attention)
+        order = np.argsort(lengths, kind="stable")
+        out = np.zeros(rows.tokens.shape, np.float32)
         for i in range(0, rows.num_rows, bs):
-            tok, att = rows.tokens[i:i + bs], rows.attention[i:i + bs]
-            n = tok.shape[0]
-            if n < bs:  # pad the last chunk so one program serves every chunk
-                tok = np.concatenate([tok, np.zeros((bs - n, tok.shape[1]), tok.dtype)])
-                att = np.concatenate([att, np.zeros((bs - n, att.shape[1]), att.dtype)])
-            lp = self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0))
-            out.append(_to_host(lp)[:n])
-        return np.concatenate(out)
+            idx = order[i:i + bs]
+            width = self.row_width(lengths[idx], rows.tokens.shape[1])
+            # Zero rows pad the last chunk so one program serves every chunk of this width.
+            tok, att = (fit_block(a[idx], bs, width) for a in (rows.tokens, rows.attention))
+            lp = _to_host(self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0)))
+            out[idx, :width] = lp[:len(idx)]
+        return out
 
     def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
-        """One mini-batch (row indices idx, non-empty) as micro-batches of [micro_batch_size, ...]
-        device arrays (zero rows pad the last: weight 0, so they add nothing), and its loss denominator."""
+        """One mini-batch (row indices idx, non-empty) as micro-batches of [micro_batch_size, width]
+        device arrays (zero rows pad the last: weight 0, so they add nothing), and its loss denominator.
+
+        The aggregation weights are those of the rows split in order (row j in micro-batch
+        j // micro_batch_size: what microbatch_token_mean normalises by); the gradient is then a
+        weighted sum over tokens, so the rows may be regrouped for computing: rows of like length
+        share a micro-batch, and each micro-batch is only as wide as its longest row."""
         cfg = self.config
         mbs = cfg.micro_batch_size
         n_micro = math.ceil(len(idx) / mbs)
         weights, denom = aggregation_weights(cfg.loss.aggregation, rows.loss_mask[idx], rows.traj_ids[idx],
                                              np.arange(len(idx)) // mbs, n_micro)
-        pad = n_micro * mbs - len(idx)
         micro = {"tokens": rows.tokens[idx], "attention": rows.attention[idx], "loss_mask": rows.loss_mask[idx],
                  "weights": weights, "advantages": rows.advantages[idx], "old_logp": old_logp[idx],
                  "ref_logp": ref_logp[idx], **({"tis": tis[idx]} if tis is not None else {})}
-        micro = {k: np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) if pad else a
-                 for k, a in micro.items()}
-        return [{k: self._put(a[i * mbs:(i + 1) * mbs], 0) for k, a in micro.items()} for i in range(n_micro)], denom
+        lengths = real_lengths(micro["attention"])
+        order = np.argsort(lengths, kind="stable")
+        out = []
+        for m in range(n_micro):
+            part = order[m * mbs:(m + 1) * mbs]
+            width = self.row_width(lengths[part], rows.tokens.shape[1])
+            out.append({k: self._put(fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs), 0)
+                        for k, a in micro.items()})
+        return out, denom
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
         """Old/ref log-probs, then one update per non-empty mini-batch of the shuffled rows.

@@ -104,7 +104,7 @@ class PrefillLayout(NamedTuple):
     batch: int                 # B: rows, rounded up to the batch bucket
     prefix_slots: int          # P: the shared prefix's bucket (0: no shared prefix)
     suffix_slots: int          # T: the longest suffix's bucket
-    grid_rows: int             # rows of the packed prefill grid, bucketed like a batch
+    grid_rows: int             # rows of the packed prefill grid: always B (see layout_prefill)
     prefix: tuple              # (ids, positions, valid) [1, P]
     grid: tuple                # (ids, positions, suffix index) [grid_rows, T]
     reads: tuple               # (grid row [B], grid columns [B, T], next position [B])
@@ -114,7 +114,13 @@ def layout_prefill(prompts: list[list[int]], buckets: BucketConfig, batch_shards
                    share_duplicates: bool, pack: bool) -> PrefillLayout:
     """Lay a call's prompts out for the prefill: split off the shared prefix (share_prefix None:
     when it is at least buckets.min_shared_prefix tokens and there are several prompts), pack the
-    distinct suffixes into the grid, and record where each row reads its own suffix back."""
+    distinct suffixes into the grid, and record where each row reads its own suffix back.
+
+    The grid has the batch bucket's rows, however few the packed suffixes fill: its shape then
+    follows from (B, P, T) alone, the decode program's own key. Bucketing the rows the packing
+    used apart from B made (B, grid rows) pairs multiply, and a training run met a new prefill
+    program whenever the data first packed a batch bucket into a new row count (step 6 of the
+    default run). A few empty grid rows cost little beside the decode that follows."""
     n = len(prompts)
     lens = [len(p) for p in prompts]
     shared = min(common_prefix_length(prompts), min(lens) - 1)  # each row keeps >= 1 suffix token
@@ -125,9 +131,8 @@ def layout_prefill(prompts: list[list[int]], buckets: BucketConfig, batch_shards
     prefix_slots = buckets.prompt(plen) if plen else 0
     width = buckets.prompt(max(lens) - plen)
     segments, seg_of_row = distinct_suffixes(prompts, plen, share_duplicates)
-    places, used_rows = pack_suffixes([len(x) for x in segments], width, pack)
-    grid_rows = buckets.batch(used_rows, batch_shards)
-    return PrefillLayout(batch=batch, prefix_slots=prefix_slots, suffix_slots=width, grid_rows=grid_rows,
+    places, _ = pack_suffixes([len(x) for x in segments], width, pack)  # rows used <= suffixes <= n <= batch
+    return PrefillLayout(batch=batch, prefix_slots=prefix_slots, suffix_slots=width, grid_rows=batch,
                          prefix=prefix_arrays(prompts[0][:plen], prefix_slots),
-                         grid=grid_arrays(segments, places, plen, grid_rows, width),
+                         grid=grid_arrays(segments, places, plen, batch, width),
                          reads=row_reads(seg_of_row, segments, places, plen, batch, width))
