@@ -135,7 +135,7 @@ def pick_stop(outputs: list[list[int]], budget: int) -> int:
     best, best_key = None, None
     for t in sorted({t for row in outputs for t in row}):
         lengths = [row.index(t) + 1 if t in row else budget for row in outputs]
-        key = (len(set(lengths)), sum(n < budget for n in lengths), -t)
+        key = (len(set(lengths)), sum(t in row for row in outputs), -t)
         if best_key is None or key > best_key:
             best, best_key = t, key
     return best
