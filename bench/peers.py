@@ -363,6 +363,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per side (update: rounds)")
     ap.add_argument("--update-rows", type=int, default=0, help="rows (B x G) of the update (default 16; quick 8)")
     ap.add_argument("--micro", type=int, default=0, help="rows per micro-batch, both sides (default 8)")
+    ap.add_argument("--layers", type=int, default=0, help="keep the shape's widths and vocabulary, this many layers "
+                                                         "(a 0.5B learner with AdamW may not fit a shared machine)")
     ap.add_argument("--results", default="", help="append each measured row to this JSONL file")
     ap.add_argument("--table", default="", help="print the table of a results file and exit")
     ap.add_argument("--tunix-venv", default=DEFAULT_VENV)
@@ -386,10 +388,12 @@ def main():
     results_path = args.results or tempfile.mktemp(prefix="bench_peers_", suffix=".jsonl")
     cfg = (small_config() if args.small else ModelConfig.qwen2_5_0_5b()).replace(dtype="float32",
                                                                                   param_dtype="float32")
+    if args.layers:
+        cfg = cfg.replace(num_layers=args.layers)
     ckpt = tempfile.mkdtemp(prefix="bench_peers_")
     save_pretrained(Qwen2(cfg, rngs=nnx.Rngs(0)), ckpt)
     gc.collect()
-    print(f"model: {'small' if args.small else 'Qwen2.5-0.5B'}-shaped, {cfg.num_params() / 1e6:.0f}M params, "
+    print(f"model: {'small' if args.small else 'Qwen2.5-0.5B'}-shaped ({cfg.num_layers} layers), {cfg.num_params() / 1e6:.0f}M params, "
           f"random weights, float32, {ckpt}; ours jax {jax.__version__}; XLA CPU, {os.cpu_count()} cores shared "
           f"with other jobs; results -> {results_path}", flush=True)
 
@@ -403,6 +407,8 @@ def main():
     for case in rows:
         try:
             got = run_row(case, args, ckpt, cfg, rng, measure, state)
+            if args.layers:  # a cut of the named shape: say so in the row
+                got = [dict(r, row=f"{r['row']} [{cfg.num_layers}-layer cut]") for r in got]
         except (RuntimeError, MemoryError) as e:  # the other rows still run; the log says what failed
             print(f"  row {case} FAILED: {e}", flush=True)
             continue
