@@ -77,7 +77,8 @@ LOSS = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, kl_coef=KL
 
 
 def first_to_go_on_oom():
-    """In a bench subprocess: if memory runs out, the kernel ends this process before anyone else's."""
+    """Called by each bench worker process (bench/peers_tunix.py has its own copy): if memory
+    runs out, the kernel ends this process before any other job of a shared machine."""
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
@@ -96,8 +97,7 @@ class Tunix:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["PEERS_XLA_CACHE"] = os.path.join(os.path.expanduser(XLA_CACHE), "tunix")
         self.proc = subprocess.Popen([py, os.path.join(here, "peers_tunix.py")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir(),
-                                     preexec_fn=first_to_go_on_oom)
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
         self.info = json.loads(self.proc.stdout.readline())
 
     def __call__(self, **req):
@@ -274,7 +274,7 @@ def run_ours_round(spec: dict) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--update-worker", path], env=env,
-                          stdout=subprocess.PIPE, text=True, preexec_fn=first_to_go_on_oom)
+                          stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"our update worker failed (exit {done.returncode}; -9: out of memory)")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -381,6 +381,7 @@ def main():
     ap.add_argument("--update-worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.update_worker:
+        first_to_go_on_oom()
         with open(args.update_worker) as f:
             print(json.dumps(ours_update_worker(json.load(f))), flush=True)
         return
