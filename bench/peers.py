@@ -2,7 +2,7 @@
 
     bench/peers_setup.sh                      # once: Tunix's own venv (it pins safetensors<0.8)
     python bench/peers.py [--quick] [--small] [--rows update,plain1,plain8,agent,plain32]
-                          [--results FILE.jsonl] [--update-rows 8 --micro 4] [--repeats 2]
+                          [--results FILE.jsonl] [--update-rows 16 --micro 8] [--layers N] [--repeats 2]
     python bench/peers.py --table FILE.jsonl   # the table of rows measured so far
 
 One random-weight Qwen2.5-0.5B-shaped f32 checkpoint (HF format; --small: a smaller shape) is
@@ -33,7 +33,12 @@ Rows:
   sides' losses agree on one micro-batch (same params, old/ref log-probs). Timed: one
   optimizer step (all micro-batches) and one log-prob pass over the rows (ours: the learner's
   compute_logprobs; Tunix: rl.common.compute_per_token_logps per micro-batch).
-- whole GRPO step: not run; see the README section for why.
+  Our learner alone holds five parameter-sized f32 arrays (params, reference, AdamW's two
+  moments, the gradient sum: ~10 GB at 0.5B) before activations; where that does not fit,
+  --layers N keeps the shape's widths and vocabulary with N layers (the rows say so).
+- whole GRPO step: not run; Tunix's loop could run on CPU (see the README section), but it is
+  rollout + reference log-probs + this update, each measured here, and it needs the actor,
+  its AdamW state, the reference and the rollout model in memory at once.
 
 Floors: decode/prefill as in bench/sampler.py; update = 3 x forward FLOPs / matmul rate +
 AdamW traffic (7 parameter-sized arrays read or written) / copy bandwidth; log-probs =
@@ -345,9 +350,9 @@ def table(results: list[dict]) -> str:
     for r in results:
         if "tokens_per_s" in r:
             lines.append(f"\nTrained tokens/s: ours {r['tokens_per_s'][0]:.1f}, Tunix {r['tokens_per_s'][1]:.1f}.")
-    rates = sorted({(round(r['rate'] / 1e9, 1), round(r['bw'] / 1e9, 1)) for r in results})
-    lines.append("Machine measured before each row (matmul GFLOP/s, copy GB/s): "
-                 + ", ".join(f"{a}/{b}" for a, b in rates))
+    lines.append("\nThe machine, measured before each row in the table's order (matmul GFLOP/s / copy GB/s; "
+                 "each row's floor uses its own): " + ", ".join(f"{r['rate'] / 1e9:.1f}/{r['bw'] / 1e9:.1f}"
+                                                               for r in results))
     return "\n".join(lines)
 
 
