@@ -6,7 +6,7 @@ per stdout line; arrays travel in .npz files.
     {"op": "sample", "prompts": NPZ, "new": 128, "eos": [7] | [], "max_prompt_length": 256}
         -> {"seconds", "tokens": NPZ}   (NPZ holds rows of generated ids, padded with -1)
     {"op": "update_setup", "lr", "clip", "kl_coef", "dual_clip", "micro_batches"}
-    {"op": "loss", "batch": NPZ}      -> {"loss"}     (grpo_loss_fn on one micro-batch, no step)
+    {"op": "loss", "batch": NPZ}      -> {"loss"}     (grpo_loss_fn on micro-batch 0, no step)
     {"op": "update", "batch": NPZ}    -> {"seconds"}  (one optimizer step: micro_batches train steps)
     {"op": "logps", "batch": NPZ}     -> {"seconds"}  (per-token log-probs of every micro-batch)
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -129,7 +130,7 @@ class Worker:
         return out
 
     def loss(self, req):
-        (ex,) = self._examples(req["batch"], 1)
+        ex = self._examples(req["batch"], self.micro)[0]  # micro-batch 0, as on our side
         loss, aux = nnx.jit(lambda m, e: self.loss_fn(m, e))(self.trainer.model, ex)
         return {"loss": float(loss), "kl": float(aux["kl"]), "clipfrac": float(aux["pg_clipfrac"])}
 
@@ -152,7 +153,19 @@ class Worker:
         return {"seconds": time.perf_counter() - t0}
 
 
+def first_to_go_on_oom():
+    """If memory runs out, the kernel ends this worker before any other job of a shared machine."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
 def main():
+    first_to_go_on_oom()
+    if os.environ.get("PEERS_XLA_CACHE"):  # the bench's own persistent compilation cache for this side
+        jax.config.update("jax_compilation_cache_dir", os.environ["PEERS_XLA_CACHE"])
     w = Worker()
     print(json.dumps({"ready": True, "jax": jax.__version__}), flush=True)
     for line in sys.stdin:
