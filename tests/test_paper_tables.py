@@ -89,7 +89,10 @@ def test_workflow_config_gives_room_for_the_objectives():
 
 def test_quick_overrides_yield_to_the_command_line():
     args, overrides = pt.parse_args(["--quick", "--config.train.steps=5"])
-    assert args.quick and ("sft.steps", "30") in overrides
+    assert args.quick and ("sft.steps", str(pt.QUICK["sft.steps"])) in overrides
+    assert (args.objectives, args.budgets) == ("1,2,8", "16,64")
+    full, _ = pt.parse_args(["--budgets", ""])
+    assert (full.objectives, full.budgets) == ("1,2,4,8", "")
     assert overrides.index(("train.steps", "5")) > overrides.index(("train.steps", str(pt.QUICK["train.steps"])))
 
 
