@@ -62,6 +62,11 @@ QUICK = {"sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_qu
 QUICK_EVAL_QUESTIONS = 30
 QUICK_OBJECTIVES = (1, 2, 8)
 QUICK_BUDGETS = (16, 64)
+# Every workflow gets the same room per call and per conversation, enough for react's full history at
+# 8 objectives (18 turns), so that no design is cut short by a cap the others never reach: the
+# shipped base's position limit (max_position_embeddings 4096; it was pretrained on rows of <= 512
+# tokens, so longer react contexts also test whether it reads past that).
+CONTEXT_ROOM = 4096
 SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens", "peak_tokens_max",
            "tokens_per_question")
 
@@ -70,11 +75,14 @@ SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens"
 
 def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str, train_objectives: int,
                     memory_budget: int | None = None) -> ml_collections.ConfigDict:
-    """base with this workflow, its own output dir, N training objectives and turns for them."""
+    """base with this workflow, its own output dir, N training objectives, turns for them and
+    CONTEXT_ROOM tokens per call and per conversation."""
     cfg = ml_collections.ConfigDict(base.to_dict())
     cfg.agent.workflow = workflow
     cfg.world.objectives = train_objectives
     cfg.agent.max_turns = max(cfg.agent.max_turns, 2 * train_objectives + 1)
+    cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
+    cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)
     cfg.train.output_dir = out_dir
     cfg.train.eval_questions = 0  # the bench evaluates itself, at every objective count
     cfg.train.eval_every = 0

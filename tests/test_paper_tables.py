@@ -82,6 +82,8 @@ def test_workflow_config_gives_room_for_the_objectives():
     cfg = pt.workflow_config(base, "react", "/tmp/x/react", 2, memory_budget=32)
     assert (cfg.agent.workflow, cfg.world.objectives, cfg.agent.memory_budget) == ("react", 2, 32)
     assert cfg.agent.max_turns == max(base.agent.max_turns, 5) and cfg.train.eval_questions == 0
+    # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
+    assert cfg.agent.max_context_tokens == cfg.agent.max_response_tokens == 4096 > base.agent.max_context_tokens
     assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
     ecfg = pt.eval_config(cfg, 8)
     assert ecfg.world.objectives == 8 and ecfg.agent.eval_max_turns == 18
