@@ -398,9 +398,15 @@ def test_config_and_cli_name_the_registered_workflows(capsys):
     assert "memory_ops" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def world_cache(tmp_path_factory):
+    """One synthetic-world cache for both pipeline tests: the world is built once (~20 s on a busy CPU)."""
+    return str(tmp_path_factory.mktemp("worlds"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["mem1", "memory_ops"])
-def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, workflow):
+def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, world_cache, workflow):
     """The whole pipeline with agent.workflow set: a 1-step warm start on demonstrations in the
     workflow's format, then one GRPO step, on the tiny random model of test_train_step."""
     import json
@@ -410,7 +416,7 @@ def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path
 
     out = str(tmp_path / "run")
     overrides = dict(SMALL)
-    overrides.update({"world.cache_dir": str(tmp_path / "worlds"), "train.output_dir": out, "train.steps": "1",
+    overrides.update({"world.cache_dir": world_cache, "train.output_dir": out, "train.steps": "1",
                       "agent.workflow": workflow, "sft.steps": "1", "sft.num_demos": "16", "sft.batch_size": "8",
                       "agent.max_turns": "4"})
     args = ["train", "--config", os.path.join(ROOT, "configs/default.py")]
