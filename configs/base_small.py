@@ -72,6 +72,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.steps = 6000
     c.train.max_len = 1024
     c.train.batch_size = 16          # phase 2: 16 rows of up to 1024 tokens (~ the tokens of phase 1's 64 short rows)
+    c.train.pack = True              # rows packed several to a sequence: ~1.3x (phase 1) and ~1.8x
+                                     # (phase 2) fewer padded tokens per step than one row per padded row
     c.train.learning_rate = 1e-3
     c.train.warmup = 200
     c.train.output_dir = "runs/base_small"

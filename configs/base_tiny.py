@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.final_lr_fraction = 0.1
     c.train.weight_decay = 0.01
     c.train.min_len = 128            # rows pad to quarter-octave buckets from here
+    c.train.pack = False             # True: several rows per sequence, segment-masked (same loss, less padding)
     c.train.max_len = 512            # longer curriculum rows are dropped
     c.train.seed = 0
     c.train.output_dir = "runs/base_tiny"

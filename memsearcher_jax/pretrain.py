@@ -44,7 +44,7 @@ from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.experiment import TrainConfigError
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.rl.learner import OptimConfig
-from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
+from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, pack_rows
 from memsearcher_jax.rl.trainer import MetricsWriter
 
 BASE_MANIFEST = "base_manifest.json"
@@ -190,7 +190,11 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
     lr = _optim(cfg).schedule_fn()
     phases = phase_configs(cfg)
     ends = [p[0] for p in phases[1:]] + [cfg.train.steps]
+    rows = "one per padded row"
+    if cfg.train.pack:
+        rows = "packed several to a sequence (the bucket of the step's longest row)"
     return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), "max_len": cur.max_len, "batch_size": batch,
+             "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
                                "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak "
@@ -306,7 +310,19 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
     phases = phase_configs(cfg)
     curriculum = PhasedCurriculum([(s, Curriculum(vocab, builder, c)) for s, c, _ in phases])
-    batch_at = lambda step: [b for s, _, b in phases if s <= step][-1]
+    phase_at = lambda step: [(c, b) for s, c, b in phases if s <= step][-1]
+    pack = t.pack
+
+    def batch_for(step: int):
+        cur, batch = phase_at(step)
+        rows = curriculum.rows_for_step(step, batch)
+        if pack:  # several rows per sequence: the same loss, less padding
+            longest = max(len(r.prompt_ids) + len(r.response_ids) - 1 for r in rows)
+            # As wide as the step's longest row needs (its bucket), not always max_len: a short-row
+            # step packed into max_len-wide rows would pay attention over max_len for nothing.
+            return pack_rows(rows, builder.pad_id, min(cur.max_len, sft_cfg.bucket_for(longest)))
+        return build_rows(rows, builder.pad_id, sft_cfg.max_len)
+
     # Progress only; the final sets are never looked at here.
     sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
@@ -315,13 +331,13 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2))
     step = _restore(manager, trainer, cfg, vocab) if resume else 0
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
-    prefetch = _Prefetch(lambda s: curriculum.rows_for_step(s, batch_at(s)), step, t.steps)
+    prefetch = _Prefetch(batch_for, step, t.steps)
     t0, losses = time.time(), []
     log_every = t.get("log_every", 0) or t.probe_every
     while step < t.steps:
-        got_step, rows = prefetch.get()
+        got_step, batch = prefetch.get()
         assert got_step == step
-        stats = trainer.train_step(build_rows(rows, builder.pad_id, sft_cfg.max_len), np.arange(len(rows)))
+        stats = trainer.train_packed(batch) if pack else trainer.train_step(batch, np.arange(len(batch.lengths)))
         losses.append(stats["loss"])
         step += 1
         if step % log_every == 0 and step % t.probe_every:  # a heartbeat between probes

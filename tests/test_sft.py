@@ -3,6 +3,7 @@ import dataclasses
 import json
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +15,16 @@ from memsearcher_jax.data.demos import demo_conversations, make_demonstrations
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.sft import SFTConfig, _nll_sum_split, build_rows, evaluate_loss, sft_train
+from memsearcher_jax.rl.sft import (
+    SFTConfig,
+    SFTTrainer,
+    _nll_sum_split,
+    build_rows,
+    evaluate_loss,
+    pack_rows,
+    sft_train,
+)
+from memsearcher_jax.sampling.buckets import bucket
 from retrieval.bm25 import BM25Retriever
 
 
@@ -172,3 +182,61 @@ def test_length_grouped_order_is_a_permutation_with_less_padding():
     assert padded(order) < 0.8 * padded(np.random.default_rng(1).permutation(1000))
     # Still shuffled: not simply sorted.
     assert not np.all(np.diff(lengths[order]) >= 0)
+
+
+def test_pack_rows_places_every_sequence_once_with_its_own_positions():
+    convs = [Conversation(prompt_ids=[5, 6, 7], response_ids=[8, 9, 10, 11], loss_mask=[1, 0, 0, 1]),
+             Conversation(prompt_ids=[5], response_ids=[12], loss_mask=[1]),
+             Conversation(prompt_ids=[4, 4], response_ids=[13, 14], loss_mask=[1, 1]),
+             Conversation(prompt_ids=list(range(20, 30)), response_ids=[31], loss_mask=[1])]
+    packed = pack_rows(convs, pad_id=0, width=8)
+    # Longest first, first fit: conv 3 is cut to 8 slots alone, conv 0 (6 slots) then 1 (1 slot)
+    # share a row, conv 2 (3 slots) opens the third; 3 rows round up to the bucket of 4.
+    assert packed.truncated == 1 and packed.inputs.shape == (4, 8)
+    np.testing.assert_array_equal(packed.segments, [[3] * 8, [0] * 6 + [1, -1], [2, 2, 2] + [-1] * 5, [-1] * 8])
+    np.testing.assert_array_equal(packed.positions[1], [0, 1, 2, 3, 4, 5, 0, 0])
+    np.testing.assert_array_equal(packed.inputs[1], [5, 6, 7, 8, 9, 10, 5, 0])
+    np.testing.assert_array_equal(packed.targets[1], [6, 7, 8, 9, 10, 11, 12, 0])
+    np.testing.assert_array_equal(packed.weights[1], [0, 0, 1, 0, 0, 1, 1, 0])
+    assert packed.weights[0].sum() == 0  # conv 3's one masked target was cut off
+    # Nine full rows round up to a quarter-octave bucket of 10; the spare row weighs nothing.
+    many = pack_rows([convs[3]] * 9, pad_id=0, width=10)
+    assert many.inputs.shape[0] == bucket(9, 1, steps_per_octave=4) == 10
+    assert (many.segments[9] == -1).all() and many.weights[9].sum() == 0 and many.weights[:9].sum() == 9
+
+
+def test_packed_logits_equal_each_sequence_run_alone():
+    model = _model(50)
+    a, b = [3, 7, 11, 13, 17], [19, 23, 29]
+    inputs = np.array([a + b + [0, 0]], np.int32)
+    positions = np.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0]], np.int32)
+    segments = np.array([[0] * 5 + [1] * 3 + [-1, -1]], np.int32)
+    packed = model(jnp.asarray(inputs), positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments))
+    np.testing.assert_allclose(packed[0, :5], model(jnp.asarray([a]))[0], atol=1e-5)
+    np.testing.assert_allclose(packed[0, 5:8], model(jnp.asarray([b]))[0], atol=1e-5)
+    with pytest.raises(ValueError, match="explicit positions"):
+        model(jnp.asarray(inputs), segment_ids=jnp.asarray(segments))
+
+
+def test_a_packed_step_is_the_padded_step(demos):
+    """Same conversations, same loss and the same update, packed or padded."""
+    builder, vocab, convs = demos
+    convs = convs[:6]
+    cfg = SFTConfig(steps=10, batch_size=6, warmup=0, max_len=2048, progress=False)
+    padded, packed = SFTTrainer(_model(vocab), cfg), SFTTrainer(_model(vocab), cfg)
+    width = 2 * max(len(c.prompt_ids) + len(c.response_ids) for c in convs)
+    rows = pack_rows(convs, builder.pad_id, width)
+    assert rows.inputs.shape[0] < 6  # some conversations shared a row
+    a = padded.train_step(build_rows(convs, builder.pad_id, 2048), np.arange(6))
+    b = packed.train_packed(rows)
+    assert a["tokens"] == b["tokens"] > 0
+    np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
+    np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
+    # Adam's first step is about lr * sign(grad): a gradient within rounding of 0 may move a
+    # weight by up to ~lr either way, so compare to a small fraction of lr (1e-3).
+    moved = 0.0
+    for x, y, x0 in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params),
+                        jax.tree.leaves(nnx.split(_model(vocab), nnx.Param)[1])):
+        np.testing.assert_allclose(y, x, atol=2e-5)
+        moved = max(moved, float(np.abs(np.asarray(x) - np.asarray(x0)).max()))
+    assert moved > 5e-4  # the step did move the weights

@@ -285,9 +285,13 @@ class CausalLM(nnx.Module):
         return constrain(logits, self.sharding.logits_btv, self.mesh)
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                      attention_mask: jax.Array | None = None) -> jax.Array:
-        """input_ids [B, T] -> final-normed hidden states [B, T, D]."""
+                      attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
+        """input_ids [B, T] -> final-normed hidden states [B, T, D]. See __call__."""
         b, t = input_ids.shape
+        if segment_ids is not None:
+            if positions is None:
+                raise ValueError("segment_ids (packed rows) need explicit positions: each segment counts from 0")
+            attention_mask = segment_ids >= 0
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), dtype=bool)
         attention_mask = attention_mask.astype(bool)
@@ -295,17 +299,23 @@ class CausalLM(nnx.Module):
             # Count real tokens so left padding gives positions 0.. on the real tokens.
             positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        x = self._run_layers(self._embed(input_ids), cos, sin, slot_mask(attention_mask, 0, t))
+        mask = slot_mask(attention_mask, 0, t)
+        if segment_ids is not None:  # packed rows: a token sees only its own sequence
+            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        x = self._run_layers(self._embed(input_ids), cos, sin, mask)
         return rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
 
     def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                 attention_mask: jax.Array | None = None) -> jax.Array:
+                 attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
         """input_ids int32 [B, T] -> logits float32 [B, T, V].
 
         attention_mask [B, T] marks real tokens (1) and padding (0); positions default to
         the running count of real tokens, so left padding leaves real-token logits unchanged.
+        segment_ids [B, T]: several sequences packed in one row (-1 = padding; replaces
+        attention_mask); a token attends only to earlier tokens of its own segment, and
+        `positions` (required then) restart at 0 in each segment.
         """
-        return self.logits_from_hidden(self.hidden_states(input_ids, positions, attention_mask))
+        return self.logits_from_hidden(self.hidden_states(input_ids, positions, attention_mask, segment_ids))
 
 
 Qwen2 = CausalLM  # the former name (the module runs Qwen3 too); kept so existing code keeps working
