@@ -237,3 +237,23 @@ def test_main_resumes_the_same_command_and_refuses_other_settings(tmp_path, monk
     with pytest.raises(SystemExit, match=r"eval_questions: 4 -> 5"):
         pt.main(argv[:-1] + ["5"])
     assert job.calls == []
+
+
+def test_budget_training_trains_one_run_per_budget_each_resumable(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "memsearcher")
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)
+    budgets_seen = []
+    monkeypatch.setattr(pt, "ModelEvaluator",
+                        lambda c, q: budgets_seen.append((c.agent.memory_budget, c.train.output_dir)) or
+                        job.evaluator(f"budget{c.agent.memory_budget}"))
+    got = pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
+    assert budgets_seen == [(16, os.path.join(out, "memsearcher_budget16")),
+                            (32, os.path.join(out, "memsearcher_budget32"))]
+    assert job.calls == [("train", "memsearcher"), ("budget16", "grpo", 2), ("train", "memsearcher"),
+                         ("budget32", "grpo", 2)]  # no warm-start evaluation in the sweep
+    assert set(got) == {16, 32} and got[16]["em"] == 0.5
+    job.calls.clear()
+    pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
+    assert job.calls == []
