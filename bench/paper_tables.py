@@ -30,11 +30,13 @@ other settings is refused. Workflows, objective counts and budgets may be added 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
 
+import jax
 import ml_collections
 
 from memsearcher_jax.config_utils import load_config, split_overrides
@@ -313,6 +315,15 @@ def parse_args(argv):
     return args, overrides
 
 
+def release_memory() -> None:
+    """Drop what the finished workflow left (its models, samplers and compiled programs; the
+    persistent compilation cache keeps the programs on disk). Four workflows' worth held at once
+    got the run killed for memory on a shared 2-core machine."""
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()
+
+
 def settings_of(base: ml_collections.ConfigDict, args) -> dict:
     """What every phase's result depends on: a rerun into the same --out must have the same."""
     return json.loads(json.dumps({"config": base.to_dict(), "train_objectives": args.train_objectives,
@@ -367,16 +378,17 @@ def main(argv=None) -> int:
     report = {"date": time.strftime("%Y-%m-%d"), "command": "python bench/paper_tables.py " + " ".join(argv),
               "train_objectives": args.train_objectives, "objectives": list(objectives), "eval_questions": eval_q,
               "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {}}
-    t0, evaluators = time.perf_counter(), {w: ModelEvaluator(cfg, eval_q) for w, cfg in cfgs.items()}
+    t0 = time.perf_counter()
     for w, cfg in cfgs.items():
         print(f"=== {w}: warm start, GRPO, evaluation", flush=True)
-        report["workflows"][w] = run_workflow(cfg, objectives, out, evaluators[w])
+        report["workflows"][w] = run_workflow(cfg, objectives, out, ModelEvaluator(cfg, eval_q))
         write_report(report, out)
+        release_memory()  # the next workflow's programs and models: one workflow's at a time in memory
     if budgets and ("memsearcher" in cfgs or args.budget_training):
         print("=== memsearcher memory budgets", flush=True)
         cfg = cfgs.get("memsearcher") or workflow_config(base, "memsearcher", os.path.join(out, "memsearcher"),
                                                           args.train_objectives)
-        report["budgets"] = budget_sweep(cfg, budgets, out, eval_q, args.budget_training, evaluators.get("memsearcher"))
+        report["budgets"] = budget_sweep(cfg, budgets, out, eval_q, args.budget_training)
     write_report(report, out)
     print("\n" + tables_markdown(report), flush=True)
     print(f"this command's wall time: {(time.perf_counter() - t0) / 60:.1f} min (phases done earlier skipped)",
