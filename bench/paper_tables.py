@@ -20,15 +20,23 @@ Episodes get room for the task: training runs max(agent.max_turns, 2N+1) turns a
 objectives (a 2-hop question needs two searches), evaluation max(agent.eval_max_turns, 2N+2).
 Results go to OUT/results.json and OUT/tables.md (with the date and the command), and
 OUT/prompt_tokens_by_turn.png; each workflow's run lives in OUT/<workflow>/.
+
+Resumable: every (workflow, phase) result (its training, each evaluation) is written to
+OUT/phases/<workflow>/<phase>.json when it finishes, and the same command run again skips those
+(saying so) and resumes an unfinished GRPO from its last checkpoint. OUT/settings.json holds what
+the results depend on (the config, training objectives, questions per evaluation); a rerun with
+other settings is refused. Workflows, objective counts and budgets may be added on a rerun.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
 
+import jax
 import ml_collections
 
 from memsearcher_jax.config_utils import load_config, split_overrides
@@ -48,10 +56,19 @@ from memsearcher_jax.models import from_pretrained
 WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
 OBJECTIVES = (1, 2, 4, 8)
 BUDGETS = (16, 32, 64, 128)
-# --quick: every table in minutes on a CPU (tiny steps and few questions: a check, not a result).
-QUICK = {"sft.steps": 30, "sft.num_demos": 120, "train.steps": 2, "rl.batch_questions": 4, "rl.group_size": 4,
-         "rl.micro_batch_size": 16, "train.save_every": 2}
-QUICK_EVAL_QUESTIONS = 8
+# --quick: every table in a small version. The warm start and GRPO keep enough steps that the
+# trained memsearcher answers (the default's 150 SFT / 30 GRPO steps of 16 x 5 reach held-out EM
+# ~78); fewer questions per evaluation, objective counts 1, 2 and 8, two memory budgets.
+QUICK = {"sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_questions": 8, "rl.group_size": 4,
+         "rl.micro_batch_size": 16, "train.save_every": 5}
+QUICK_EVAL_QUESTIONS = 30
+QUICK_OBJECTIVES = (1, 2, 8)
+QUICK_BUDGETS = (16, 64)
+# Every workflow gets the same room per call and per conversation, enough for react's full history at
+# 8 objectives (18 turns), so that no design is cut short by a cap the others never reach: the
+# shipped base's position limit (max_position_embeddings 4096; it was pretrained on rows of <= 512
+# tokens, so longer react contexts also test whether it reads past that).
+CONTEXT_ROOM = 4096
 SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens", "peak_tokens_max",
            "tokens_per_question")
 
@@ -60,11 +77,14 @@ SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens"
 
 def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str, train_objectives: int,
                     memory_budget: int | None = None) -> ml_collections.ConfigDict:
-    """base with this workflow, its own output dir, N training objectives and turns for them."""
+    """base with this workflow, its own output dir, N training objectives, turns for them and
+    CONTEXT_ROOM tokens per call and per conversation."""
     cfg = ml_collections.ConfigDict(base.to_dict())
     cfg.agent.workflow = workflow
     cfg.world.objectives = train_objectives
     cfg.agent.max_turns = max(cfg.agent.max_turns, 2 * train_objectives + 1)
+    cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
+    cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)
     cfg.train.output_dir = out_dir
     cfg.train.eval_questions = 0  # the bench evaluates itself, at every objective count
     cfg.train.eval_every = 0
@@ -82,54 +102,101 @@ def eval_config(cfg: ml_collections.ConfigDict, objectives: int, memory_budget: 
     return out
 
 
-# ----------------------------------------------------------------------------- train and evaluate
+# ----------------------------------------------------------------------------- phases (resumable)
 
-def evaluate_model(cfg, setup, model, objectives, questions: int, memory_budget: int | None = None) -> dict:
-    """Greedy held-out scores of `model` at each objective count: {n: metrics} (scalars and
-    prompt_tokens_by_turn)."""
-    sampler = build_sampler(cfg, model, sampling_mesh(cfg))
-    out = {}
-    for n in objectives:
-        ecfg = eval_config(cfg, n, memory_budget)
-        setup_n = with_objectives(setup, n, seed=cfg.world.seed)
-        got = evaluate(eval_runner(ecfg, setup_n, sampler), setup_n.eval_questions[:questions])
-        out[n] = {**{k: float(got[k]) for k in SCALARS}, "prompt_tokens_by_turn": got["prompt_tokens_by_turn"],
-                  "questions": len(got["results"])}
-        print(f"  {cfg.agent.workflow} {n} objective(s): EM {100 * got['em']:.1f} F1 {100 * got['f1']:.1f} "
-              f"peak tokens {got['peak_tokens']:.0f}", flush=True)
-    return out
+def phase_path(out: str, workflow: str, phase: str) -> str:
+    """Where one (workflow, phase) result lives: OUT/phases/<workflow>/<phase>.json."""
+    return os.path.join(out, "phases", workflow, phase + ".json")
 
 
-def run_workflow(cfg, objectives, eval_questions: int, warm_objectives=None) -> dict:
-    """Warm start + GRPO by the default job, then the held-out evaluations of both models."""
-    t0 = time.perf_counter()
-    summary = train_job(cfg, resume=False)
-    setup = build_setup(cfg)
-    warm_dir = os.path.join(cfg.train.output_dir, "warmstart")
-    result = {"workflow": cfg.agent.workflow, "grpo_minutes": summary["grpo_seconds"] / 60}
-    if warm_objectives is None:  # Table 1's columns
-        warm_objectives = sorted({1, 2, cfg.world.objectives})
-    if cfg.sft.steps > 0 and warm_objectives:
-        warm = from_pretrained(warm_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
-        result["warm_start"] = evaluate_model(cfg, setup, warm, warm_objectives, eval_questions)
-    trained, _ = restore_policy(cfg.train.output_dir)
-    result["grpo"] = evaluate_model(cfg, setup, trained, objectives, eval_questions)
-    result["job_minutes"] = (time.perf_counter() - t0) / 60
+def run_phase(path: str, compute, log=print):
+    """The result at `path` if an earlier run wrote it (said as skipped), else compute() written
+    there atomically (a run killed mid-write leaves no half file that a rerun would trust)."""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+        log(f"  skipped (done earlier): {path}", flush=True)
+        return result
+    result = compute()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
     return result
 
 
-def budget_sweep(cfg, budgets, eval_questions: int, train_each: bool, trained_dir: str | None) -> dict:
+class ModelEvaluator:
+    """evaluate(which, n, memory_budget): greedy held-out metrics of the warm-started ("warm_start")
+    or GRPO-trained ("grpo") model of one workflow run at n objectives. Each model is loaded on
+    first use, so a rerun whose evaluations are all done loads nothing."""
+
+    def __init__(self, cfg, eval_questions: int):
+        self.cfg, self.eval_questions, self.samplers, self.setup = cfg, eval_questions, {}, None
+
+    def sampler(self, which: str):
+        if which not in self.samplers:
+            if which == "warm_start":
+                model = from_pretrained(os.path.join(self.cfg.train.output_dir, "warmstart"),
+                                        dtype=self.cfg.model.dtype, param_dtype=self.cfg.model.param_dtype)
+            else:
+                model, _ = restore_policy(self.cfg.train.output_dir)
+            self.samplers[which] = build_sampler(self.cfg, model, sampling_mesh(self.cfg))
+        return self.samplers[which]
+
+    def __call__(self, which: str, n: int, memory_budget: int | None = None) -> dict:
+        cfg = self.cfg
+        self.setup = self.setup or build_setup(cfg)
+        ecfg = eval_config(cfg, n, memory_budget)
+        setup_n = with_objectives(self.setup, n, seed=cfg.world.seed)
+        got = evaluate(eval_runner(ecfg, setup_n, self.sampler(which)), setup_n.eval_questions[:self.eval_questions])
+        print(f"  {cfg.agent.workflow} {which} {n} objective(s)"
+              f"{'' if memory_budget is None else f', memory budget {memory_budget}'}: EM {100 * got['em']:.1f} "
+              f"F1 {100 * got['f1']:.1f} peak tokens {got['peak_tokens']:.0f}", flush=True)
+        return {**{k: float(got[k]) for k in SCALARS}, "prompt_tokens_by_turn": got["prompt_tokens_by_turn"],
+                "questions": len(got["results"])}
+
+
+def timed_train(cfg) -> dict:
+    """train_job (resuming whatever an earlier, killed run left) and this call's wall time."""
+    t0 = time.perf_counter()
+    summary = train_job(cfg, resume=True)
+    return {**summary, "job_seconds": time.perf_counter() - t0}
+
+
+def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, name: str | None = None) -> dict:
+    """Warm start + GRPO by the default job, then the held-out evaluations of both models; every
+    phase is read back from OUT/phases/<name>/ when an earlier run finished it, and an
+    unfinished GRPO resumes from its last checkpoint (train_job's own resume)."""
+    name = name or cfg.agent.workflow
+    summary = run_phase(phase_path(out, name, "train"), lambda: timed_train(cfg))
+    result = {"workflow": cfg.agent.workflow, "grpo_minutes": summary["grpo_seconds"] / 60,
+              "job_minutes": summary.get("job_seconds", 0.0) / 60}
+    if warm_objectives is None:  # Table 1's columns
+        warm_objectives = sorted({1, 2, cfg.world.objectives})
+    if cfg.sft.steps > 0 and warm_objectives:
+        result["warm_start"] = {n: run_phase(phase_path(out, name, f"warm_start@{n}"),
+                                             lambda n=n: evaluator("warm_start", n)) for n in warm_objectives}
+    result["grpo"] = {n: run_phase(phase_path(out, name, f"grpo@{n}"), lambda n=n: evaluator("grpo", n))
+                      for n in objectives}
+    return result
+
+
+def budget_sweep(cfg, budgets, out: str, eval_questions: int, train_each: bool, evaluator=None) -> dict:
     """memsearcher EM at each memory budget: the trained model evaluated at each (default), or
-    (train_each) a run trained at each budget."""
+    (train_each) a run trained at each budget; each budget is a phase of its own."""
     n = cfg.world.objectives
     if train_each:
-        parent = os.path.dirname(cfg.train.output_dir)
-        return {b: run_workflow(workflow_config(cfg, "memsearcher", os.path.join(parent, f"memsearcher_budget{b}"), n,
-                                                memory_budget=b), (n,), eval_questions, warm_objectives=())["grpo"][n]
-                for b in budgets}
-    model, _ = restore_policy(trained_dir)
-    setup = build_setup(cfg)
-    return {b: evaluate_model(cfg, setup, model, (n,), eval_questions, memory_budget=b)[n] for b in budgets}
+        res = {}
+        for b in budgets:
+            name = f"memsearcher_budget{b}"
+            bcfg = workflow_config(cfg, "memsearcher", os.path.join(out, name), n, memory_budget=b)
+            res[b] = run_workflow(bcfg, (n,), out, ModelEvaluator(bcfg, eval_questions), warm_objectives=(),
+                                  name=name)["grpo"][n]
+        return res
+    evaluator = evaluator or ModelEvaluator(cfg, eval_questions)
+    return {b: run_phase(phase_path(out, "memsearcher", f"budget{b}@{n}"), lambda b=b: evaluator("grpo", n, b))
+            for b in budgets}
 
 
 # ----------------------------------------------------------------------------- tables (pure)
@@ -228,16 +295,69 @@ def parse_args(argv):
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
     ap.add_argument("--out", default="runs/paper_tables", help="output directory")
     ap.add_argument("--train-objectives", type=int, default=2)
-    ap.add_argument("--objectives", default=",".join(map(str, OBJECTIVES)), help="objective counts evaluated")
-    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="memory budgets of Table 4 ('' : none)")
+    ap.add_argument("--objectives", default=None,
+                    help=f"objective counts evaluated (default {','.join(map(str, OBJECTIVES))}; --quick "
+                         f"{','.join(map(str, QUICK_OBJECTIVES))})")
+    ap.add_argument("--budgets", default=None,
+                    help=f"memory budgets of Table 4, '' for none (default {','.join(map(str, BUDGETS))}; --quick "
+                         f"{','.join(map(str, QUICK_BUDGETS))})")
     ap.add_argument("--budget-training", action="store_true", help="Table 4: train one memsearcher per budget")
     ap.add_argument("--eval-questions", type=int, default=None,
                     help=f"held-out questions per evaluation (default: train.eval_questions; --quick "
                          f"{QUICK_EVAL_QUESTIONS})")
     args = ap.parse_args(rest)
+    if args.objectives is None:
+        args.objectives = ",".join(map(str, QUICK_OBJECTIVES if args.quick else OBJECTIVES))
+    if args.budgets is None:
+        args.budgets = ",".join(map(str, QUICK_BUDGETS if args.quick else BUDGETS))
     if args.quick:
         overrides = [(k, str(v)) for k, v in QUICK.items()] + list(overrides)  # the command line wins
     return args, overrides
+
+
+def release_memory() -> None:
+    """Drop what the finished workflow left (its models, samplers and compiled programs; the
+    persistent compilation cache keeps the programs on disk). Four workflows' worth held at once
+    got the run killed for memory on a shared 2-core machine."""
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()
+
+
+def settings_of(base: ml_collections.ConfigDict, args) -> dict:
+    """What every phase's result depends on: a rerun into the same --out must have the same."""
+    return json.loads(json.dumps({"config": base.to_dict(), "train_objectives": args.train_objectives,
+                                  "budget_training": args.budget_training}))
+
+
+def check_settings(out: str, settings: dict) -> None:
+    """Write OUT/settings.json on the first run; refuse a rerun whose settings differ (its phases
+    would mix two experiments), naming the first difference, before anything trains."""
+    path = os.path.join(out, "settings.json")
+    if not os.path.exists(path):
+        os.makedirs(out, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(settings, f, indent=1)
+        return
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    diff = first_difference(saved, settings)
+    if diff is not None:
+        raise SystemExit(f"--out {out} holds a run with other settings ({diff}); its finished phases would be mixed "
+                         "into these tables: rerun with the command it was started with (docs/paper_tables.md), or "
+                         "choose another --out")
+
+
+def first_difference(a, b, where: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{where}{k}: {'absent' if k not in a else a[k]!r} -> {'absent' if k not in b else b[k]!r}"
+            d = first_difference(a[k], b[k], f"{where}{k}.")
+            if d is not None:
+                return d
+        return None
+    return None if a == b else f"{where.rstrip('.')}: {a!r} -> {b!r}"
 
 
 def main(argv=None) -> int:
@@ -254,21 +374,25 @@ def main(argv=None) -> int:
         validate(cfg)
         for n in objectives:
             validate(eval_config(cfg, n), training=False)
+    check_settings(out, {**settings_of(base, args), "eval_questions": eval_q})
     report = {"date": time.strftime("%Y-%m-%d"), "command": "python bench/paper_tables.py " + " ".join(argv),
               "train_objectives": args.train_objectives, "objectives": list(objectives), "eval_questions": eval_q,
               "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {}}
-    os.makedirs(out, exist_ok=True)
+    t0 = time.perf_counter()
     for w, cfg in cfgs.items():
         print(f"=== {w}: warm start, GRPO, evaluation", flush=True)
-        report["workflows"][w] = run_workflow(cfg, objectives, eval_q)
+        report["workflows"][w] = run_workflow(cfg, objectives, out, ModelEvaluator(cfg, eval_q))
         write_report(report, out)
+        release_memory()  # the next workflow's programs and models: one workflow's at a time in memory
     if budgets and ("memsearcher" in cfgs or args.budget_training):
         print("=== memsearcher memory budgets", flush=True)
         cfg = cfgs.get("memsearcher") or workflow_config(base, "memsearcher", os.path.join(out, "memsearcher"),
                                                           args.train_objectives)
-        report["budgets"] = budget_sweep(cfg, budgets, eval_q, args.budget_training, cfg.train.output_dir)
+        report["budgets"] = budget_sweep(cfg, budgets, out, eval_q, args.budget_training)
     write_report(report, out)
     print("\n" + tables_markdown(report), flush=True)
+    print(f"this command's wall time: {(time.perf_counter() - t0) / 60:.1f} min (phases done earlier skipped)",
+          flush=True)
     return 0
 
 

@@ -82,6 +82,8 @@ def test_workflow_config_gives_room_for_the_objectives():
     cfg = pt.workflow_config(base, "react", "/tmp/x/react", 2, memory_budget=32)
     assert (cfg.agent.workflow, cfg.world.objectives, cfg.agent.memory_budget) == ("react", 2, 32)
     assert cfg.agent.max_turns == max(base.agent.max_turns, 5) and cfg.train.eval_questions == 0
+    # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
+    assert cfg.agent.max_context_tokens == cfg.agent.max_response_tokens == 4096 > base.agent.max_context_tokens
     assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
     ecfg = pt.eval_config(cfg, 8)
     assert ecfg.world.objectives == 8 and ecfg.agent.eval_max_turns == 18
@@ -89,7 +91,10 @@ def test_workflow_config_gives_room_for_the_objectives():
 
 def test_quick_overrides_yield_to_the_command_line():
     args, overrides = pt.parse_args(["--quick", "--config.train.steps=5"])
-    assert args.quick and ("sft.steps", "30") in overrides
+    assert args.quick and ("sft.steps", str(pt.QUICK["sft.steps"])) in overrides
+    assert (args.objectives, args.budgets) == ("1,2,8", "16,64")
+    full, _ = pt.parse_args(["--budgets", ""])
+    assert (full.objectives, full.budgets) == ("1,2,4,8", "")
     assert overrides.index(("train.steps", "5")) > overrides.index(("train.steps", str(pt.QUICK["train.steps"])))
 
 
@@ -127,3 +132,128 @@ def test_an_unknown_workflow_is_refused_before_anything_trains(tmp_path):
     with pytest.raises(TrainConfigError, match="workflow"):
         pt.main(["--workflows", "memsearcher,nope", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- resumable phases
+
+class FakeJob:
+    """Stands in for train_job and the model evaluations: records each call, returns made-up
+    metrics, and can fail on a chosen call (a session killed mid-run)."""
+
+    def __init__(self, fail_on=None):
+        self.calls, self.fail_on = [], fail_on
+
+    def _record(self, call):
+        if call == self.fail_on:
+            raise KeyboardInterrupt(f"killed during {call}")
+        self.calls.append(call)
+
+    def train(self, cfg, resume):
+        assert resume is True  # an unfinished GRPO resumes from its checkpoint
+        self._record(("train", cfg.agent.workflow))
+        return {"grpo_seconds": 120.0}
+
+    def evaluator(self, workflow):
+        def evaluate(which, n, memory_budget=None):
+            self._record((workflow, which, n) if memory_budget is None else (workflow, which, n, memory_budget))
+            return _m(0.5 if which == "grpo" else 0.1, 0.6, 100 * n, 300 * n, [(100, 110, 4)])
+        return evaluate
+
+
+def _base_cfg(out, workflow):
+    from memsearcher_jax.config_utils import load_config
+
+    return pt.workflow_config(load_config(os.path.join(ROOT, "configs/default.py")), workflow,
+                              os.path.join(out, workflow), 2)
+
+
+def test_a_rerun_skips_finished_phases_and_redoes_only_the_missing(tmp_path, monkeypatch, capsys):
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "react")
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)
+    first = pt.run_workflow(cfg, (1, 2, 4), out, job.evaluator("react"))
+    assert job.calls == [("train", "react"), ("react", "warm_start", 1), ("react", "warm_start", 2),
+                         ("react", "grpo", 1), ("react", "grpo", 2), ("react", "grpo", 4)]
+    assert first["grpo_minutes"] == 2.0 and first["grpo"][4]["peak_tokens"] == 400
+    assert sorted(os.listdir(tmp_path / "phases" / "react")) == [
+        "grpo@1.json", "grpo@2.json", "grpo@4.json", "train.json", "warm_start@1.json", "warm_start@2.json"]
+
+    capsys.readouterr()
+    job.calls.clear()
+    again = pt.run_workflow(cfg, (1, 2, 4), out, job.evaluator("react"))
+    assert job.calls == []  # nothing trained or evaluated twice
+    assert json.loads(json.dumps(again)) == json.loads(json.dumps(first))
+    log = capsys.readouterr().out
+    assert log.count("skipped (done earlier)") == 6 and "phases/react/grpo@4.json" in log
+
+    os.remove(tmp_path / "phases" / "react" / "grpo@2.json")  # one phase lost
+    pt.run_workflow(cfg, (1, 2, 4, 8), out, job.evaluator("react"))  # and a new objective count asked for
+    assert job.calls == [("react", "grpo", 2), ("react", "grpo", 8)]
+
+
+def test_a_killed_phase_leaves_nothing_and_reruns(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "mem1")
+    killed = FakeJob(fail_on=("mem1", "grpo", 2))
+    monkeypatch.setattr(pt, "train_job", killed.train)
+    with pytest.raises(KeyboardInterrupt):
+        pt.run_workflow(cfg, (1, 2), out, killed.evaluator("mem1"))
+    assert not os.path.exists(pt.phase_path(out, "mem1", "grpo@2"))
+    assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "phases" / "mem1"))
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)
+    pt.run_workflow(cfg, (1, 2), out, job.evaluator("mem1"))
+    assert job.calls == [("mem1", "grpo", 2)]
+
+
+def test_budget_sweep_phases_resume(tmp_path):
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "memsearcher")
+    job = FakeJob()
+    got = pt.budget_sweep(cfg, (16, 32), out, 4, train_each=False, evaluator=job.evaluator("memsearcher"))
+    assert job.calls == [("memsearcher", "grpo", 2, 16), ("memsearcher", "grpo", 2, 32)] and set(got) == {16, 32}
+    job.calls.clear()
+    pt.budget_sweep(cfg, (16, 32, 64), out, 4, train_each=False, evaluator=job.evaluator("memsearcher"))
+    assert job.calls == [("memsearcher", "grpo", 2, 64)]
+
+
+def test_main_resumes_the_same_command_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)
+    monkeypatch.setattr(pt, "ModelEvaluator", lambda cfg, q: job.evaluator(cfg.agent.workflow))
+    argv = ["--workflows", "memsearcher,react", "--objectives", "1,2", "--budgets", "16", "--out", str(tmp_path),
+            "--eval-questions", "4"]
+    assert pt.main(argv) == 0
+    assert ("train", "memsearcher") in job.calls and ("train", "react") in job.calls
+    assert ("memsearcher", "grpo", 2, 16) in job.calls
+    md = (tmp_path / "tables.md").read_text()
+    assert "| react | GRPO | 50.0 |" in md and "| 16 | 50.0 |" in md
+    job.calls.clear()
+    assert pt.main(argv) == 0 and job.calls == []
+    assert (tmp_path / "tables.md").read_text().split("\n", 1)[1] == md.split("\n", 1)[1]
+    with pytest.raises(SystemExit, match=r"other settings \(config.rl.group_size: 5 -> 3\)"):
+        pt.main(argv + ["--config.rl.group_size=3"])
+    with pytest.raises(SystemExit, match=r"eval_questions: 4 -> 5"):
+        pt.main(argv[:-1] + ["5"])
+    assert job.calls == []
+
+
+def test_budget_training_trains_one_run_per_budget_each_resumable(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "memsearcher")
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)
+    budgets_seen = []
+    monkeypatch.setattr(pt, "ModelEvaluator",
+                        lambda c, q: budgets_seen.append((c.agent.memory_budget, c.train.output_dir)) or
+                        job.evaluator(f"budget{c.agent.memory_budget}"))
+    got = pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
+    assert budgets_seen == [(16, os.path.join(out, "memsearcher_budget16")),
+                            (32, os.path.join(out, "memsearcher_budget32"))]
+    assert job.calls == [("train", "memsearcher"), ("budget16", "grpo", 2), ("train", "memsearcher"),
+                         ("budget32", "grpo", 2)]  # no warm-start evaluation in the sweep
+    assert set(got) == {16, 32} and got[16]["em"] == 0.5
+    job.calls.clear()
+    pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
+    assert job.calls == []

@@ -317,13 +317,28 @@ def test_every_call_is_recorded(tok, b, workflow):
 
 # ---------------------------------------------------------------- one GRPO step per workflow
 
-@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
-def test_one_grpo_step_per_workflow(tok, b, workflow):
-    import jax
+DENSE_VOCAB = 512   # the tiny model's vocabulary: token ids renumbered densely (a CPU step stays fast)
+ROW_LEN = 512       # every workflow's rows padded to one length: one compiled step serves all four
+
+
+@pytest.fixture(scope="module")
+def tiny_learner():
+    """One 1-layer learner for the four workflows' steps, with the dense renumbering it reads:
+    every batch it sees has the same shapes, so its programs compile once for the module."""
     from flax import nnx
 
     from memsearcher_jax.models import ModelConfig, Qwen2
     from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
+
+    model = Qwen2(ModelConfig.tiny(vocab_size=DENSE_VOCAB, num_layers=1), rngs=nnx.Rngs(0))
+    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=4,
+                                            optim=OptimConfig(learning_rate=1e-3)))
+    return learner, {}
+
+
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_one_grpo_step_per_workflow(tok, b, tiny_learner, workflow):
+    import jax
 
     second = {"memsearcher": "<memory>fact</memory>", "memory_ops": "<ops>\nADD fact\n</ops>"}.get(workflow, "")
     # Even rows answer right after one search, odd rows wrongly: the group's rewards differ.
@@ -333,15 +348,15 @@ def test_one_grpo_step_per_workflow(tok, b, workflow):
     trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow=workflow, max_turns=3)).run(Q, group_size=4)
     rewards = [r.reward for r in score_trajectories(trajs)]
     assert rewards == [1.0, 0.1, 1.0, 0.1]
-    rows = pack_rows(trajs, trajectory_advantages(trajs, rewards), b.pad_id, min_len=16)
+    rows = pack_rows(trajs, trajectory_advantages(trajs, rewards), b.pad_id, min_len=ROW_LEN)
     assert rows.num_rows == sum(len(t.conversations) for t in trajs) == (8 if workflow != "react" else 4)
     assert int(rows.loss_mask.sum()) == sum(len(ids) for *_, ids in sampler.seen)
-    # The ids the rows use, renumbered densely: a small vocabulary keeps the step fast on a CPU.
-    vocab, dense = np.unique(rows.tokens, return_inverse=True)
-    rows = dataclasses.replace(rows, tokens=dense.reshape(rows.tokens.shape).astype(np.int32))
-    model = Qwen2(ModelConfig.tiny(vocab_size=len(vocab), num_layers=1), rngs=nnx.Rngs(0))
-    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=8,
-                                            optim=OptimConfig(learning_rate=1e-3)))
+    assert rows.tokens.shape[1] == ROW_LEN, max(rows.attention.sum(1))  # react's whole history included
+    learner, dense = tiny_learner
+    for t in np.unique(rows.tokens):
+        dense.setdefault(int(t), len(dense))
+    assert len(dense) <= DENSE_VOCAB
+    rows = dataclasses.replace(rows, tokens=np.vectorize(dense.__getitem__)(rows.tokens).astype(np.int32))
     before = jax.tree.map(np.asarray, learner.params)
     m = learner.train_on_rows(rows, np.random.default_rng(0))
     assert m["skipped"] == 0 and np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
@@ -383,10 +398,16 @@ def test_config_and_cli_name_the_registered_workflows(capsys):
     assert "memory_ops" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def world_cache(tmp_path_factory):
+    """One synthetic-world cache for both pipeline tests: the world is built once (~20 s on a busy CPU)."""
+    return str(tmp_path_factory.mktemp("worlds"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["mem1", "memory_ops"])
-def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, workflow):
-    """The whole pipeline with agent.workflow set: a 2-step warm start on demonstrations in the
+def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, world_cache, workflow):
+    """The whole pipeline with agent.workflow set: a 1-step warm start on demonstrations in the
     workflow's format, then one GRPO step, on the tiny random model of test_train_step."""
     import json
 
@@ -395,8 +416,8 @@ def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path
 
     out = str(tmp_path / "run")
     overrides = dict(SMALL)
-    overrides.update({"world.cache_dir": str(tmp_path / "worlds"), "train.output_dir": out, "train.steps": "1",
-                      "agent.workflow": workflow, "sft.steps": "2", "sft.num_demos": "16", "sft.batch_size": "4",
+    overrides.update({"world.cache_dir": world_cache, "train.output_dir": out, "train.steps": "1",
+                      "agent.workflow": workflow, "sft.steps": "1", "sft.num_demos": "16", "sft.batch_size": "8",
                       "agent.max_turns": "4"})
     args = ["train", "--config", os.path.join(ROOT, "configs/default.py")]
     assert main(args + [f"--config.{k}={v}" for k, v in overrides.items()]) == 0
