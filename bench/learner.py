@@ -72,8 +72,9 @@ def main():
 
     cfg = ModelConfig.qwen2_5_0_5b(remat=args.remat, dtype="float32", param_dtype="float32").replace(
         num_layers=args.layers, **({"vocab_size": args.vocab} if args.vocab else {}))
-    print(f"model: Qwen2.5-0.5B-shaped, {args.layers} of 24 layers, vocab {cfg.vocab_size}, {cfg.num_params() / 1e6:.0f}M params, random "
-          f"weights, f32; micro-batch {args.rows} x {args.seq} tokens; logits_chunk {args.logits_chunk}, "
+    print(f"model: Qwen2.5-0.5B-shaped, {args.layers} of 24 layers, vocab {cfg.vocab_size}, "
+          f"{cfg.num_params() / 1e6:.0f}M params, random weights, f32; "
+          f"micro-batch {args.rows} x {args.seq} tokens; logits_chunk {args.logits_chunk}, "
           f"remat {args.remat}; devices: {jax.devices()[0].platform} x{jax.device_count()}", flush=True)
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(0)),
                           GRPOConfig(optimizer_steps=1, micro_batch_size=args.rows, logprob_batch_size=args.rows,

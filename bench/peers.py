@@ -409,8 +409,9 @@ def main():
     ckpt = tempfile.mkdtemp(prefix="bench_peers_")
     save_pretrained(Qwen2(cfg, rngs=nnx.Rngs(0)), ckpt)
     gc.collect()
-    print(f"model: {'small' if args.small else 'Qwen2.5-0.5B'}-shaped ({cfg.num_layers} layers), {cfg.num_params() / 1e6:.0f}M params, "
-          f"random weights, float32, {ckpt}; ours jax {jax.__version__}; XLA CPU, {os.cpu_count()} cores shared "
+    print(f"model: {'small' if args.small else 'Qwen2.5-0.5B'}-shaped ({cfg.num_layers} layers), "
+          f"{cfg.num_params() / 1e6:.0f}M params, random weights, float32, {ckpt}; "
+          f"ours jax {jax.__version__}; XLA CPU, {os.cpu_count()} cores shared "
           f"with other jobs; results -> {results_path}", flush=True)
 
     def measure():
