@@ -82,6 +82,10 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
     cfg = ml_collections.ConfigDict(base.to_dict())
     cfg.agent.workflow = workflow
     cfg.world.objectives = train_objectives
+    if not cfg.sft.demo_objectives and train_objectives > 1:
+        # The warm start also shows single questions (an instruct LLM, MEM1's start, answers those
+        # already): a base shown only pairs answers every question with two answers (EM 0 at 1).
+        cfg.sft.demo_objectives = f"1,{train_objectives}"
     cfg.agent.max_turns = max(cfg.agent.max_turns, 2 * train_objectives + 1)
     cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
     cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)

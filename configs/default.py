@@ -98,6 +98,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.early_answer_rate = 0.6    # answers before every hop is found (1-hop: without searching)
     c.sft.two_hop_early_rate = 0.0   # share of 2-hop demos that stop after hop 1 (drawn apart from the above)
     c.sft.react_share = 0.0          # share of demos recorded in the ReAct format (bench/context.py uses 0.5)
+    # Objective counts of the demonstrations, equal shares (e.g. "1,2": half single questions, half
+    # pairs); "": world.objectives only. bench/paper_tables.py uses "1,<training count>": a base that
+    # has only seen pairs answers every question with two answers (an instruct LLM already knows one).
+    c.sft.demo_objectives = ""
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_questions = 16        # B

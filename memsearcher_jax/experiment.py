@@ -207,16 +207,50 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
 
 
 def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
-    """world.objectives: an integer >= 1, and above 1 only on the synthetic world."""
+    """world.objectives: an integer >= 1, and above 1 only on the synthetic world; sft.demo_objectives
+    likewise, each of its counts."""
     n = cfg.world.objectives
     try:
         check_objectives(n)
+        counts = demo_objective_counts(cfg)
     except ValueError as e:
         return [str(e)]
     if n > 1 and not cfg.world.enabled:
         return [f"world.objectives={n} joins questions of the synthetic world; with world.enabled=false set "
                 "world.objectives=1"]
+    if max(counts) > 1 and not cfg.world.enabled:
+        return [f"sft.demo_objectives={cfg.sft.demo_objectives!r} joins questions of the synthetic world; with "
+                "world.enabled=false set sft.demo_objectives=''"]
     return []
+
+
+def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """`sft.demo_objectives` ("1,2") as counts; "" means world.objectives alone. ValueError naming
+    the key for anything but comma-separated integers >= 1."""
+    spec = str(cfg.sft.demo_objectives).strip()
+    if not spec:
+        return (cfg.world.objectives,)
+    try:
+        counts = tuple(int(x) for x in spec.split(","))
+        for c in counts:
+            check_objectives(c)
+    except ValueError:
+        raise ValueError(f"sft.demo_objectives must be comma-separated integers >= 1 (e.g. '1,2'; '' for "
+                         f"world.objectives), got {cfg.sft.demo_objectives!r}") from None
+    return counts
+
+
+def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
+    """The first `sft.num_demos` training questions the demonstrator scripts: the training set
+    as GRPO sees it, or (sft.demo_objectives) equal shares at each objective count, interleaved
+    so any prefix keeps the shares."""
+    counts = demo_objective_counts(cfg)
+    if counts == (cfg.world.objectives,):
+        return setup.train_questions[: cfg.sft.num_demos]
+    train = read_jsonl(setup.world.train)
+    sets = [join_objectives(train, n, seed=cfg.world.seed) for n in counts]
+    mixed = [s[i] for i in range(len(train)) for s in sets]
+    return mixed[: cfg.sft.num_demos]
 
 
 def load_reward_fn(spec: str) -> Callable:

@@ -27,6 +27,7 @@ from memsearcher_jax.experiment import (
     build_setup,
     build_trainer,
     compilation_cache,
+    demo_questions,
     eval_questions,
     eval_runner,
     evaluate,
@@ -50,9 +51,10 @@ def _log(msg: str):
 
 
 def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None) -> list:
-    """The scripted demonstrator's episodes on the first `sft.num_demos` training questions, with
+    """The scripted demonstrator's episodes on the first `sft.num_demos` training questions (at the
+    `sft.demo_objectives` counts), with
     its deliberate flaws at the `sft.*_rate` settings (what the warm start imitates)."""
-    rows = setup.train_questions[: cfg.sft.num_demos]
+    rows = demo_questions(cfg, setup)
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
                                      "react_share") if k in cfg.sft}
     return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,

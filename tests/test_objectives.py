@@ -199,6 +199,33 @@ def test_setup_asks_world_objectives_questions_in_train_and_eval():
     assert two.retriever is eight.retriever and two.tokenizer is eight.tokenizer
 
 
+def test_demo_objectives_mix_counts_in_equal_shares():
+    from memsearcher_jax.experiment import build_setup, demo_questions, read_jsonl
+
+    cfg = _cfg(objectives=2)
+    setup = build_setup(cfg)
+    assert demo_questions(cfg, setup) == setup.train_questions[: cfg.sft.num_demos]  # "": the training set
+    cfg.sft.demo_objectives, cfg.sft.num_demos = "1,2", 9
+    rows = demo_questions(cfg, setup)
+    assert [len(objectives_of(r)) for r in rows] == [1, 2, 1, 2, 1, 2, 1, 2, 1]
+    assert [r["id"] for r in rows[::2]] == [q["id"] for q in read_jsonl(setup.world.train)[:5]]
+    assert rows[1] == setup.train_questions[0]  # the pairs are the very questions GRPO trains on
+
+
+@pytest.mark.parametrize("bad", ["0,2", "one", "1,,2"])
+def test_validate_names_sft_demo_objectives(bad):
+    from memsearcher_jax.experiment import TrainConfigError, validate
+
+    cfg = _cfg()
+    cfg.sft.demo_objectives = bad
+    with pytest.raises(TrainConfigError, match=r"sft\.demo_objectives must be comma-separated integers >= 1"):
+        validate(cfg)
+    cfg = _cfg(enabled=False)
+    cfg.sft.demo_objectives = "1,2"
+    with pytest.raises(TrainConfigError, match=r"sft\.demo_objectives='1,2'"):
+        validate(cfg, training=False)
+
+
 def test_eval_cli_objectives_flag_is_validated_before_any_load(capsys):
     from memsearcher_jax.bases import READING_TINY
     from memsearcher_jax.cli import main

@@ -85,6 +85,8 @@ def test_workflow_config_gives_room_for_the_objectives():
     # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
     assert cfg.agent.max_context_tokens == cfg.agent.max_response_tokens == 4096 > base.agent.max_context_tokens
     assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
+    assert cfg.sft.demo_objectives == "1,2" and base.sft.demo_objectives == ""  # the warm start shows singles too
+    assert pt.workflow_config(base, "react", "/tmp/x/react", 1).sft.demo_objectives == ""
     ecfg = pt.eval_config(cfg, 8)
     assert ecfg.world.objectives == 8 and ecfg.agent.eval_max_turns == 18
 
