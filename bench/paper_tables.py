@@ -40,7 +40,7 @@ import jax
 import ml_collections
 
 from memsearcher_jax.config_utils import load_config, split_overrides
-from memsearcher_jax.curves import plot_prompt_tokens_by_turn
+from memsearcher_jax.curves import plot_prompt_tokens_by_turn, read_metrics
 from memsearcher_jax.experiment import (
     build_sampler,
     build_setup,
@@ -162,10 +162,14 @@ class ModelEvaluator:
 
 
 def timed_train(cfg) -> dict:
-    """train_job (resuming whatever an earlier, killed run left) and this call's wall time."""
+    """train_job (resuming whatever an earlier, killed run left), this call's wall time, and the
+    GRPO steps' own time (rollout + log-probs + update) summed over every logged step: unlike the
+    job's wall time it includes the steps of a stretch that was killed before a resume."""
     t0 = time.perf_counter()
     summary = train_job(cfg, resume=True)
-    return {**summary, "job_seconds": time.perf_counter() - t0}
+    steps = read_metrics(cfg.train.output_dir)
+    step_seconds = sum(m.get(k, 0.0) for m in steps for k in ("time_rollout", "time_logprobs", "time_update"))
+    return {**summary, "job_seconds": time.perf_counter() - t0, "grpo_step_seconds": step_seconds}
 
 
 def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, name: str | None = None) -> dict:
@@ -174,7 +178,9 @@ def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, nam
     unfinished GRPO resumes from its last checkpoint (train_job's own resume)."""
     name = name or cfg.agent.workflow
     summary = run_phase(phase_path(out, name, "train"), lambda: timed_train(cfg))
-    result = {"workflow": cfg.agent.workflow, "grpo_minutes": summary["grpo_seconds"] / 60,
+    # GRPO minutes from the logged steps (every stretch of a resumed run), else the job's GRPO wall time.
+    result = {"workflow": cfg.agent.workflow, "grpo_minutes": (summary.get("grpo_step_seconds")
+                                                                or summary["grpo_seconds"]) / 60,
               "job_minutes": summary.get("job_seconds", 0.0) / 60}
     if warm_objectives is None:  # Table 1's columns
         warm_objectives = sorted({1, 2, cfg.world.objectives})
@@ -329,9 +335,13 @@ def release_memory() -> None:
 
 
 def settings_of(base: ml_collections.ConfigDict, args) -> dict:
-    """What every phase's result depends on: a rerun into the same --out must have the same."""
-    return json.loads(json.dumps({"config": base.to_dict(), "train_objectives": args.train_objectives,
-                                  "budget_training": args.budget_training}))
+    """What every phase's result depends on: a rerun into the same --out must have the same. Each
+    workflow's own config is recorded too (every workflow, since a rerun may add some): what
+    workflow_config derives from the base (turns, context room, the warm start's objective mix)
+    changes with the code, and a warm start or checkpoint made under other rules must not be reused."""
+    return json.loads(json.dumps({
+        "config": base.to_dict(), "train_objectives": args.train_objectives, "budget_training": args.budget_training,
+        "workflow_configs": {w: workflow_config(base, w, w, args.train_objectives).to_dict() for w in WORKFLOWS}}))
 
 
 def check_settings(out: str, settings: dict) -> None:
@@ -339,9 +349,14 @@ def check_settings(out: str, settings: dict) -> None:
     would mix two experiments), naming the first difference, before anything trains."""
     path = os.path.join(out, "settings.json")
     if not os.path.exists(path):
+        if os.path.isdir(out) and os.listdir(out):  # someone else's files, or a run from before settings.json
+            raise SystemExit(f"--out {out} is not empty and holds no settings.json: these tables would reuse or mix "
+                             "with what is there; choose an empty or new --out")
         os.makedirs(out, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+        tmp = path + ".tmp"  # a kill mid-write leaves no half file for the rerun to fail on
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump(settings, f, indent=1)
+        os.replace(tmp, path)
         return
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)

@@ -245,7 +245,7 @@ def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
     as GRPO sees it, or (sft.demo_objectives) equal shares at each objective count, interleaved
     so any prefix keeps the shares."""
     counts = demo_objective_counts(cfg)
-    if counts == (cfg.world.objectives,):
+    if set(counts) == {cfg.world.objectives}:  # the training set itself (also with no world: "1", "1,1")
         return setup.train_questions[: cfg.sft.num_demos]
     train = read_jsonl(setup.world.train)
     sets = [join_objectives(train, n, seed=cfg.world.seed) for n in counts]

@@ -52,8 +52,8 @@ def _log(msg: str):
 
 def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None) -> list:
     """The scripted demonstrator's episodes on the first `sft.num_demos` training questions (at the
-    `sft.demo_objectives` counts), with
-    its deliberate flaws at the `sft.*_rate` settings (what the warm start imitates)."""
+    `sft.demo_objectives` counts), with its deliberate flaws at the `sft.*_rate` settings (what
+    the warm start imitates)."""
     rows = demo_questions(cfg, setup)
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
                                      "react_share") if k in cfg.sft}
@@ -316,6 +316,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     t0, grpo_start = time.perf_counter(), compile_stats.snapshot()
     run_grpo(trainer, resume_step)
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
+    _write_json(summary_path, summary)  # kept for a later rerun whether or not an evaluation follows
     _log(compile_summary("GRPO", compile_stats.snapshot() - grpo_start))
     if n_eval:
         _log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")

@@ -238,7 +238,32 @@ def test_main_resumes_the_same_command_and_refuses_other_settings(tmp_path, monk
         pt.main(argv + ["--config.rl.group_size=3"])
     with pytest.raises(SystemExit, match=r"eval_questions: 4 -> 5"):
         pt.main(argv[:-1] + ["5"])
+    # A rule of workflow_config changed by the code (not the command) refuses the rerun too.
+    monkeypatch.setattr(pt, "CONTEXT_ROOM", 2048)
+    with pytest.raises(SystemExit, match=r"workflow_configs\.mem1\.agent\.max_context_tokens: 4096 -> 2048"):
+        pt.main(argv)
     assert job.calls == []
+
+
+def test_an_out_with_files_but_no_settings_is_refused(tmp_path, monkeypatch):
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)
+    (tmp_path / "react").mkdir()  # e.g. a run from before settings.json, or someone's own directory
+    with pytest.raises(SystemExit, match="not empty and holds no settings.json"):
+        pt.main(["--workflows", "react", "--objectives", "1", "--budgets", "", "--out", str(tmp_path)])
+    assert job.calls == [] and sorted(os.listdir(tmp_path)) == ["react"]
+
+
+def test_grpo_minutes_count_every_logged_step_of_a_resumed_run(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "react")
+    os.makedirs(os.path.join(cfg.train.output_dir, "logs"))
+    with open(os.path.join(cfg.train.output_dir, "logs", "metrics.jsonl"), "w") as f:
+        for step in (1, 2):  # step 1 ran before a kill, step 2 after the resume
+            f.write(json.dumps({"step": step, "time_rollout": 20.0, "time_logprobs": 5.0, "time_update": 20.0}) + "\n")
+    job = FakeJob()
+    monkeypatch.setattr(pt, "train_job", job.train)  # its summary says 120 s: this call's GRPO only
+    assert pt.run_workflow(cfg, (), out, job.evaluator("react"), warm_objectives=())["grpo_minutes"] == 1.5
 
 
 def test_budget_training_trains_one_run_per_budget_each_resumable(tmp_path, monkeypatch):
