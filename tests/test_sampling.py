@@ -336,16 +336,15 @@ def test_packed_prefill_equals_one_row_per_prompt(hf_and_model):
     tails = [rng.randint(2, VOCAB, n).tolist() for n in (3, 30, 1, 12, 7, 2, 16, 5)]
     for prompts in ([system + t for t in tails], tails, [system + t for t in tails] + [system + tails[0]]):
         kw = dict(max_new_tokens=9, temperature=1.0, top_p=0.9, seed=4)
-        before = set(s.compiled_keys)
         packed = s.generate(prompts, **kw)
-        grid_rows = {k[-1] for k in s.compiled_keys - before}
         plain = s.generate(prompts, pack=False, **kw)
         for a, b in zip(packed, plain):
             assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
             assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-5
         lay = layout_prefill(prompts, s.buckets, 1, None, True, True)
         assert len(set(lay.reads[0][:len(prompts)].tolist())) < len(prompts)  # packing really happened
-        assert grid_rows <= {lay.batch}  # the grid has the batch's rows: no program of its own
+    # Every prefill the sampler ran (packed or not): the grid has the batch's rows, no program of its own.
+    assert s.compiled_keys and all(k[-1] == k[0] for k in s.compiled_keys)
     greedy = s.generate(tails, max_new_tokens=5)
     assert [o.tokens for o in greedy] == [_naive_greedy(model, t, 5) for t in tails]
 
