@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=0, help="a smaller vocabulary, for a quick check (0: the preset's)")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls after the compiling one")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1 (the timed calls after the compiling one)")
 
     cfg = ModelConfig.qwen2_5_0_5b(remat=args.remat, dtype="float32", param_dtype="float32").replace(
         num_layers=args.layers, **({"vocab_size": args.vocab} if args.vocab else {}))

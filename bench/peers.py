@@ -52,6 +52,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -421,21 +422,24 @@ def main():
 
     rng = np.random.RandomState(0)
     state = {}
-    for case in rows:
-        try:
-            got = run_row(case, args, ckpt, cfg, rng, measure, state)
-            if args.layers:  # a cut of the named shape: say so in the row
-                got = [dict(r, row=f"{r['row']} [{cfg.num_layers}-layer cut]") for r in got]
-        except (RuntimeError, MemoryError) as e:  # the other rows still run; the log says what failed
-            print(f"  row {case} FAILED: {e}", flush=True)
-            continue
-        with open(results_path, "a") as f:
+    try:
+        for case in rows:
+            try:
+                got = run_row(case, args, ckpt, cfg, rng, measure, state)
+                if args.layers:  # a cut of the named shape: say so in the row
+                    got = [dict(r, row=f"{r['row']} [{cfg.num_layers}-layer cut]") for r in got]
+            except (RuntimeError, MemoryError) as e:  # the other rows still run; the log says what failed
+                print(f"  row {case} FAILED: {e}", flush=True)
+                continue
+            with open(results_path, "a") as f:
+                for r in got:
+                    f.write(json.dumps(r) + "\n")
             for r in got:
-                f.write(json.dumps(r) + "\n")
-        for r in got:
-            print(f"  done {r['row']}: ours {r['ours_all']} Tunix {r['tunix_all']}; {r['check']}", flush=True)
-    if "tunix" in state:
-        state["tunix"].close()
+                print(f"  done {r['row']}: ours {r['ours_all']} Tunix {r['tunix_all']}; {r['check']}", flush=True)
+    finally:  # whatever ended the rows: no Tunix worker left running, no 2 GB checkpoint left in /tmp
+        if "tunix" in state:
+            state["tunix"].close()
+        shutil.rmtree(ckpt, ignore_errors=True)
     with open(results_path) as f:
         print("\n" + table([json.loads(line) for line in f if line.strip()]))
 
