@@ -218,12 +218,18 @@ def test_reading_probe_scores_a_multi_token_answer_only_when_every_token_is_gree
     model = Qwen2(ModelConfig.tiny(vocab_size=64), rngs=nnx.Rngs(1))
     rng = np.random.default_rng(0)
     contexts = [list(rng.integers(3, 64, size=int(rng.integers(5, 30)))) for _ in range(6)]
-    greedy = []
-    for ctx in contexts:  # the model's own greedy continuation, 3 tokens
-        seq = list(ctx)
-        for _ in range(3):
-            seq.append(int(np.argmax(np.asarray(model(jnp.asarray([seq])))[0, -1])))
-        greedy.append(seq[len(ctx):])
+    # The model's own greedy continuation, 3 tokens: one jitted forward of the right-padded batch
+    # per token (causal attention: padding after a row's end changes nothing before it).
+    forward = nnx.jit(lambda m, x: m(x))
+    seqs = [list(c) for c in contexts]
+    for _ in range(3):
+        batch = np.zeros((len(seqs), 40), np.int32)
+        for i, seq in enumerate(seqs):
+            batch[i, :len(seq)] = seq
+        logits = np.asarray(forward(model, jnp.asarray(batch)))
+        for i, seq in enumerate(seqs):
+            seq.append(int(np.argmax(logits[i, len(seq) - 1])))
+    greedy = [seq[len(ctx):] for seq, ctx in zip(seqs, contexts)]
     items = [(c, g, "a") for c, g in zip(contexts, greedy)]
     assert reading_probe(model, items, pad_id=0)["accuracy"] == 1.0
     wrong_last = [(c, g[:2] + [(g[2] + 1) % 64], "a") for c, g in zip(contexts, greedy)]
