@@ -111,16 +111,24 @@ def test_turn_loop_buckets_take_few_shapes():
     from memsearcher_jax.sampling.buckets import BucketConfig
 
     bk = BucketConfig.for_turn_loop(64)
-    assert {bk.batch(n) for n in range(1, 129)} == {8, 16, 32, 64, 128}
-    assert {bk.prompt(n) for n in range(1, 1025)} == {64, 128, 256, 512, 1024}
+    assert {bk.batch(n) for n in range(1, 513)} == {8, 32, 128, 512}
+    assert bk.batch(9) == 32 and bk.batch(32) == 32 and bk.batch(33) == 128
+    assert bk.batch(9, multiple_of=6) == 36  # a mesh's batch shards still divide it
+    assert {bk.prompt(n) for n in range(1, 4097)} == {64, 256, 1024, 4096}
     assert {bk.new_tokens(n) for n in range(1, 65)} == {64}  # every budget of the turn loop: one buffer
     assert BucketConfig.for_turn_loop(100).new_tokens(3) == 128
+    with pytest.raises(ValueError, match="batch_growth"):
+        BucketConfig(batch_growth=3)
+    with pytest.raises(ValueError, match="max_shared_prefix"):
+        BucketConfig(max_shared_prefix=-1)
 
 
-def test_prefill_layouts_of_the_turn_loop_take_no_shape_of_their_own():
-    # Every (batch, prefix, suffix, grid rows) key a turn-loop call can reach: the grid's rows follow
-    # from the batch, so prefill programs are no more than decode programs, however the suffixes pack
-    # (the default run met a new grid row count at GRPO step 6 while its grid rows were bucketed apart).
+def test_prefill_layouts_of_the_turn_loop_take_one_prefix_shape():
+    # Every (batch, prefix, suffix, grid rows) key a turn-loop call can reach. The grid's rows follow
+    # from the batch, and the prefix takes one slot whatever the call: a lone straggler and a single
+    # question's rows (sharing far more than the system prompt) included. The default run met new
+    # programs at GRPO steps 9-29 (2026-11-24): batch 16, suffix 128 and 512, lone prompts with no
+    # prefix at all.
     from memsearcher_jax.sampling.buckets import BucketConfig
     from memsearcher_jax.sampling.packing import layout_prefill
 
@@ -130,14 +138,17 @@ def test_prefill_layouts_of_the_turn_loop_take_no_shape_of_their_own():
     keys = set()
     for n in list(range(1, 34)) + [47, 64, 65, 80, 100, 128]:
         for spread in (4, 60, 300):  # suffixes of like length (one per grid row) to very ragged (packed)
-            for dup in (1, 5):  # turn 0: a group's G identical prompts
+            for dup in (1, 5, 200):  # 5: turn 0, a group's G identical prompts; 200: one question's rows
+                question = rng.integers(5, 100, 120).tolist() if dup == 200 else []
                 tails = [rng.integers(5, 100, int(rng.integers(1, spread + 1))).tolist() for _ in range(-(-n // dup))]
-                prompts = [system + t for t in tails for _ in range(dup)][:n]
+                prompts = [system + question + t for t in tails for _ in range(dup)][:n]
                 lay = layout_prefill(prompts, bk, 1, None, True, True)
                 assert lay.grid_rows == lay.batch and lay.grid[0].shape == (lay.batch, lay.suffix_slots)
                 keys.add((lay.batch, lay.prefix_slots, lay.suffix_slots, lay.grid_rows))
-    # batch x (prefix or none) x suffix buckets met, each batch bucket with packed and unpacked suffixes
-    assert len(keys) <= 5 * 2 * 4 and {k[0] for k in keys} == {8, 16, 32, 64, 128}
+    assert {k[1] for k in keys} == {64}, keys  # one prefix shape, lone prompts included
+    assert {k[0] for k in keys} == {8, 32, 128} and {k[2] for k in keys} <= {64, 256, 1024}
+    # A prompt too short to hold min_shared_prefix shared tokens keeps no prefix.
+    assert layout_prefill([[7] * 20], bk, 1, None, True, True).prefix_slots == 0
 
 
 def test_learner_rows_take_a_few_widths():

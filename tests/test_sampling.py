@@ -326,6 +326,30 @@ def test_shared_prefix_equals_plain_path(hf_and_model):
     assert _naive_greedy(model, prompts[2], 6) == alone[0].tokens
 
 
+def test_capped_shared_prefix_equals_plain_path(hf_and_model):
+    # The turn loop's buckets split off at most max_shared_prefix tokens, a lone prompt's too, so
+    # every call's prefix takes one shape; the tokens must not change.
+    model = hf_and_model[1]
+    bk = BucketConfig(min_shared_prefix=8, max_shared_prefix=16, batch_growth=4, prompt_growth=4)
+    s = Sampler(model, cache_dtype=jnp.float32, buckets=bk)
+    rng = np.random.RandomState(5)
+    system = rng.randint(2, VOCAB, 30).tolist()  # longer than the cap: the rest stays in the suffixes
+    prompts = [system + rng.randint(2, VOCAB, n).tolist() for n in (5, 1, 17)]
+    for batch in (prompts, prompts[2:]):  # several prompts, and a lone one
+        kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3)
+        keys_before = set(s.compiled_keys)
+        capped = s.generate(batch, **kw)
+        new = s.compiled_keys - keys_before
+        assert not new or {k[1] for k in new} == {16}  # the prefix slot: the cap, lone prompt included
+        plain = s.generate(batch, share_prefix=False, **kw)
+        for a, b in zip(capped, plain):
+            assert a.tokens == b.tokens
+            assert np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max() < 1e-4
+    assert {k[1] for k in s.compiled_keys} == {0, 16}
+    assert layout_prefill(prompts[2:], bk, 1, None, True, True).prefix_slots == 16  # the lone prompt split too
+    assert _naive_greedy(model, prompts[2], 6) == s.generate([prompts[2]], max_new_tokens=6)[0].tokens
+
+
 def test_packed_prefill_equals_one_row_per_prompt(hf_and_model):
     # Short suffixes share rows of the prefill grid; each must see only the prefix and itself.
     model = hf_and_model[1]

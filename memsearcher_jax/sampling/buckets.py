@@ -32,6 +32,16 @@ def bucket(n: int, minimum: int = 1, steps_per_octave: int = 1, multiple_of: int
     return -(-size // multiple_of) * multiple_of
 
 
+def geometric(n: int, start: int, growth: int) -> int:
+    """The smallest start * growth**k >= n (k >= 0)."""
+    if n < 0:
+        raise ValueError(f"bucket size request must be >= 0, got {n}")
+    size = start
+    while size < n:
+        size *= growth
+    return size
+
+
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
     """Minimum bucket sizes and granularity of each bucketed dimension.
@@ -46,27 +56,50 @@ class BucketConfig:
     prompt_steps_per_octave: int = 2
     new_tokens_steps_per_octave: int = 1
     min_shared_prefix: int = 32
+    # Growth from one batch / prompt-suffix bucket to the next: 2 (octaves, finer with the steps
+    # above) or 4 (8, 32, 128, ...: fewer programs, up to 4x padding). steps_per_octave applies
+    # only to growth 2.
+    batch_growth: int = 2
+    prompt_growth: int = 2
+    # 0: the shared prefix is split off only when several prompts share >= min_shared_prefix
+    # tokens, in a bucket of its length. > 0: every call whose prompts share >= min_shared_prefix
+    # tokens (a lone prompt shares all but its last) splits off at most this many, so the prefix
+    # takes one shape whatever the call (the rest of a longer common prefix stays in the suffixes).
+    max_shared_prefix: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) < 1:
+            if f.name != "max_shared_prefix" and getattr(self, f.name) < 1:
                 raise ValueError(f"BucketConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
+        if self.max_shared_prefix < 0:
+            raise ValueError(f"BucketConfig.max_shared_prefix must be >= 0, got {self.max_shared_prefix}")
+        for name in ("batch_growth", "prompt_growth"):
+            if getattr(self, name) not in (2, 4):
+                raise ValueError(f"BucketConfig.{name} must be 2 or 4, got {getattr(self, name)}")
 
     @classmethod
-    def for_turn_loop(cls, max_new_tokens: int) -> BucketConfig:
+    def for_turn_loop(cls, max_new_tokens: int, max_shared_prefix: int = 64) -> BucketConfig:
         """Coarse buckets for an agent's turn loop, so a training run meets all its sampler programs
-        in its first steps: its calls range from every row (turn 0) down to a few stragglers and
-        memory updates, over prompts that grow turn by turn. Batches and prefill-grid rows from 8
-        (5 sizes up to 128 instead of 8; a padding row costs little in decode, which reads the
-        weights once per step for all rows), prompt suffixes in whole octaves from 64 (a wider grid
-        row packs more suffixes, so few padding tokens), and every budget up to max_new_tokens in
-        one bucket (the decode loop stops at the largest real budget, so a larger buffer is free)."""
-        return cls(min_batch=8, min_prompt=64, prompt_steps_per_octave=1, min_new_tokens=max(16, max_new_tokens))
+        in its first steps, whatever its data: its calls range from every row (turn 0) down to a
+        lone straggler, over prompts that grow turn by turn. Batches and prefill-grid rows 8, 32,
+        128, 512 (a padding row costs little in decode, which reads the weights once per step for
+        all rows); prompt suffixes 64, 256, 1024, 4096 (a wider grid row packs more suffixes);
+        the shared prefix in one max_shared_prefix-token slot in every call, a lone prompt's
+        included (the system prompt; a single question's rows share more, kept in the suffixes);
+        every budget up to max_new_tokens in one bucket (the decode loop stops at the largest real
+        budget, so a larger buffer is free). The default run met new programs at GRPO steps 9-29
+        with octave buckets and a prefix only for several prompts (2026-11-24)."""
+        return cls(min_batch=8, batch_growth=4, min_prompt=64, prompt_growth=4, prompt_steps_per_octave=1,
+                   min_new_tokens=max(16, max_new_tokens), max_shared_prefix=max_shared_prefix)
 
     def batch(self, n: int, multiple_of: int = 1) -> int:
+        if self.batch_growth == 4:
+            return -(-geometric(n, self.min_batch, 4) // multiple_of) * multiple_of
         return bucket(n, self.min_batch, 1, multiple_of)
 
     def prompt(self, n: int) -> int:
+        if self.prompt_growth == 4:
+            return geometric(n, self.min_prompt, 4)
         return bucket(n, self.min_prompt, self.prompt_steps_per_octave)
 
     def new_tokens(self, n: int) -> int:

@@ -113,8 +113,9 @@ class PrefillLayout(NamedTuple):
 def layout_prefill(prompts: list[list[int]], buckets: BucketConfig, batch_shards: int, share_prefix: bool | None,
                    share_duplicates: bool, pack: bool) -> PrefillLayout:
     """Lay a call's prompts out for the prefill: split off the shared prefix (share_prefix None:
-    when it is at least buckets.min_shared_prefix tokens and there are several prompts), pack the
-    distinct suffixes into the grid, and record where each row reads its own suffix back.
+    when it is at least buckets.min_shared_prefix tokens and there are several prompts, or any
+    number when buckets.max_shared_prefix caps its length), pack the distinct suffixes into the
+    grid, and record where each row reads its own suffix back.
 
     The grid has the batch bucket's rows, however few the packed suffixes fill: its shape then
     follows from (B, P, T) alone, the decode program's own key. Bucketing the rows the packing
@@ -124,9 +125,13 @@ def layout_prefill(prompts: list[list[int]], buckets: BucketConfig, batch_shards
     n = len(prompts)
     lens = [len(p) for p in prompts]
     shared = min(common_prefix_length(prompts), min(lens) - 1)  # each row keeps >= 1 suffix token
+    cap = buckets.max_shared_prefix
     if share_prefix is None:
-        share_prefix = n > 1 and shared >= buckets.min_shared_prefix
+        # With a cap, a lone prompt splits too: its prefix then takes the one shape every call's does.
+        share_prefix = (n > 1 or cap > 0) and shared >= buckets.min_shared_prefix
     plen = shared if share_prefix and shared > 0 else 0
+    if cap > 0:
+        plen = min(plen, cap)
     batch = buckets.batch(n, batch_shards)
     prefix_slots = buckets.prompt(plen) if plen else 0
     width = buckets.prompt(max(lens) - plen)
