@@ -394,13 +394,22 @@ def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None
                            **(lora_fields(cfg) if lora else {}))
 
 
+def turn_loop_buckets(cfg: ml_collections.ConfigDict) -> BucketConfig:
+    """The turn loop's buckets for this config: 4x steps, bounded by the context limit and by the
+    most rows one call takes (a host's B*G rows, or sampler.batch_size), as the planner plans them."""
+    host_rows = int(cfg.rl.batch_questions) // jax.process_count() * int(cfg.rl.group_size)
+    rows = min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
+    return BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
+                                      max_batch=max(rows, 1))
+
+
 def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_by_layer: bool = False,
                   to_local=None) -> Sampler:
     """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
     layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler). Buckets: the
     turn loop's coarse ones (BucketConfig.for_turn_loop), so a run compiles its programs early."""
     return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
-                   buckets=BucketConfig.for_turn_loop(cfg.agent.max_new_tokens),
+                   buckets=turn_loop_buckets(cfg),
                    prefill_query_block=prefill_query_block(cfg), layer_by_layer=layer_by_layer, to_local=to_local)
 
 

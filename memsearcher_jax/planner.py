@@ -274,13 +274,13 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     min(max_context_tokens, context + max_response_tokens) - 1 tokens (a memory-update or
     ReAct prompt carries the response so far and leaves >= 1 token of budget), its budgets at
     most min(max_new_tokens, max_response_tokens, max_context_tokens - 1); a batch whose
-    prompts share a prefix of plen >= min_shared_prefix tokens is split into prefix and suffix,
-    each rounded up to its own prompt bucket. The Sampler's own BucketConfig does the rounding:
-    the turn loop's (`BucketConfig.for_turn_loop`, what experiment.build_sampler gives the trainer).
+    prompts share a prefix of plen >= min_shared_prefix tokens is split into prefix (at most
+    max_shared_prefix of them) and suffix, each rounded up to its own prompt bucket. The Sampler's
+    own BucketConfig does the rounding: the turn loop's (`BucketConfig.for_turn_loop`, what
+    experiment.build_sampler gives the trainer).
     """
     from memsearcher_jax.sampling.buckets import BucketConfig
 
-    bk = BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens))
     d, f, t = _mesh_shape(cfg)
     hosts, per_host = hosts_and_local_devices(cfg)
     mesh = (1, per_host // t, t) if hosts > 1 else (d, f, t)
@@ -290,14 +290,17 @@ def sampler_calls(cfg) -> list[SamplerCall]:
                         "(each rolls out an equal slice)")
     host_rows = questions // hosts * int(cfg.rl.group_size)
     rows = min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
+    bk = BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
+                                    max_batch=rows)
     batch = bk.batch(rows, mesh[0] * mesh[1])
     a = cfg.agent
     longest_prompt = int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens)) - 1
     budget = int(min(a.max_new_tokens, a.max_response_tokens, a.max_context_tokens - 1))
     splits = {(0, bk.prompt(longest_prompt)): 0}
-    if rows > 1:  # one row has no shared prefix
+    if rows > 1 or bk.max_shared_prefix:  # one row splits only under a prefix cap
         for n in range(bk.min_shared_prefix, longest_prompt):
-            splits.setdefault((bk.prompt(n), bk.prompt(longest_prompt - n)), n)
+            plen = min(n, bk.max_shared_prefix) if bk.max_shared_prefix else n
+            splits.setdefault((bk.prompt(plen), bk.prompt(longest_prompt - plen)), plen)
     return [SamplerCall(rows, batch, p, t_, bk.new_tokens(budget), mesh, longest_prompt, n, budget)
             for (p, t_), n in sorted(splits.items())]
 

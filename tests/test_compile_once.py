@@ -117,6 +117,14 @@ def test_turn_loop_buckets_take_few_shapes():
     assert {bk.prompt(n) for n in range(1, 4097)} == {64, 256, 1024, 4096}
     assert {bk.new_tokens(n) for n in range(1, 65)} == {64}  # every budget of the turn loop: one buffer
     assert BucketConfig.for_turn_loop(100).new_tokens(3) == 128
+    # Capped at the octave of the context limit and of the most rows a call takes: the KV cache is
+    # sized by the buckets, so a pod's 8K context or 256 rows are not padded 2x.
+    pod = BucketConfig.for_turn_loop(64, max_prompt=8192, max_batch=256)
+    assert [pod.prompt(n) for n in (1025, 4096, 4097, 9000)] == [4096, 4096, 8192, 16384]
+    assert [pod.batch(n) for n in (9, 33, 129, 256, 300)] == [32, 128, 256, 256, 512]
+    default = BucketConfig.for_turn_loop(64, max_prompt=1024, max_batch=80)  # the default run: unchanged
+    assert {default.batch(n) for n in range(1, 81)} == {8, 32, 128}
+    assert {default.prompt(n) for n in range(1, 1024)} == {64, 256, 1024}
     with pytest.raises(ValueError, match="batch_growth"):
         BucketConfig(batch_growth=3)
     with pytest.raises(ValueError, match="max_shared_prefix"):

@@ -66,19 +66,28 @@ class BucketConfig:
     # tokens (a lone prompt shares all but its last) splits off at most this many, so the prefix
     # takes one shape whatever the call (the rest of a longer common prefix stays in the suffixes).
     max_shared_prefix: int = 0
+    # > 0: a 4x prompt bucket is capped at the octave bucket of this size (the context limit: the
+    # KV cache is sized by the bucket, so 4x padding of a long context would cost memory); a
+    # prompt past it takes its own octave.
+    max_prompt: int = 0
+    # > 0: likewise for batches, capped at the octave of the most rows a call takes (a pod's 256
+    # rows stay 256, not 512).
+    max_batch: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if f.name != "max_shared_prefix" and getattr(self, f.name) < 1:
+            if f.name not in ("max_shared_prefix", "max_prompt", "max_batch") and getattr(self, f.name) < 1:
                 raise ValueError(f"BucketConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
-        if self.max_shared_prefix < 0:
-            raise ValueError(f"BucketConfig.max_shared_prefix must be >= 0, got {self.max_shared_prefix}")
+        for name in ("max_shared_prefix", "max_prompt", "max_batch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"BucketConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("batch_growth", "prompt_growth"):
             if getattr(self, name) not in (2, 4):
                 raise ValueError(f"BucketConfig.{name} must be 2 or 4, got {getattr(self, name)}")
 
     @classmethod
-    def for_turn_loop(cls, max_new_tokens: int, max_shared_prefix: int = 64) -> BucketConfig:
+    def for_turn_loop(cls, max_new_tokens: int, max_shared_prefix: int = 64, max_prompt: int = 0,
+                      max_batch: int = 0) -> BucketConfig:
         """Coarse buckets for an agent's turn loop, so a training run meets all its sampler programs
         in its first steps, whatever its data: its calls range from every row (turn 0) down to a
         lone straggler, over prompts that grow turn by turn. Batches and prefill-grid rows 8, 32,
@@ -87,20 +96,30 @@ class BucketConfig:
         the shared prefix in one max_shared_prefix-token slot in every call, a lone prompt's
         included (the system prompt; a single question's rows share more, kept in the suffixes);
         every budget up to max_new_tokens in one bucket (the decode loop stops at the largest real
-        budget, so a larger buffer is free). The default run met new programs at GRPO steps 9-29
+        budget, so a larger buffer is free). max_prompt (the context limit) and max_batch (the most
+        rows of a call) cap the 4x buckets at their octave buckets. The default run met new programs at GRPO steps 9-29
         with octave buckets and a prefix only for several prompts (2026-11-24)."""
         return cls(min_batch=8, batch_growth=4, min_prompt=64, prompt_growth=4, prompt_steps_per_octave=1,
-                   min_new_tokens=max(16, max_new_tokens), max_shared_prefix=max_shared_prefix)
+                   min_new_tokens=max(16, max_new_tokens), max_shared_prefix=max_shared_prefix,
+                   max_prompt=max_prompt, max_batch=max_batch)
 
     def batch(self, n: int, multiple_of: int = 1) -> int:
+        octaves = bucket(n, self.min_batch, 1, multiple_of)
         if self.batch_growth == 4:
-            return -(-geometric(n, self.min_batch, 4) // multiple_of) * multiple_of
-        return bucket(n, self.min_batch, 1, multiple_of)
+            size = -(-geometric(n, self.min_batch, 4) // multiple_of) * multiple_of
+            if self.max_batch:  # never past the octave of the most rows a call takes
+                size = max(octaves, min(size, bucket(self.max_batch, self.min_batch, 1, multiple_of)))
+            return size
+        return octaves
 
     def prompt(self, n: int) -> int:
+        octaves = bucket(n, self.min_prompt, self.prompt_steps_per_octave)
         if self.prompt_growth == 4:
-            return geometric(n, self.min_prompt, 4)
-        return bucket(n, self.min_prompt, self.prompt_steps_per_octave)
+            size = geometric(n, self.min_prompt, 4)
+            if self.max_prompt:  # never past the octave of the context limit
+                size = max(octaves, min(size, bucket(self.max_prompt, self.min_prompt, self.prompt_steps_per_octave)))
+            return size
+        return octaves
 
     def new_tokens(self, n: int) -> int:
         return bucket(n, self.min_new_tokens, self.new_tokens_steps_per_octave)
