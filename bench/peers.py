@@ -247,7 +247,7 @@ def ours_update_worker(spec: dict) -> dict:
     learner = GRPOLearner(from_pretrained(spec["dir"], dtype="float32"),
                           GRPOConfig(optimizer_steps=1, micro_batch_size=micro, logprob_batch_size=micro,
                                      shuffle_rows=False, min_seq_len=64, loss=LOSS,
-                                     optim=OptimConfig(learning_rate=LR)))
+                                     logits_chunk=spec.get("logits_chunk", 0), optim=OptimConfig(learning_rate=LR)))
     d = dict(np.load(spec["rows"]))
     rows = row_batch(d)
     out = {}
@@ -312,7 +312,8 @@ def update_rows(args, ckpt, cfg, rng, measure):
     rates = []
     for r in range(args.repeats):
         rates.append(measure())
-        got = run_ours_round(dict(dir=ckpt, rows=rows_path, micro=micro, first=r == 0, repeats=1))
+        got = run_ours_round(dict(dir=ckpt, rows=rows_path, micro=micro, first=r == 0, repeats=1,
+                                  logits_chunk=args.logits_chunk))
         batch = got.get("tunix_batch", batch)
         losses.setdefault("ours", got.get("loss"))
         got_t = run_tunix_round(args.tunix_venv, ckpt, cfg, batch, n_rows // micro, r == 0, 1)
@@ -327,7 +328,8 @@ def update_rows(args, ckpt, cfg, rng, measure):
     trained = int(rows["loss_mask"].sum())
     gap = abs(losses["ours"] - losses["tunix"])
     common = dict(batch=f"{n_rows} rows x {PROMPT + COMPLETION}", rate=rate, bw=bw)
-    return [dict(row=f"GRPO update, 1 optimizer step ({n_rows // micro} micro-batches of {micro})",
+    chunk = f"; ours logits_chunk {args.logits_chunk}" if args.logits_chunk else ""
+    return [dict(row=f"GRPO update, 1 optimizer step ({n_rows // micro} micro-batches of {micro}{chunk})",
                  work=f"{trained} trained tokens", ours=min(ours["update"]), tunix=min(theirs["update"]),
                  floor=3 * fwd / rate + 7 * 4 * cfg.num_params() / bw,
                  check=f"loss ours {losses['ours']:.6f} Tunix {losses['tunix']:.6f} (gap {gap:.1e})",
@@ -379,6 +381,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per side (update: rounds)")
     ap.add_argument("--update-rows", type=int, default=0, help="rows (B x G) of the update (default 16; quick 8)")
     ap.add_argument("--micro", type=int, default=0, help="rows per micro-batch, both sides (default 8)")
+    ap.add_argument("--logits-chunk", type=int, default=0,
+                    help="our rl.logits_chunk in the update (0: the [rows, seq, vocab] logits whole, as Tunix "
+                         "holds them; > 0 recomputes the head per chunk: less memory, FLOPs the floor does not count)")
     ap.add_argument("--layers", type=int, default=0, help="keep the shape's widths and vocabulary, this many layers "
                                                          "(a 0.5B learner with AdamW may not fit a shared machine)")
     ap.add_argument("--results", default="", help="append each measured row to this JSONL file")
