@@ -53,12 +53,12 @@ from memsearcher_jax.models import (
 )
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
-from memsearcher_jax.planner import check_fits, lora_fields
+from memsearcher_jax.planner import check_fits, lora_fields, turn_loop_buckets
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, sampling_model, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer
-from memsearcher_jax.sampling import BucketConfig, Sampler
+from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.sampling.sampler import check_query_block
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from retrieval.bm25 import BM25Retriever
@@ -394,22 +394,13 @@ def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None
                            **(lora_fields(cfg) if lora else {}))
 
 
-def turn_loop_buckets(cfg: ml_collections.ConfigDict) -> BucketConfig:
-    """The turn loop's buckets for this config: 4x steps, bounded by the context limit and by the
-    most rows one call takes (a host's B*G rows, or sampler.batch_size), as the planner plans them."""
-    host_rows = int(cfg.rl.batch_questions) // jax.process_count() * int(cfg.rl.group_size)
-    rows = min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
-    return BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
-                                      max_batch=max(rows, 1))
-
-
 def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_by_layer: bool = False,
                   to_local=None) -> Sampler:
     """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
     layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler). Buckets: the
-    turn loop's coarse ones (BucketConfig.for_turn_loop), so a run compiles its programs early."""
+    turn loop's coarse ones (planner.turn_loop_buckets), so a run compiles its programs early."""
     return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
-                   buckets=turn_loop_buckets(cfg),
+                   buckets=turn_loop_buckets(cfg, jax.process_count()),
                    prefill_query_block=prefill_query_block(cfg), layer_by_layer=layer_by_layer, to_local=to_local)
 
 

@@ -265,6 +265,21 @@ class SamplerCall:
         return self.prefix + self.suffix + self.new
 
 
+def sampler_rows(cfg, hosts: int) -> int:
+    """The most rows one sampler call takes: one host's B*G / hosts, or sampler.batch_size if smaller."""
+    host_rows = int(cfg.rl.batch_questions) // hosts * int(cfg.rl.group_size)
+    return min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
+
+
+def turn_loop_buckets(cfg, hosts: int):
+    """The Sampler's buckets for this config's turn loop (what experiment.build_sampler gives it and
+    what the plan sizes): 4x steps, capped by the context limit and by the rows of one call."""
+    from memsearcher_jax.sampling.buckets import BucketConfig
+
+    return BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
+                                      max_batch=max(sampler_rows(cfg, hosts), 1))
+
+
 def sampler_calls(cfg) -> list[SamplerCall]:
     """Every shape the largest rollout call can take on one host, one per prefix/suffix split.
 
@@ -276,11 +291,8 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     most min(max_new_tokens, max_response_tokens, max_context_tokens - 1); a batch whose
     prompts share a prefix of plen >= min_shared_prefix tokens is split into prefix (at most
     max_shared_prefix of them) and suffix, each rounded up to its own prompt bucket. The Sampler's
-    own BucketConfig does the rounding: the turn loop's (`BucketConfig.for_turn_loop`, what
-    experiment.build_sampler gives the trainer).
+    own buckets do the rounding: `turn_loop_buckets`, what experiment.build_sampler gives it.
     """
-    from memsearcher_jax.sampling.buckets import BucketConfig
-
     d, f, t = _mesh_shape(cfg)
     hosts, per_host = hosts_and_local_devices(cfg)
     mesh = (1, per_host // t, t) if hosts > 1 else (d, f, t)
@@ -288,10 +300,8 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     if questions % hosts:
         raise PlanError(f"rl.batch_questions={questions} must be a multiple of the {hosts} hosts "
                         "(each rolls out an equal slice)")
-    host_rows = questions // hosts * int(cfg.rl.group_size)
-    rows = min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
-    bk = BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
-                                    max_batch=rows)
+    rows = sampler_rows(cfg, hosts)
+    bk = turn_loop_buckets(cfg, hosts)
     batch = bk.batch(rows, mesh[0] * mesh[1])
     a = cfg.agent
     longest_prompt = int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens)) - 1
@@ -299,7 +309,7 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     splits = {(0, bk.prompt(longest_prompt)): 0}
     if rows > 1 or bk.max_shared_prefix:  # one row splits only under a prefix cap
         for n in range(bk.min_shared_prefix, longest_prompt):
-            plen = min(n, bk.max_shared_prefix) if bk.max_shared_prefix else n
+            plen = bk.prefix_tokens(n)
             splits.setdefault((bk.prompt(plen), bk.prompt(longest_prompt - plen)), plen)
     return [SamplerCall(rows, batch, p, t_, bk.new_tokens(budget), mesh, longest_prompt, n, budget)
             for (p, t_), n in sorted(splits.items())]

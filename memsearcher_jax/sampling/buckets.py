@@ -34,12 +34,19 @@ def bucket(n: int, minimum: int = 1, steps_per_octave: int = 1, multiple_of: int
 
 def geometric(n: int, start: int, growth: int) -> int:
     """The smallest start * growth**k >= n (k >= 0)."""
-    if n < 0:
-        raise ValueError(f"bucket size request must be >= 0, got {n}")
     size = start
     while size < n:
         size *= growth
     return size
+
+
+def coarse_bucket(n: int, start: int, octave, limit: int = 0, multiple_of: int = 1) -> int:
+    """A 4x bucket (start * 4**k, rounded up to multiple_of) for n; with a limit, never past the
+    octave bucket of the limit, and never below n's own octave bucket (`octave`: n -> its octave
+    bucket, the finer rounding this one coarsens)."""
+    own = octave(n)  # also refuses n < 0
+    size = -(-geometric(n, start, 4) // multiple_of) * multiple_of
+    return max(own, min(size, octave(limit))) if limit else size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +82,11 @@ class BucketConfig:
     max_batch: int = 0
 
     def __post_init__(self):
+        optional = ("max_shared_prefix", "max_prompt", "max_batch")  # 0: off
         for f in dataclasses.fields(self):
-            if f.name not in ("max_shared_prefix", "max_prompt", "max_batch") and getattr(self, f.name) < 1:
+            if f.name not in optional and getattr(self, f.name) < 1:
                 raise ValueError(f"BucketConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
-        for name in ("max_shared_prefix", "max_prompt", "max_batch"):
+        for name in optional:
             if getattr(self, name) < 0:
                 raise ValueError(f"BucketConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("batch_growth", "prompt_growth"):
@@ -104,22 +112,22 @@ class BucketConfig:
                    max_prompt=max_prompt, max_batch=max_batch)
 
     def batch(self, n: int, multiple_of: int = 1) -> int:
-        octaves = bucket(n, self.min_batch, 1, multiple_of)
+        def octave(m):
+            return bucket(m, self.min_batch, 1, multiple_of)
         if self.batch_growth == 4:
-            size = -(-geometric(n, self.min_batch, 4) // multiple_of) * multiple_of
-            if self.max_batch:  # never past the octave of the most rows a call takes
-                size = max(octaves, min(size, bucket(self.max_batch, self.min_batch, 1, multiple_of)))
-            return size
-        return octaves
+            return coarse_bucket(n, self.min_batch, octave, self.max_batch, multiple_of)
+        return octave(n)
 
     def prompt(self, n: int) -> int:
-        octaves = bucket(n, self.min_prompt, self.prompt_steps_per_octave)
+        def octave(m):
+            return bucket(m, self.min_prompt, self.prompt_steps_per_octave)
         if self.prompt_growth == 4:
-            size = geometric(n, self.min_prompt, 4)
-            if self.max_prompt:  # never past the octave of the context limit
-                size = max(octaves, min(size, bucket(self.max_prompt, self.min_prompt, self.prompt_steps_per_octave)))
-            return size
-        return octaves
+            return coarse_bucket(n, self.min_prompt, octave, self.max_prompt)
+        return octave(n)
+
+    def prefix_tokens(self, shared: int) -> int:
+        """How many of `shared` common prefix tokens go into the prefix slot (max_shared_prefix caps it)."""
+        return min(shared, self.max_shared_prefix) if self.max_shared_prefix else shared
 
     def new_tokens(self, n: int) -> int:
         return bucket(n, self.min_new_tokens, self.new_tokens_steps_per_octave)

@@ -125,13 +125,10 @@ def layout_prefill(prompts: list[list[int]], buckets: BucketConfig, batch_shards
     n = len(prompts)
     lens = [len(p) for p in prompts]
     shared = min(common_prefix_length(prompts), min(lens) - 1)  # each row keeps >= 1 suffix token
-    cap = buckets.max_shared_prefix
     if share_prefix is None:
         # With a cap, a lone prompt splits too: its prefix then takes the one shape every call's does.
-        share_prefix = (n > 1 or cap > 0) and shared >= buckets.min_shared_prefix
-    plen = shared if share_prefix and shared > 0 else 0
-    if cap > 0:
-        plen = min(plen, cap)
+        share_prefix = (n > 1 or buckets.max_shared_prefix > 0) and shared >= buckets.min_shared_prefix
+    plen = buckets.prefix_tokens(shared) if share_prefix and shared > 0 else 0
     batch = buckets.batch(n, batch_shards)
     prefix_slots = buckets.prompt(plen) if plen else 0
     width = buckets.prompt(max(lens) - plen)
