@@ -12,7 +12,8 @@ GRPO loss, AdamW step). The first call compiles and is reported apart; the timed
 
 The floor of each is the time its unavoidable work takes on this machine:
 - log-prob pass: the forward FLOPs (every layer's matmuls, causal attention over half the row on
-  average, the head's logits at every position) / the measured matmul rate, or reading the
+  average, the head's logits at the response positions, the only ones the loss reads) / the
+  measured matmul rate, or reading the
   weights once / the copy bandwidth, whichever is larger;
 - update: 3x the forward FLOPs (forward, and backward to inputs and weights) / matmul rate, plus
   the optimizer's traffic over every parameter (gradient accumulate and AdamW: read params,
@@ -40,13 +41,14 @@ from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, RowBatch  # noqa: E
 from memsearcher_jax.rl.learner import OptimConfig  # noqa: E402
 
 
-def forward_flops(cfg: ModelConfig, rows: int, seq: int) -> float:
-    """Matmul FLOPs of one forward over rows x seq tokens, logits at every position, causal attention."""
+def forward_flops(cfg: ModelConfig, rows: int, seq: int, head_positions: int) -> float:
+    """Matmul FLOPs of one forward over rows x seq tokens, causal attention, and the logits at
+    head_positions positions per row (the response: the only logits the loss reads)."""
     L, H, Dh, D, V = cfg.num_layers, cfg.num_heads, cfg.head_dim, cfg.hidden_size, cfg.vocab_size
     body = 2 * (cfg.num_params() - V * D * (1 if cfg.tie_word_embeddings else 2))  # layers, per token
     head = 2 * V * D
     attn = 4 * L * H * Dh * (seq + 1) / 2  # QK^T and PV per token, over the keys up to it (mean (seq + 1) / 2)
-    return rows * seq * (body + head + attn)
+    return rows * (seq * (body + attn) + head_positions * head)
 
 
 def make_rows(rows: int, seq: int, vocab: int, rng: np.random.Generator) -> RowBatch:
@@ -80,7 +82,7 @@ def main():
           f"remat {args.remat}; devices: {jax.devices()[0].platform} x{jax.device_count()}", flush=True)
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(0)),
                           GRPOConfig(optimizer_steps=1, micro_batch_size=args.rows, logprob_batch_size=args.rows,
-                                     min_seq_len=args.seq, max_seq_len=args.seq, logits_chunk=args.logits_chunk,
+                                     min_seq_len=64, max_seq_len=args.seq, logits_chunk=args.logits_chunk,
                                      optim=OptimConfig(learning_rate=1e-6)))
     rows = make_rows(args.rows, args.seq, cfg.vocab_size, np.random.default_rng(0))
 
@@ -100,7 +102,7 @@ def main():
     rate, bw = measure_machine("float32")
     print(f"machine: matmul {rate / 1e9:.1f} GFLOP/s (f32), copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"other processes share these cores, so numbers are noisy")
-    fwd = forward_flops(cfg, args.rows, args.seq)
+    fwd = forward_flops(cfg, args.rows, args.seq, args.seq - args.seq // 2)  # the head on the response half
     pbytes = 4 * cfg.num_params()
     floor_lp = max(fwd / rate, pbytes / bw)
     floor_up = 3 * fwd / rate + 10 * pbytes / bw

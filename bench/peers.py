@@ -42,7 +42,8 @@ Rows:
 
 Floors: decode/prefill as in bench/sampler.py; update = 3 x forward FLOPs / matmul rate +
 AdamW traffic (7 parameter-sized arrays read or written) / copy bandwidth; log-probs =
-forward FLOPs / matmul rate. FLOPs count every position's logits (the loss needs them). The
+forward FLOPs / matmul rate. FLOPs count the head on the completion columns only (the
+logits the loss reads; both sides compute those alone), the layers on every position. The
 matmul rate and bandwidth are measured again just before each row (the machine is shared and
 its load moves), and each row's floor uses its own measurement.
 """
@@ -229,12 +230,15 @@ def tunix_batch(rows: dict, old: np.ndarray, ref: np.ndarray) -> str:
                ref_logps=ref[:, c])
 
 
-def learner_flops(cfg: ModelConfig, rows: int, seq: int) -> float:
-    """Forward FLOPs over [rows, seq]: every layer, every position's logits, causal attention."""
+def learner_flops(cfg: ModelConfig, rows: int, seq: int, head_positions: int) -> float:
+    """Forward FLOPs over [rows, seq]: every layer at every position, causal attention, and the
+    head (vocabulary projection) at `head_positions` positions per row: the completion columns,
+    the only logits the loss reads (both sides compute the head there alone: Tunix slices its
+    completion columns, ours each row's loss window)."""
     body = 2 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size)
     head = 2 * cfg.vocab_size * cfg.hidden_size
     attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq / 2
-    return rows * seq * (body + head + attn)
+    return rows * (seq * (body + attn) + head_positions * head)
 
 
 def ours_update_worker(spec: dict) -> dict:
@@ -324,7 +328,7 @@ def update_rows(args, ckpt, cfg, rng, measure):
         print(f"  update round {r + 1}: ours step {got['update']} logps {got['logps']}; Tunix step "
               f"{got_t['update']} logps {got_t['logps']}", flush=True)
     rate, bw = max(x[0] for x in rates), max(x[1] for x in rates)
-    fwd = learner_flops(cfg, n_rows, PROMPT + COMPLETION)
+    fwd = learner_flops(cfg, n_rows, PROMPT + COMPLETION, COMPLETION)
     trained = int(rows["loss_mask"].sum())
     gap = abs(losses["ours"] - losses["tunix"])
     common = dict(batch=f"{n_rows} rows x {PROMPT + COMPLETION}", rate=rate, bw=bw)

@@ -192,8 +192,31 @@ def test_logprobs_in_chunks_of_like_length_equal_the_full_width_pass():
     rows.attention[:3, 12:] = 0  # three short rows: a narrower chunk
     got = learner.compute_logprobs(learner.params, rows)
     full = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention))[0])
-    real = rows.attention == 1
-    assert got.shape == rows.tokens.shape and np.abs(got - full)[real].max() < 1e-5
+    read = (rows.loss_mask != 0) & (rows.attention == 1)  # the positions the loss reads: computed there, 0 elsewhere
+    assert read.sum() > 0 and got.shape == rows.tokens.shape and np.abs(got - full)[read].max() < 1e-5
+
+
+def test_loss_windows_cover_every_loss_position_with_few_shapes():
+    from memsearcher_jax.rl.grpo import loss_windows
+
+    mask = np.zeros((4, 40), np.float32)
+    mask[0, 30:35] = 1          # a late response: 30 + 16 > 40, so its window ends at 39 too
+    mask[1, 3:9] = 1            # early
+    mask[1, 12] = 1             # a second part after an observation hole: span 3..12
+    mask[2, 38:40] = 1          # at the very end: the window is moved left to end at column 39
+    at = loss_windows(mask, 40, 8)  # row 3: no loss positions (a padding row)
+    assert at.shape == (4, 16)      # span 10 -> the whole-octave bucket 16 (from min_window 8)
+    for i in range(3):
+        assert set(np.flatnonzero(mask[i])) <= set(at[i]) and np.all(np.diff(at[i]) == 1)
+    assert at[1, 0] == 3 and at[3, 0] == 1                # a window starts at the first loss position
+    assert at[0, -1] == 39 and at[2, -1] == 39           # ... unless it would run past the last column
+    assert at.min() >= 1 and at.max() <= 39
+    # Never wider than the row allows (width - 1 targets), whatever the span.
+    wide = np.zeros((2, 24), np.float32)
+    wide[0, 1:24] = 1
+    assert loss_windows(wide, 24, 8).tolist() == [list(range(1, 24))] * 2
+    with pytest.raises(ValueError, match="position 0"):
+        loss_windows(np.ones((1, 8), np.float32), 8, 4)
 
 
 def _toy_rows(n=6, s=16, vocab=64, seed=0):

@@ -142,39 +142,76 @@ def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True):
     return logp, logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
 
 
+def _head_logp_entropy(model, h: jax.Array, targets: jax.Array, logits_chunk: int, entropy: bool):
+    """Final hidden states h [B, T, D] and the ids they predict [B, T] -> (logp, entropy) [B, T]."""
+    if logits_chunk <= 0 or logits_chunk >= h.shape[1]:
+        return _logp_entropy(model.logits_from_hidden(h), targets, entropy)
+    b, t = targets.shape
+    n = -(-t // logits_chunk)
+    h = jnp.pad(h, ((0, 0), (0, n * logits_chunk - t), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, n * logits_chunk - t)))
+    chunks = (h.reshape(b, n, logits_chunk, -1).swapaxes(0, 1), targets.reshape(b, n, logits_chunk).swapaxes(0, 1))
+    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1], entropy))
+    logp, ent = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
+    return logp, ent
+
+
 def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0,
-                               entropy: bool = True):
+                               entropy: bool = True, targets_at: jax.Array | None = None):
     """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
 
     logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
     entropy of the distribution that predicted token j. Softmax in float32.
 
-    logits_chunk > 0: the float32 logits [B, S, V] are never whole: the final hidden states go
+    targets_at [B, W] int (positions >= 1): only those targets' log-probs and entropies, [B, W]
+    each. The trunk still runs over every position (attention needs them), but the head, the
+    largest matmul of a small model, and its log-softmax run on W positions instead of S - 1:
+    the loss reads only the generated tokens, a short window of a long agent prompt.
+
+    logits_chunk > 0: the float32 logits are never whole: the final hidden states go
     through the head `logits_chunk` positions at a time, each chunk's logits recomputed in the
     backward pass (jax.checkpoint), so the loss holds one chunk's logits instead of all of them.
     entropy=False: zeros instead (the log-prob passes need none).
     """
+    h = model.hidden_states(tokens, attention_mask=attention)
+    if targets_at is not None:
+        h = jnp.take_along_axis(h, (targets_at - 1)[:, :, None], axis=1)
+        return _head_logp_entropy(model, h, jnp.take_along_axis(tokens, targets_at, axis=1), logits_chunk, entropy)
+    logp, ent = _head_logp_entropy(model, h[:, :-1], tokens[:, 1:], logits_chunk, entropy)
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
-    if logits_chunk <= 0 or logits_chunk >= tokens.shape[1] - 1:
-        logits = model(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, V]
-        logp, ent = _logp_entropy(logits, tokens[:, 1:], entropy)
-        return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
-    b, t = tokens.shape[0], tokens.shape[1] - 1
-    n = -(-t // logits_chunk)
-    h = model.hidden_states(tokens, attention_mask=attention)[:, :-1]  # [B, S-1, D]
-    h = jnp.pad(h, ((0, 0), (0, n * logits_chunk - t), (0, 0)))
-    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, n * logits_chunk - t)))
-    chunks = (h.reshape(b, n, logits_chunk, -1).swapaxes(0, 1), targets.reshape(b, n, logits_chunk).swapaxes(0, 1))
-    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1], entropy))
-    logp, ent = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
+
+
+def loss_windows(loss_mask: np.ndarray, width: int, min_window: int) -> np.ndarray:
+    """The target positions whose log-probs a loss over these rows reads: [R, W] int32, row i's
+    W consecutive positions covering every position of loss_mask[i] (all its generated tokens).
+
+    W is the whole-octave bucket (from min_window) of the longest row's span, at most width - 1,
+    so a run meets a handful of window shapes. A window that would run past the last column is
+    moved left to end there, so every position is distinct and real; a row with no loss
+    positions (a padding row) gets positions 1..W."""
+    mask = np.asarray(loss_mask)[:, :width] != 0
+    has = mask.any(axis=1)
+    first = np.where(has, np.argmax(mask, axis=1), 1)
+    last = np.where(has, width - 1 - np.argmax(mask[:, ::-1], axis=1), 1)
+    if has.any() and first[has].min() < 1:
+        raise ValueError("loss_mask marks position 0, which no earlier token predicts")
+    w = min(bucket(int((last - first).max()) + 1, min_window), width - 1)
+    start = np.clip(np.minimum(first, width - w), 1, None)
+    return (start[:, None] + np.arange(w)[None, :]).astype(np.int32)
 
 
 def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
     """sum(weights * per-token loss) for one micro-batch, plus masked metric sums. frozen: a
-    LoRA model's base (params are then its adapters); logits_chunk: see token_logprobs_and_entropy."""
+    LoRA model's base (params are then its adapters); logits_chunk: see token_logprobs_and_entropy.
+
+    mb: tokens, attention [B, S]; advantages [B]; loss_mask, weights, old_logp, ref_logp (and
+    tis) [B, S], or, with "targets_at" [B, W] (loss_windows), [B, W]: those positions only."""
     model = merge_params(graphdef, params, frozen)
-    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"], logits_chunk)
+    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"], logits_chunk,
+                                               targets_at=mb.get("targets_at"))
+    if loss_cfg.entropy_coef == 0:  # a metric only: no backward pass over the vocabulary for it
+        entropy = jax.lax.stop_gradient(entropy)
     loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg,
                                mb.get("tis"))
     aux = dict(aux, entropy=entropy, trainer_logp=logp)
@@ -261,9 +298,9 @@ class GRPOLearner(Learner):
         graphdef, loss_cfg, tx, chunk = self.graphdef, config.loss, self.tx, config.logits_chunk
 
         @jax.jit
-        def logprobs(params, frozen, tokens, attention):
+        def logprobs(params, frozen, tokens, attention, targets_at):
             model = merge_params(graphdef, params, frozen)
-            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False)[0]
+            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False, targets_at=targets_at)[0]
 
         # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
         # shapes never depend on how many micro-batches a step has (a lax.scan over all of them
@@ -308,8 +345,9 @@ class GRPOLearner(Learner):
         return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len, columns)
 
     def compute_logprobs(self, params, rows: RowBatch) -> np.ndarray:
-        """Trainer log-probs [R, S] of exactly the sampled ids (padding positions mean nothing), in chunks
-        of logprob_batch_size rows of like length, each only as wide as its own longest row."""
+        """Trainer log-probs [R, S] of exactly the sampled ids at the positions the loss reads (each
+        row's window over its loss_mask, see loss_windows; 0 outside them), in chunks of
+        logprob_batch_size rows of like length, each only as wide as its own longest row."""
         bs = self.config.logprob_batch_size
         lengths = real_lengths(rows.attention)
         order = np.argsort(lengths, kind="stable")
@@ -318,9 +356,10 @@ class GRPOLearner(Learner):
             idx = order[i:i + bs]
             width = self.row_width(lengths[idx], rows.tokens.shape[1])
             # Zero rows pad the last chunk so one program serves every chunk of this width.
-            tok, att = (fit_block(a[idx], bs, width) for a in (rows.tokens, rows.attention))
-            lp = _to_host(self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0)))
-            out[idx, :width] = lp[:len(idx)]
+            tok, att, mask = (fit_block(a[idx], bs, width) for a in (rows.tokens, rows.attention, rows.loss_mask))
+            at = loss_windows(mask, width, self.config.min_seq_len)
+            lp = _to_host(self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0), self._put(at, 0)))
+            out[idx[:, None], at[:len(idx)]] = lp[:len(idx)]
         return out
 
     def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
@@ -345,8 +384,13 @@ class GRPOLearner(Learner):
         for m in range(n_micro):
             part = order[m * mbs:(m + 1) * mbs]
             width = self.row_width(lengths[part], rows.tokens.shape[1])
-            out.append({k: self._put(fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs), 0)
-                        for k, a in micro.items()})
+            block = {k: fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs)
+                     for k, a in micro.items()}
+            # The per-token arrays only at the positions the loss reads (the head runs on those alone).
+            at = loss_windows(block["loss_mask"], width, cfg.min_seq_len)
+            block = {k: np.take_along_axis(a, at, axis=1) if a.ndim == 2 and k not in ("tokens", "attention") else a
+                     for k, a in block.items()}
+            out.append({k: self._put(a, 0) for k, a in dict(block, targets_at=at).items()})
         return out, denom
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
