@@ -197,7 +197,7 @@ def loss_windows(loss_mask: np.ndarray, width: int, min_window: int) -> np.ndarr
     if has.any() and first[has].min() < 1:
         raise ValueError("loss_mask marks position 0, which no earlier token predicts")
     w = min(bucket(int((last - first).max()) + 1, min_window), width - 1)
-    start = np.clip(np.minimum(first, width - w), 1, None)
+    start = np.minimum(first, width - w)  # >= 1: first >= 1 (checked above) and w <= width - 1
     return (start[:, None] + np.arange(w)[None, :]).astype(np.int32)
 
 
