@@ -49,7 +49,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["memsearcher_jax", "memsearcher_jax.*", "retrieval", "retrieval.*"]),
     # The shipped reading base (bf16 safetensors, tokenizer, manifests).
-    package_data={"memsearcher_jax.bases": ["reading_tiny/*"]},
+    package_data={"memsearcher_jax.bases": ["*/*"]},  # every base directory shipped under bases/
     py_modules=[],
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

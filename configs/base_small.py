@@ -18,12 +18,18 @@ Why these choices (docs/experiments.md, 2026-11-24):
   `bind` (several entities of one type, one relation asked about several of them: the wrong
   entity's value of the right kind is always there), `multi` (`<question> q1; q2 </question>`
   answered `\\boxed{a1; a2}`, the multi-objective format of `world.objectives`).
-- No agent episodes (`demo` 0). The choice was episodes in every workflow's format (memsearcher,
-  react, mem1, memory_ops) in equal shares, or in none. Only the memsearcher format's demonstrator
-  existed when this run began (the others were being written), so equal shares were not possible
-  without favouring one workflow; with none, the base knows reading and no workflow's markup, and
-  the warm-start SFT of each workflow teaches its own format from the same starting point. The
-  first base saw 20% memsearcher demos, which the workflow comparison would have measured.
+- Agent episodes in every workflow's format, in equal shares (phase 2 only: `demo` .2 of the
+  rows; memsearcher, react, mem1 and memory_ops in turn, at 1 and 2 objectives: eight kinds of
+  episode, one eighth of the episodes each). The choice was that or none. The run began with
+  none (only the memsearcher demonstrator existed then; phase 1 has no episodes either way), and
+  was switched before phase 2 began (2026-11-25, at step 900; phase 1's rows are the same under
+  both settings, `test_demo_formats_change_nothing_without_demo_rows`) because none failed the
+  main job: from the step-800 checkpoint, the default's 150-step warm start left the agent
+  answering without ever searching (0.00 searches per trajectory, format errors 20%, SFT loss
+  0.39 where the first base reached 0.06) and GRPO had nothing to reinforce (held-out EM 1 -> 0);
+  teaching each format from nothing would need a longer warm start in every job, which the
+  main job's time budget does not have. Equal shares keep the base fair: every workflow's
+  markup seen equally often, none favoured (the first base saw 20% memsearcher demos only).
 - Lengths: 16 passages are ~900 tokens with this vocabulary (every name and value one token;
   8 passages ~450): the react histories of the workflow comparison (1-2K tokens) are the reason
   for 1024, the longest a 2-core step can afford.
@@ -59,13 +65,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.first_phase.cloze = 0.5
 
     # Phase 2 (to train.steps): the full mix.
-    c.curriculum.repeat = 0.1
-    c.curriculum.recall = 0.1
-    c.curriculum.cloze = 0.2
-    c.curriculum.demo = 0.0          # no agent episodes: see the docstring
+    c.curriculum.repeat = 0.05
+    c.curriculum.recall = 0.05
+    c.curriculum.cloze = 0.15
+    c.curriculum.demo = 0.2          # agent episodes, every workflow's format in equal shares: see the docstring
     c.curriculum.long = 0.25
     c.curriculum.bind = 0.25
-    c.curriculum.multi = 0.1
+    c.curriculum.multi = 0.05
+    c.curriculum.demo_workflows = ("memsearcher", "react", "mem1", "memory_ops")
+    c.curriculum.demo_objectives = (1, 2)
     c.curriculum.long_passages = (4, 16)
     c.curriculum.bind_entities = (2, 8)
 

@@ -11,14 +11,14 @@ held-out EM before and after GRPO with the learning curve.
 """
 import ml_collections
 
-from memsearcher_jax.bases import READING_TINY
+from memsearcher_jax.bases import DEFAULT_BASE
 
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
 
     c.model = ml_collections.ConfigDict()
-    c.model.source = READING_TINY    # a HF model dir (the shipped reading base), or "init": random weights
+    c.model.source = DEFAULT_BASE    # a HF model dir (the shipped reading base), or "init": random weights
     c.model.preset = "tiny"          # preset and sizes below: only for source="init"
     c.model.hidden_size = 128
     c.model.intermediate_size = 256

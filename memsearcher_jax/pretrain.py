@@ -166,7 +166,7 @@ def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.Confi
     """A phase's curriculum: the row kinds `mix` weighs (in KINDS order; kinds it does not name
     are not drawn), the world settings of cfg.curriculum."""
     c = cfg.curriculum
-    extra = {k: tuple(c[k]) for k in ("long_passages", "bind_entities") if k in c}
+    extra = {k: tuple(c[k]) for k in ("long_passages", "bind_entities", "demo_workflows", "demo_objectives") if k in c}
     return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, mix[k]) for k in KINDS if k in mix),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
                             max_len=max_len, **extra)
@@ -193,8 +193,12 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
     rows = "one per padded row"
     if cfg.train.pack:
         rows = "packed several to a sequence (the bucket of the step's longest row)"
-    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), "max_len": cur.max_len, "batch_size": batch,
-             "rows": rows,
+    demos = lambda cur: ({"demo_episodes": {"workflows": list(cur.demo_workflows),
+                                            "objectives": list(cur.demo_objectives),
+                                            "shares": "equal, by episode"}}
+                         if dict(cur.mix).get("demo", 0) > 0 else {})
+    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), **demos(cur), "max_len": cur.max_len,
+             "batch_size": batch, "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
                                "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak "

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,8 +188,7 @@ def test_unreachable_http_retriever_is_named_before_any_model_is_loaded(tmp_path
                      "--config.sft.steps=0")
     assert code == 2 and "retrieval.url=http://127.0.0.1:1" in msg and "serve-retriever" in msg
     assert not out.exists()
-    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", os.path.join(ROOT, "memsearcher_jax", "bases",
-                                                                               "reading_tiny"),
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE,
                      "--config.retrieval.kind=http", "--config.retrieval.url=http://127.0.0.1:1")
     assert code == 2 and "retrieval.url=http://127.0.0.1:1" in msg
 
@@ -360,7 +360,7 @@ def test_eval_refuses_a_bad_split_limit_or_checkpoint_in_a_second(tmp_path, caps
         raise AssertionError("refused before the world and the model are built")
 
     monkeypatch.setattr(jobs, "build_setup", refuse)
-    model = os.path.join(ROOT, "memsearcher_jax", "bases", "reading_tiny")
+    model = DEFAULT_BASE
     for extra, named in ((["--model", model, "--split", "bogus"], "--split 'bogus'"),
                          (["--model", model, "--limit", "-5"], "--limit -5"),
                          (["--checkpoint", str(tmp_path / "nope")], str(tmp_path / "nope"))):
@@ -600,7 +600,7 @@ def test_eval_of_a_model_without_its_reading_vocab_is_refused(tmp_path, capsys):
     model with it silently scored EM 0. It is refused, naming the missing file."""
     import shutil
 
-    base = os.path.join(ROOT, "memsearcher_jax", "bases", "reading_tiny")
+    base = DEFAULT_BASE
     model = tmp_path / "model"
     shutil.copytree(base, model, ignore=shutil.ignore_patterns("reading_vocab.json"))
     code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", str(model), "--limit", "2",

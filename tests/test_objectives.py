@@ -227,8 +227,8 @@ def test_validate_names_sft_demo_objectives(bad):
 
 
 def test_eval_cli_objectives_flag_is_validated_before_any_load(capsys):
-    from memsearcher_jax.bases import READING_TINY
+    from memsearcher_jax.bases import DEFAULT_BASE
     from memsearcher_jax.cli import main
 
-    assert main(["eval", "--model", READING_TINY, "--objectives", "0"]) == 2
+    assert main(["eval", "--model", DEFAULT_BASE, "--objectives", "0"]) == 2
     assert "world.objectives must be an integer >= 1" in capsys.readouterr().err

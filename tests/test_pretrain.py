@@ -174,6 +174,55 @@ def test_long_rows_spread_length_and_the_asked_position(parts):
     assert quarters.min() > 0.15 * len(where), quarters  # roughly uniform over the whole length
 
 
+WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
+
+
+def test_demo_episodes_come_in_equal_shares_of_every_workflow_and_objective_count(parts, monkeypatch):
+    """With several demo formats, every (workflow, objectives) pair is recorded equally often
+    (per world, in turn from a random start), multi-objective episodes ask distinct questions
+    joined in one `<question>`, and each conversation is tagged with its pair."""
+    from memsearcher_jax.data import curriculum as cur_mod
+    vocab, _, builder = parts
+    episodes, real = [], cur_mod.make_demonstrations
+
+    def counted(questions, *args, config, **kwargs):
+        (q,) = questions
+        subs = q.get("objectives", [q])
+        assert len({s["id"] for s in subs}) == len(subs)  # distinct questions
+        episodes.append((config.workflow, len(subs)))
+        assert config.max_turns == 4 * len(subs)
+        return real(questions, *args, config=config, **kwargs)
+
+    monkeypatch.setattr(cur_mod, "make_demonstrations", counted)
+    cfg = CurriculumConfig(seed=3, mix=(("demo", 1.0),), max_len=1024, demo_workflows=WORKFLOWS,
+                           demo_objectives=(1, 2), rows_per_world=16)
+    rows = Curriculum(vocab, builder, cfg).rows_for_step(0, 400)
+    pairs = {(w, k) for w in WORKFLOWS for k in (1, 2)}
+    counts = {p: episodes.count(p) for p in pairs}
+    assert set(episodes) == pairs and max(counts.values()) - min(counts.values()) <= 2 + len(episodes) // 20, counts
+    assert {r.kind for r in rows} == {f"demo:{w}:{k}" for w, k in pairs}
+    two = next(r for r in rows if r.kind == "demo:react:2")
+    text = builder.decode(two.prompt_ids + two.response_ids)
+    assert text.count("<question>") >= 1 and "; " in text.split("<question>")[1].split("</question>")[0]
+
+
+def test_demo_formats_change_nothing_without_demo_rows(parts):
+    """The phase-1 rows of a run are the same whatever its later phase's demo formats are."""
+    vocab, _, builder = parts
+    mix = (("repeat", 0.3), ("recall", 0.2), ("cloze", 0.5))
+    plain = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=mix))
+    formats = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=mix, demo_workflows=WORKFLOWS,
+                                                           demo_objectives=(1, 2)))
+    for step in (0, 9):
+        a, b = plain.rows_for_step(step, 32), formats.rows_for_step(step, 32)
+        assert [(r.prompt_ids, r.response_ids, r.loss_mask) for r in a] == \
+               [(r.prompt_ids, r.response_ids, r.loss_mask) for r in b]
+    with pytest.raises(ValueError, match="demo_workflows"):
+        CurriculumConfig(demo_workflows=("memsearcher", "nope"))
+    with pytest.raises(ValueError, match="demo_objectives"):
+        CurriculumConfig(demo_objectives=(0,))
+
+
 def test_phased_curriculum_switches_at_its_first_steps(parts):
     vocab, _, builder = parts
     short = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=(("repeat", 1.0),)))

@@ -29,8 +29,8 @@ import random
 from collections.abc import Sequence
 
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits
-from memsearcher_jax.data.demos import DemoConfig, demo_conversations, make_demonstrations
-from memsearcher_jax.data.synthetic import ONE_HOP, generate_world
+from memsearcher_jax.data.demos import RECORDERS, DemoConfig, demo_conversations, make_demonstrations
+from memsearcher_jax.data.synthetic import ONE_HOP, generate_world, join_objectives
 from memsearcher_jax.data.vocab import ReadingVocab
 from retrieval.base import Hit
 from retrieval.bm25 import BM25Retriever
@@ -53,6 +53,11 @@ class CurriculumConfig:
     max_len: int = 512              # longer rows are dropped (their conversation is redrawn)
     long_passages: tuple[int, int] = (4, 16)  # passages per `long`, `bind` and `multi` row (16: ~900 tokens)
     bind_entities: tuple[int, int] = (2, 8)   # same-type entities per `bind` row (capped by the world's count)
+    # `demo` episodes: the workflow formats recorded and the objective counts asked, in equal
+    # shares of episodes (every (workflow, objectives) pair in turn from a random start per
+    # world). The default, memsearcher alone at one objective, keeps the first base's rows.
+    demo_workflows: tuple[str, ...] = ("memsearcher",)
+    demo_objectives: tuple[int, ...] = (1,)
 
     def __post_init__(self):
         names = [k for k, _ in self.mix]
@@ -62,6 +67,10 @@ class CurriculumConfig:
             raise ValueError(f"mix weights must not all be 0, got {self.mix}")
         if not 1 <= self.recall_pairs[0] <= self.recall_pairs[1]:
             raise ValueError(f"recall_pairs must be an increasing range >= 1, got {self.recall_pairs}")
+        if not self.demo_workflows or any(w not in RECORDERS for w in self.demo_workflows):
+            raise ValueError(f"demo_workflows must name recorded formats {tuple(RECORDERS)}, got {self.demo_workflows}")
+        if not self.demo_objectives or any(int(k) != k or k < 1 for k in self.demo_objectives):
+            raise ValueError(f"demo_objectives must be integers >= 1, got {self.demo_objectives}")
         for field in ("cloze_passages", "long_passages", "bind_entities"):
             lo, hi = getattr(self, field)
             if not 1 <= lo <= hi:
@@ -278,7 +287,9 @@ class Curriculum:
                 rows.append(bind_row(world, rng, self.pieces, rng.randint(*cfg.long_passages),
                                      rng.randint(*cfg.bind_entities), cfg.cloze_questions))
         n_demo = kinds.count("demo")
-        if n_demo:
+        if n_demo and (cfg.demo_workflows, cfg.demo_objectives) != (("memsearcher",), (1,)):
+            rows += self._mixed_demo_rows(world, rng, seed, n_demo)
+        elif n_demo:
             # A demo has ~2.5 conversations; draw enough questions, keep n_demo conversations.
             questions = rng.sample(world.train, min(len(world.train), max(1, n_demo // 2)))
             demos = make_demonstrations(questions, self.builder, BM25Retriever.from_passages(world.corpus),
@@ -290,6 +301,30 @@ class Curriculum:
                 rows.append(Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
                                 loss_mask=[int(m) for m in c.loss_mask], kind="demo"))
         return [r for r in rows if len(r) <= cfg.max_len and sum(r.loss_mask)]
+
+    def _mixed_demo_rows(self, world, rng: random.Random, seed: int, n_demo: int) -> list[Row]:
+        """~n_demo conversations of whole episodes (a demo has ~2 conversations on average over
+        the formats), each episode in the next (workflow, objectives) pair from a random start,
+        so every pair gets an equal share of episodes in expectation. A k-objective episode asks
+        k distinct questions of the world at once (`<question> q1; q2 </question>`) and may take
+        max_turns turns per objective."""
+        cfg = self.config
+        pairs = [(w, k) for k in cfg.demo_objectives for w in cfg.demo_workflows]
+        start = rng.randrange(len(pairs))
+        retriever = BM25Retriever.from_passages(world.corpus)
+        rows = []
+        for e in range(max(1, n_demo // 2)):
+            workflow, k = pairs[(start + e) % len(pairs)]
+            picked = rng.sample(world.train, min(len(world.train), k))
+            question = join_objectives(picked, len(picked), seed=rng.randrange(2 ** 31))[0]
+            demos = make_demonstrations([question], self.builder, retriever, seed=seed + e,
+                                        config=DemoConfig(vague_query_rate=0.0, wrong_answer_rate=0.0,
+                                                          early_answer_rate=0.0, top_n=cfg.top_n,
+                                                          max_turns=cfg.max_turns * len(picked), workflow=workflow))
+            for c in demo_conversations(demos):
+                rows.append(Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
+                                loss_mask=[int(m) for m in c.loss_mask], kind=f"demo:{workflow}:{len(picked)}"))
+        return rows
 
     def rows_for_step(self, step: int, n: int) -> list[Row]:
         """n rows for training step `step` (fresh worlds each step)."""
