@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -43,6 +42,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
+from memsearcher_jax.run_dir import check_output_dir, is_same_or_parent, prepare_output_dir
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
@@ -109,12 +109,6 @@ def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> f
 
 # ----------------------------------------------------------------------------- the output directory
 
-# What a training run writes in train.output_dir; `--fresh` removes these and nothing else.
-RUN_MARKER = ".memsearcher-run"
-RUN_ENTRIES = frozenset({RUN_MARKER, "checkpoints", "best", "logs", "warmstart", "lora_base", "summary.json",
-                         "learning_curve.png"})
-
-
 def _read_json(path: str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -123,60 +117,6 @@ def _read_json(path: str):
 def _write_json(path: str, obj) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
-
-
-def _is_same_or_parent(path: str, other: str) -> bool:
-    """Whether `path` is `other` or one of its parent directories."""
-    path, other = os.path.realpath(path), os.path.realpath(other)
-    return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
-
-
-def check_output_dir(out: str, fresh: bool) -> None:
-    """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
-    a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
-    parent of them) and a directory holding anything a run did not write there."""
-    if "://" in out:  # gs://, s3://: written through etils.epath; nothing local to check
-        if fresh:
-            raise UserInputError(f"--fresh with the remote train.output_dir={out}: it is never cleared from here; "
-                                 "choose a new train.output_dir (or clear it with your storage tools)")
-        return
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserInputError(f"train.output_dir={out} is a file, not a directory: choose another train.output_dir")
-    parent = out
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserInputError(f"train.output_dir={out}: {parent} is not writable; choose another train.output_dir")
-    if not fresh or not os.path.isdir(out):
-        return
-    for name, where in (("the working directory", os.getcwd()), ("your home directory", os.path.expanduser("~"))):
-        if _is_same_or_parent(out, where):
-            raise UserInputError(f"--fresh with train.output_dir={out}: that is {name} (or holds it); --fresh only "
-                                 "clears a run's own directory: give train.output_dir a directory of its own")
-    foreign = sorted(set(os.listdir(out)) - RUN_ENTRIES)
-    if foreign:
-        raise UserInputError(f"--fresh with train.output_dir={out}: it holds {os.path.join(out, foreign[0])}"
-                             f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no training run "
-                             "wrote; nothing was removed. Move those files or choose another train.output_dir")
-
-
-def prepare_output_dir(out: str, fresh: bool) -> None:
-    """Create the output dir with its marker; fresh: first remove what an earlier run wrote
-    there (RUN_ENTRIES), after `check_output_dir` has refused anything else."""
-    check_output_dir(out, fresh)
-    if "://" in out:
-        return
-    if fresh and os.path.isdir(out):
-        for name in sorted(set(os.listdir(out)) & RUN_ENTRIES):
-            path = os.path.join(out, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-    os.makedirs(out, exist_ok=True)
-    marker = os.path.join(out, RUN_MARKER)
-    if not os.path.exists(marker):
-        _write_json(marker, {"written_by": "memsearcher-jax train", "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
 def check_train_values(cfg: ml_collections.ConfigDict) -> None:
@@ -408,7 +348,7 @@ def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
     run_dir = os.path.abspath(os.path.expanduser(checkpoint))
     if os.path.basename(run_dir.rstrip(os.sep)) in ("checkpoints", "best"):
         run_dir = os.path.dirname(run_dir.rstrip(os.sep))
-    if _is_same_or_parent(run_dir, out_abs) or _is_same_or_parent(out_abs, run_dir):
+    if is_same_or_parent(run_dir, out_abs) or is_same_or_parent(out_abs, run_dir):
         raise UserInputError(f"--out {out} is (or holds, or lies inside) the checkpoint directory {checkpoint}: "
                              "give a directory outside the training run")
     if os.path.isdir(out_abs) and os.listdir(out_abs) and not overwrite:

@@ -40,12 +40,14 @@ from memsearcher_jax.data.curriculum import (
     probe_items,
 )
 from memsearcher_jax.data.tokenizer import load_tokenizer
-from memsearcher_jax.data.vocab import NAME_TYPES, ReadingVocab, build_vocab
+from memsearcher_jax.data.vocab import MANIFEST as VOCAB_MANIFEST, NAME_TYPES, ReadingVocab, build_vocab
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import TrainConfigError
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, pack_rows
 from memsearcher_jax.rl.trainer import MetricsWriter
+from memsearcher_jax.run_dir import PRETRAIN_ENTRIES, check_output_dir, prepare_output_dir
 
 BASE_MANIFEST = "base_manifest.json"
 
@@ -213,6 +215,41 @@ def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
                        final_lr_fraction=t.final_lr_fraction)
 
 
+# What `export_base` writes (save_pretrained's files and the manifest).
+EXPORT_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "reading_vocab.json",
+                          "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", BASE_MANIFEST})
+
+
+def check_base_export_dir(export_dir: str, out: str) -> None:
+    """The export may replace files only in the run's own `<output_dir>/base`; any other
+    train.export_dir must be new or empty (refused before any work, and again before the export)."""
+    if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise UserInputError(f"train.export_dir={export_dir} is a file, not a directory: choose another")
+    if export_dir == os.path.join(out, "base") or not os.path.isdir(export_dir) or not os.listdir(export_dir):
+        return
+    held = sorted(os.listdir(export_dir))
+    raise UserInputError(f"train.export_dir={export_dir} is not empty (it holds {os.path.join(export_dir, held[0])}"
+                         f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}): the export would replace files "
+                         "in it. Choose a new or empty directory, or leave train.export_dir empty to export to "
+                         f"{os.path.join(out, 'base')}")
+
+
+def check_vocab_settings(vocab_dir: str, cfg: ml_collections.ConfigDict) -> None:
+    """A resumed run keeps the vocabulary its output dir holds: refuse one built with other
+    vocab settings than the config's (the names, hence every row, would differ silently)."""
+    path = os.path.join(vocab_dir, VOCAB_MANIFEST)
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        built = json.load(f)
+    wrong = [f"vocab.{k}={cfg.vocab[k]} but {vocab_dir} was built with {k}={built.get(k)}"
+             for k in ("seed", "bpe_size") if k in cfg.vocab and built.get(k) != cfg.vocab[k]]
+    if wrong:
+        raise UserInputError("; ".join(wrong) + ": resume with the settings it was built with, or start over "
+                             "with --fresh (removes that run's checkpoints, logs and vocabulary) or another "
+                             "train.output_dir")
+
+
 def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     t = cfg.train
     problems = []
@@ -301,8 +338,14 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     validate_pretrain(cfg)
     t = cfg.train
     out = os.path.abspath(os.path.expanduser(t.output_dir))
-    os.makedirs(out, exist_ok=True)
+    export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
     vocab_dir = os.path.join(out, "vocab")
+    # Everything refused before anything is removed, built or compiled.
+    check_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
+    check_base_export_dir(export_dir, out)
+    if resume:
+        check_vocab_settings(vocab_dir, cfg)
+    prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
     if not ReadingVocab.exists(vocab_dir):
         build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size)
     vocab = ReadingVocab.load(vocab_dir)
@@ -361,7 +404,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
                                                        opt_state=ocp.args.StandardSave(trainer.opt_state)))
     manager.wait_until_finished()
     writer.close()
-    export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
+    check_base_export_dir(export_dir, out)  # again: the run may have taken hours
     final = export_base(trainer.model(), vocab_dir, export_dir, cfg, argv, seed=t.seed,
                         n_probe=t.get("final_probe_items", t.probe_items),
                         history=read_history(os.path.join(out, "logs")))

@@ -74,7 +74,7 @@ def test_fresh_refuses_the_working_home_and_root_directories(where, tmp_path, ca
 
 
 def test_fresh_removes_only_what_a_run_wrote(tmp_path):
-    from memsearcher_jax.jobs import RUN_MARKER, check_output_dir, prepare_output_dir
+    from memsearcher_jax.run_dir import RUN_MARKER, check_output_dir, prepare_output_dir
 
     out = tmp_path / "run"
     for sub in ("checkpoints/3", "best/2", "logs", "warmstart", "lora_base"):
@@ -587,7 +587,7 @@ def test_index_builder_records_the_nlist_it_built(capsys):
 
 
 def test_fresh_with_a_remote_output_dir_is_refused_not_cleared():
-    from memsearcher_jax.jobs import check_output_dir
+    from memsearcher_jax.run_dir import check_output_dir
 
     with pytest.raises(ValueError, match="remote train.output_dir=gs://bucket/run"):
         check_output_dir("gs://bucket/run", fresh=True)

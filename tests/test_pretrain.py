@@ -351,3 +351,45 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert phases[0]["learning_rate"]["end"] == phases[1]["learning_rate"]["start"] > 0
     assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
     assert manifest["progress_probe"]["n"] == 8
+
+    # --fresh starts over in the same directory: the earlier run's checkpoints, log and export are
+    # gone (a later resume must not pick up its step 6), and nothing else is touched.
+    cfg.train.steps = 4
+    run_pretrain(cfg, resume=False)
+    run = tmp_path / "run"
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+    assert [json.loads(x)["step"] for x in open(run / "logs" / "metrics.jsonl")] == [2, 4]
+    assert json.loads((base / BASE_MANIFEST).read_text())["config"]["train"]["steps"] == 4
+
+
+def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monkeypatch):
+    """--fresh never clears a directory holding files no pretraining run wrote; an export dir of
+    the user's that is not empty is never written into; a resumed run with other vocabulary
+    settings than its directory's vocabulary is refused. All before anything is built."""
+    from memsearcher_jax import pretrain
+    from memsearcher_jax.errors import UserInputError
+
+    monkeypatch.setattr(pretrain, "_init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"), [("train.output_dir", str(tmp_path / "run"))])
+    run = tmp_path / "run"
+    (run / "checkpoints" / "100").mkdir(parents=True)
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(UserInputError, match=r"notes\.txt.*no pretraining run wrote"):
+        pretrain.run_pretrain(cfg, resume=False)
+    assert (run / "notes.txt").exists() and (run / "checkpoints" / "100").is_dir()
+
+    mine = tmp_path / "my_models"
+    mine.mkdir()
+    (mine / "model.safetensors").write_text("someone else's weights")
+    cfg.train.export_dir = str(mine)
+    with pytest.raises(UserInputError, match=r"export_dir=.*my_models is not empty"):
+        pretrain.run_pretrain(cfg)
+    assert (mine / "model.safetensors").read_text() == "someone else's weights"
+
+    cfg.train.export_dir = ""
+    (run / "vocab").mkdir()
+    (run / "vocab" / "reading_vocab.json").write_text(json.dumps({"seed": 0, "bpe_size": 640}))
+    cfg.vocab.seed = 1
+    with pytest.raises(UserInputError, match=r"vocab\.seed=1 but .* built with seed=0"):
+        pretrain.run_pretrain(cfg)
