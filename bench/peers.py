@@ -65,6 +65,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from learner import forward_flops  # noqa: E402  (bench/learner.py: the learner floor's FLOP count, shared)
 from sampler import floor_seconds, measure_machine, small_config  # noqa: E402  (bench/sampler.py)
 
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained  # noqa: E402
@@ -230,17 +231,6 @@ def tunix_batch(rows: dict, old: np.ndarray, ref: np.ndarray) -> str:
                ref_logps=ref[:, c])
 
 
-def learner_flops(cfg: ModelConfig, rows: int, seq: int, head_positions: int) -> float:
-    """Forward FLOPs over [rows, seq]: every layer at every position, causal attention, and the
-    head (vocabulary projection) at `head_positions` positions per row: the completion columns,
-    the only logits the loss reads (both sides compute the head there alone: Tunix slices its
-    completion columns, ours each row's loss window)."""
-    body = 2 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size)
-    head = 2 * cfg.vocab_size * cfg.hidden_size
-    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq / 2
-    return rows * (seq * (body + attn) + head_positions * head)
-
-
 def ours_update_worker(spec: dict) -> dict:
     """One round of our side in its own process: [first round: old/ref log-probs near the
     model's own (written for Tunix), the loss of micro-batch 0], a warm-up step, timed steps."""
@@ -328,7 +318,7 @@ def update_rows(args, ckpt, cfg, rng, measure):
         print(f"  update round {r + 1}: ours step {got['update']} logps {got['logps']}; Tunix step "
               f"{got_t['update']} logps {got_t['logps']}", flush=True)
     rate, bw = max(x[0] for x in rates), max(x[1] for x in rates)
-    fwd = learner_flops(cfg, n_rows, PROMPT + COMPLETION, COMPLETION)
+    fwd = forward_flops(cfg, n_rows, PROMPT + COMPLETION, COMPLETION)
     trained = int(rows["loss_mask"].sum())
     gap = abs(losses["ours"] - losses["tunix"])
     common = dict(batch=f"{n_rows} rows x {PROMPT + COMPLETION}", rate=rate, bw=bw)

@@ -53,12 +53,17 @@ def test_rows_mask_only_the_completion_and_tunix_sees_the_same_tokens(tmp_path):
 
 
 def test_learner_flops_counts_layers_head_and_causal_attention():
+    """peers and the learner bench share one FLOP count: every layer at every position, causal
+    attention over (seq + 1) / 2 keys on average, the head once (tied or not) at the completion."""
+    import dataclasses
     cfg = tiny_config()
     body = 2 * (cfg.num_params() - 512 * 64)
-    per_token = body + 4 * 2 * 4 * 16 * 100 / 2
-    # The head (2 x vocab x hidden per position) only at the 40 completion positions of each row.
-    assert peers.learner_flops(cfg, 3, 100, 40) == pytest.approx(3 * (100 * per_token + 40 * 2 * 512 * 64))
-    assert peers.learner_flops(cfg, 3, 100, 100) > peers.learner_flops(cfg, 3, 100, 40)
+    per_token = body + 4 * 2 * 4 * 16 * 101 / 2
+    assert peers.forward_flops(cfg, 3, 100, 40) == pytest.approx(3 * (100 * per_token + 40 * 2 * 512 * 64))
+    assert peers.forward_flops(cfg, 3, 100, 100) > peers.forward_flops(cfg, 3, 100, 40)
+    untied = dataclasses.replace(cfg, tie_word_embeddings=False)
+    assert untied.num_params() == cfg.num_params() + 512 * 64
+    assert peers.forward_flops(untied, 3, 100, 40) == pytest.approx(peers.forward_flops(cfg, 3, 100, 40))
 
 
 def test_table_reports_speed_up_and_share_of_floor(tmp_path):
