@@ -21,7 +21,10 @@ from memsearcher_jax.rl.sft import (
     _nll_sum_split,
     build_rows,
     evaluate_loss,
+    loss_slots,
+    masked_nll_sum,
     pack_rows,
+    packed_nll_sum,
     sft_train,
 )
 from memsearcher_jax.sampling.buckets import bucket
@@ -240,3 +243,47 @@ def test_a_packed_step_is_the_padded_step(demos):
         np.testing.assert_allclose(y, x, atol=2e-5)
         moved = max(moved, float(np.abs(np.asarray(x) - np.asarray(x0)).max()))
     assert moved > 5e-4  # the step did move the weights
+
+
+def test_loss_slots_point_at_every_weighted_slot_and_pad_with_weight_zero():
+    w = np.zeros((3, 50), np.float32)
+    w[0, [3, 4, 5]] = 1
+    w[2, 49] = 1
+    at, weights = loss_slots(w)
+    assert len(at) == len(weights) == 64  # the smallest bucket
+    assert at[:4].tolist() == [3, 4, 5, 2 * 50 + 49] and weights[:4].tolist() == [1, 1, 1, 1]
+    assert not weights[4:].any() and not at[4:].any()
+    many = np.ones((4, 100), np.float32)
+    at, weights = loss_slots(many)
+    assert len(at) >= 400 and len(at) == bucket(400, 64, steps_per_octave=2) and weights.sum() == 400
+    assert sorted(set(at[:400].tolist())) == list(range(400))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_head_at_loss_slots_gives_the_full_heads_sums_and_gradient(demos, packed):
+    """Running the vocabulary head only where the loss reads changes nothing: same NLL sum,
+    same token count, same gradient as the head over every slot."""
+    builder, vocab, convs = demos
+    convs = convs[:6]
+    if packed:
+        r = pack_rows(convs, builder.pad_id, 2 * max(len(c.prompt_ids) + len(c.response_ids) for c in convs))
+        rows, fn = (r.inputs, r.targets, r.weights, r.positions, r.segments), packed_nll_sum
+        slots = (r.loss_at, r.loss_weights)
+    else:
+        r = build_rows(convs, builder.pad_id, 2048)
+        rows, fn = (r.inputs, r.targets, r.weights, r.lengths), masked_nll_sum
+        inside = r.weights * (np.arange(r.weights.shape[1])[None, :] < r.lengths[:, None])
+        slots = loss_slots(inside)
+    assert len(slots[0]) < r.weights.size / 2  # the loss reads a minority of the slots
+    graphdef, params = nnx.split(_model(vocab), nnx.Param)
+
+    def loss(p, *extra):
+        total, count = fn(nnx.merge(graphdef, p), *(jnp.asarray(a) for a in rows + extra))
+        return total / count, (total, count)
+
+    (full, (t_full, c_full)), g_full = jax.value_and_grad(loss, has_aux=True)(params)
+    (part, (t_part, c_part)), g_part = jax.value_and_grad(loss, has_aux=True)(params, *slots)
+    assert float(c_part) == float(c_full) == float(r.weights.sum()) > 0
+    np.testing.assert_allclose(float(t_part), float(t_full), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_part)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4)
