@@ -58,6 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.min_len = 128            # rows pad to quarter-octave buckets from here
     c.train.pack = False             # True: several rows per sequence, segment-masked (same loss, less padding)
     c.train.max_len = 512            # longer curriculum rows are dropped
+    c.train.compilation_cache_dir = "~/.cache/memsearcher-jax/xla-cache"  # JAX's persistent compilation cache
+                                     # ("": off): a resumed run loads its step programs instead of compiling
     c.train.seed = 0
     c.train.output_dir = "runs/base_tiny"
     c.train.save_every = 100

@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors import safe_open
 
+from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.data.curriculum import (
     KINDS,
@@ -346,6 +347,8 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     if resume:
         check_vocab_settings(vocab_dir, cfg)
     prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
+    # Every (rows, width, loss slots) shape is a program: a resumed run loads them instead of compiling.
+    compile_stats.enable_persistent_cache(t.get("compilation_cache_dir", None))
     if not ReadingVocab.exists(vocab_dir):
         build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size)
     vocab = ReadingVocab.load(vocab_dir)

@@ -182,18 +182,19 @@ def pack_rows(conversations: Sequence, pad_id: int, width: int) -> PackedRows:
                       *loss_slots(weights * (segments >= 0)))
 
 
-# The fewest loss slots a step pads to; K grows in half octaves from here (few compiled shapes).
+# The fewest loss slots a step pads to; K doubles from here (few compiled shapes: each K is
+# another program for every row shape, and the padding costs only head work on K slots).
 MIN_LOSS_SLOTS = 64
 
 
 def loss_slots(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where the loss reads: (flat indices [K] of the weighted slots of a [R, W] batch, their
-    weights [K]), K rounded up to a half-octave bucket from MIN_LOSS_SLOTS; the extra entries
+    weights [K]), K rounded up to a power-of-two multiple of MIN_LOSS_SLOTS; the extra entries
     point at slot 0 with weight 0. The head (the vocabulary matmul) and its log-softmax then run
     on K positions instead of R x W: agent rows and reading drills train on a few answer tokens
     among long prompts and observations (4-8% of a pretraining step's slots, ~20% of a warm start's)."""
     flat = np.flatnonzero(weights.reshape(-1) > 0).astype(np.int32)
-    k = bucket(max(len(flat), 1), MIN_LOSS_SLOTS, steps_per_octave=2)
+    k = bucket(max(len(flat), 1), MIN_LOSS_SLOTS, steps_per_octave=1)
     at = np.zeros(k, np.int32)
     w = np.zeros(k, np.float32)
     at[:len(flat)] = flat
