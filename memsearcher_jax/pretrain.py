@@ -334,21 +334,29 @@ def _progress_metrics(model: Qwen2, sets: dict, seen: list, pad_id: int) -> dict
     return out
 
 
+def _prepare_run(cfg: ml_collections.ConfigDict, resume: bool) -> tuple[str, str]:
+    """(output dir, export dir), after refusing what the run must not touch (before anything is
+    removed, built or compiled), clearing the run's own entries for a fresh start, and turning on
+    the persistent compilation cache (every rows x width x loss-slot shape is a program: a
+    resumed run loads them instead of compiling)."""
+    t = cfg.train
+    out = os.path.abspath(os.path.expanduser(t.output_dir))
+    export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
+    check_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
+    check_base_export_dir(export_dir, out)
+    if resume:
+        check_vocab_settings(os.path.join(out, "vocab"), cfg)
+    prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
+    compile_stats.enable_persistent_cache(t.get("compilation_cache_dir", None))
+    return out, export_dir
+
+
 def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list[str] | None = None) -> dict:
     """Train (or resume) the reading base and export it; returns the summary dict."""
     validate_pretrain(cfg)
     t = cfg.train
-    out = os.path.abspath(os.path.expanduser(t.output_dir))
-    export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
+    out, export_dir = _prepare_run(cfg, resume)
     vocab_dir = os.path.join(out, "vocab")
-    # Everything refused before anything is removed, built or compiled.
-    check_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
-    check_base_export_dir(export_dir, out)
-    if resume:
-        check_vocab_settings(vocab_dir, cfg)
-    prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
-    # Every (rows, width, loss slots) shape is a program: a resumed run loads them instead of compiling.
-    compile_stats.enable_persistent_cache(t.get("compilation_cache_dir", None))
     if not ReadingVocab.exists(vocab_dir):
         build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size)
     vocab = ReadingVocab.load(vocab_dir)
