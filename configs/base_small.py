@@ -91,4 +91,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.probe_items = 256        # per progress set (2, 8, 16 passages, multi), every probe_every steps
     c.train.final_probe_items = 512  # per final set, measured once on the exported bf16 weights
     c.train.log_every = 10           # a loss / seconds-per-step line in the log between probes
+    # What changed while the shipped run ran (recorded in the manifest with this config). None
+    # changes what a from-scratch run of this file computes beyond rounding.
+    c.run_notes = (
+        "2026-11-24 13:44 UTC: started from step 0 with packed rows (docs/experiments.md).",
+        "2026-11-25, at step 1000 (phase 1, before any phase-2 step): phase 2's mix set to its "
+        "current values with agent episodes in every workflow's format; phase 1's rows are the same "
+        "under both settings.",
+        "2026-11-25, at step 1200: the head runs only at the loss slots and remat is off (same math, "
+        "other rounding); steps 0-1200 ran with the head over every slot and per-layer remat.",
+    )
     return c

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import queue
 import shlex
 import sys
@@ -445,8 +446,30 @@ def read_history(log_dir: str) -> list[dict]:
         rows = [json.loads(line) for line in f if line.strip()]
     keys = {"probe": "probe_accuracy", "probe_all_lengths": "probe_all_lengths", "probe_multi": "probe_multi",
             "probe_worst_relation": "probe_worst_relation"}
-    return [{"step": r["step"], "loss": round(r["loss"], 4),
-             **{k: round(r[m], 4) for k, m in keys.items() if m in r}} for r in rows]
+    out, last = [], 0
+    for r in rows:
+        out.append({"step": r["step"], "loss": round(r["loss"], 4),
+                    **{k: round(r[m], 4) for k, m in keys.items() if m in r}})
+        if r.get("steps_per_second"):  # wall time of the interval, its probe and any compile included
+            out[-1]["seconds"] = round((r["step"] - last) / r["steps_per_second"], 1)
+        last = r["step"]
+    return out
+
+
+def machine_facts() -> dict:
+    """What the export ran on (the run's machine when it ran on one kind): CPU, cores, memory, devices."""
+    cpu, mem = platform.processor() or platform.machine(), None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            kb = next((int(line.split()[1]) for line in f if line.startswith("MemTotal")), 0)
+            mem = round(kb / 2 ** 20, 1)
+    except OSError:
+        pass
+    devices = jax.devices()
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "platform": platform.platform(),
+            "jax_devices": f"{len(devices)} x {devices[0].device_kind}"}
 
 
 def base_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
@@ -492,6 +515,9 @@ def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.
         "reading_probe": probe,
         "progress_probe": base_probe(out_dir, n_probe, seed),
         "history": history or [],
+        # Wall time summed over the logged intervals (steps lost to an interruption not counted).
+        "pretraining": {"seconds": round(sum(h.get("seconds", 0) for h in history or []), 1),
+                        "machine": machine_facts()},
         "tensors": tensors,
         "files": files,
     }

@@ -351,6 +351,9 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert phases[0]["learning_rate"]["end"] == phases[1]["learning_rate"]["start"] > 0
     assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
     assert manifest["progress_probe"]["n"] == 8
+    assert [h["step"] for h in manifest["history"]] == [2, 4, 6] and all(h["seconds"] > 0 for h in manifest["history"])
+    assert manifest["pretraining"]["seconds"] == pytest.approx(sum(h["seconds"] for h in manifest["history"]))
+    assert manifest["pretraining"]["machine"]["cores"] >= 1 and manifest["pretraining"]["machine"]["cpu"]
 
     # --fresh starts over in the same directory: the earlier run's checkpoints, log and export are
     # gone (a later resume must not pick up its step 6), and nothing else is touched.
