@@ -56,6 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.remat = False            # packed rows fit without recomputing layers (3.2-3.6 GB peak on phase-2
                                      # batches, measured 2026-11-25); remat cost 15% of a step. The run
                                      # began with remat on (to step 1200): same math, other rounding
+    c.model.train_query_block = 128  # attention by 128-query blocks against the keys up to each block's
+                                     # end: same result, (n + 1) / 2n of the scores; a phase-2 step
+                                     # (7 x 1024) 6.92 -> 4.60 s (64: 4.42 s, 256: 5.04 s; 2026-11-25)
 
     # Phase 1: short rows only, until the copy skill forms.
     c.first_phase = ml_collections.ConfigDict()
@@ -100,5 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
         "under both settings.",
         "2026-11-25, at step 1200: the head runs only at the loss slots and remat is off (same math, "
         "other rounding); steps 0-1200 ran with the head over every slot and per-layer remat.",
+        "2026-11-25, at step 1900: attention in 128-query causal blocks (train_query_block; same math, "
+        "other rounding); earlier steps attended all keys at once.",
     )
     return c

@@ -64,7 +64,8 @@ def base_model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: i
                        intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
                        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
                        tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=pad_id,
-                       eos_token_id=eos_id, remat=bool(m.get("remat", False)))
+                       eos_token_id=eos_id, remat=bool(m.get("remat", False)),
+                       train_query_block=int(m.get("train_query_block", 0)))
 
 
 def name_groups(vocab: ReadingVocab) -> list[list[int]]:

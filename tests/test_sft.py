@@ -288,3 +288,26 @@ def test_the_head_at_loss_slots_gives_the_full_heads_sums_and_gradient(demos, pa
     np.testing.assert_allclose(float(t_part), float(t_full), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_part)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4)
+
+
+def test_causal_query_blocks_give_the_same_loss_and_gradient(demos):
+    """Attention in query blocks, each against the keys up to its own end (train_query_block),
+    equals attention over all keys, on packed rows (segments: the pretraining's batches)."""
+    builder, vocab, convs = demos
+    plain = _model(vocab)
+    blocked = Qwen2(dataclasses.replace(plain.config, train_query_block=128), rngs=nnx.Rngs(0))
+    graphdef_p, params = nnx.split(plain, nnx.Param)
+    graphdef_b, _ = nnx.split(blocked, nnx.Param)
+    r = pack_rows(convs[:6], builder.pad_id, 2 * max(len(c.prompt_ids) + len(c.response_ids) for c in convs[:6]))
+    assert r.inputs.shape[1] > 2 * 128  # several blocks
+    rows = (r.inputs, r.targets, r.weights, r.positions, r.segments, r.loss_at, r.loss_weights)
+
+    def loss(prm, graphdef):
+        total, count = packed_nll_sum(nnx.merge(graphdef, prm), *(jnp.asarray(a) for a in rows))
+        return total / count
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (a, ga), (b, gb) = grad(params, graphdef_p), grad(params, graphdef_b)
+    np.testing.assert_allclose(float(b), float(a), rtol=1e-6)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-6, rtol=1e-5)

@@ -49,6 +49,10 @@ class ModelConfig:
     scan_layers: bool = False
     # Rematerialise each layer in the backward pass (activation memory ~ one layer).
     remat: bool = False
+    # Training-forward attention (`CausalLM.hidden_states`) in blocks of this many queries, each
+    # against the keys up to its own last slot (the later ones are all masked): n blocks compute
+    # (n + 1) / 2n of the T x T scores. 0: all queries at once. Same result either way.
+    train_query_block: int = 0
     # "qwen2" (Qwen2 / Qwen2.5: q/k/v biases) or "qwen3" (Qwen3 dense: per-head q/k RMSNorm, no biases).
     model_type: str = "qwen2"
     # LoRA: rank 0 trains every weight (full fine-tuning). Rank r > 0 adds, to each target

@@ -108,6 +108,21 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, t, h, d)
 
 
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, query_block: int) -> jax.Array:
+    """`attention` over one sequence of T slots whose mask is causal (no query attends a later
+    slot), `query_block` queries at a time (the largest divisor of T at most that), each block
+    against the keys up to its own last slot only. The keys left out are masked for every query
+    of the block, so the result is `attention`'s; the scores computed drop from T^2 to
+    T^2 (n + 1) / 2n for n blocks (at T = 1024 the scores are most of a small model's step)."""
+    t = q.shape[1]
+    if query_block <= 0 or query_block >= t:
+        return attention(q, k, v, mask)
+    blk = next(n for n in range(query_block, 0, -1) if t % n == 0)
+    blocks = [attention(q[:, lo:lo + blk], k[:, :lo + blk], v[:, :lo + blk], mask[:, lo:lo + blk, :lo + blk])
+              for lo in range(0, t, blk)]
+    return jnp.concatenate(blocks, axis=1)
+
+
 def _init(rngs: nnx.Rngs, shape, dtype, std=0.02):
     return std * jax.random.normal(rngs.params(), shape, dtype=jnp.float32).astype(dtype)
 
@@ -251,7 +266,7 @@ class CausalLM(nnx.Module):
             q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         q = constrain(apply_rope(q, cos, sin), sh.act_bthd, mesh)
         k = apply_rope(k, cos, sin)
-        attn = constrain(attention(q, k, v, mask), sh.act_bthd, mesh)
+        attn = constrain(causal_attention(q, k, v, mask, cfg.train_query_block), sh.act_bthd, mesh)
         o = lora_apply(p, "o", attn, jnp.einsum("bthk,hkd->btd", attn, p["o_kernel"].astype(dt)), cfg)
         x = x + constrain(o, sh.act_btd, mesh)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
