@@ -218,11 +218,6 @@ def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
                        final_lr_fraction=t.final_lr_fraction)
 
 
-# What `export_base` writes (save_pretrained's files and the manifest).
-EXPORT_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "reading_vocab.json",
-                          "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", BASE_MANIFEST})
-
-
 def check_base_export_dir(export_dir: str, out: str) -> None:
     """The export may replace files only in the run's own `<output_dir>/base`; any other
     train.export_dir must be new or empty (refused before any work, and again before the export)."""

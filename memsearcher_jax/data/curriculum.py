@@ -248,6 +248,12 @@ def recall_row(rng: random.Random, pieces: _Pieces, keys: Sequence[str], values:
     return Row(prompt_ids=first, response_ids=response, loss_mask=mask, kind="recall")
 
 
+def _conversation_row(c, kind: str) -> Row:
+    """A recorded agent conversation (prompt, generated response, loss mask) as a training row."""
+    return Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
+               loss_mask=[int(m) for m in c.loss_mask], kind=kind)
+
+
 class Curriculum:
     """Seeded curriculum rows: `rows_for_step(step, n)` depends only on (seed, step), so a
     resumed run sees exactly the rows the interrupted one would have."""
@@ -297,9 +303,7 @@ class Curriculum:
                                                                      early_answer_rate=0.0, top_n=cfg.top_n,
                                                                      max_turns=cfg.max_turns))
             convs = demo_conversations(demos)
-            for c in rng.sample(convs, min(len(convs), n_demo)):
-                rows.append(Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
-                                loss_mask=[int(m) for m in c.loss_mask], kind="demo"))
+            rows += [_conversation_row(c, "demo") for c in rng.sample(convs, min(len(convs), n_demo))]
         return [r for r in rows if len(r) <= cfg.max_len and sum(r.loss_mask)]
 
     def _mixed_demo_rows(self, world, rng: random.Random, seed: int, n_demo: int) -> list[Row]:
@@ -321,9 +325,7 @@ class Curriculum:
                                         config=DemoConfig(vague_query_rate=0.0, wrong_answer_rate=0.0,
                                                           early_answer_rate=0.0, top_n=cfg.top_n,
                                                           max_turns=cfg.max_turns * len(picked), workflow=workflow))
-            for c in demo_conversations(demos):
-                rows.append(Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
-                                loss_mask=[int(m) for m in c.loss_mask], kind=f"demo:{workflow}:{len(picked)}"))
+            rows += [_conversation_row(c, f"demo:{workflow}:{len(picked)}") for c in demo_conversations(demos)]
         return rows
 
     def rows_for_step(self, step: int, n: int) -> list[Row]:

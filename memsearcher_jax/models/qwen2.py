@@ -108,6 +108,16 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, t, h, d)
 
 
+def query_block_size(t: int, query_block: int) -> int:
+    """The block blocked attention (training's `causal_attention`, the sampler's prefill) uses for
+    T queries: the largest divisor of T that is at most query_block (T itself when query_block is
+    0 or >= T). Prompt buckets are 2^k or 3 * 2^k, so a power-of-two block gives itself or 3/4 of
+    itself (T = 768, block 512: 384)."""
+    if query_block <= 0 or query_block >= t:
+        return t
+    return next(n for n in range(query_block, 0, -1) if t % n == 0)
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, query_block: int) -> jax.Array:
     """`attention` over one sequence of T slots whose mask is causal (no query attends a later
     slot), `query_block` queries at a time (the largest divisor of T at most that), each block
@@ -115,9 +125,9 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     of the block, so the result is `attention`'s; the scores computed drop from T^2 to
     T^2 (n + 1) / 2n for n blocks (at T = 1024 the scores are most of a small model's step)."""
     t = q.shape[1]
-    if query_block <= 0 or query_block >= t:
+    blk = query_block_size(t, query_block)
+    if blk == t:
         return attention(q, k, v, mask)
-    blk = next(n for n in range(query_block, 0, -1) if t % n == 0)
     blocks = [attention(q[:, lo:lo + blk], k[:, :lo + blk], v[:, :lo + blk], mask[:, lo:lo + blk, :lo + blk])
               for lo in range(0, t, blk)]
     return jnp.concatenate(blocks, axis=1)

@@ -178,8 +178,7 @@ def pack_rows(conversations: Sequence, pad_id: int, width: int) -> PackedRows:
             positions[r, at:at + k] = np.arange(k)
             segments[r, at:at + k] = i
             at += k
-    return PackedRows(inputs, targets, weights, positions, segments, truncated,
-                      *loss_slots(weights * (segments >= 0)))
+    return PackedRows(inputs, targets, weights, positions, segments, truncated, *loss_slots(weights))
 
 
 # The fewest loss slots a step pads to; K doubles from here (few compiled shapes: each K is
@@ -320,11 +319,10 @@ class SFTTrainer(Learner):
                 "slots_used": float(np.mean(rows.segments >= 0))}
 
     def train_step(self, rows: SFTRows, idx) -> dict:
-        inputs, targets, weights, lengths = _padded(rows, idx, self.config)
-        inside = weights * (np.arange(weights.shape[1])[None, :] < lengths[:, None])
+        inputs, targets, weights, lengths = _padded(rows, idx, self.config)  # weights 0 past each length
         self.params, self.opt_state, loss, count, gnorm, skipped = self._step(self.params, self.opt_state, inputs,
                                                                               targets, weights, lengths,
-                                                                              *loss_slots(inside))
+                                                                              *loss_slots(weights))
         self.skipped_steps += int(skipped)
         return {"loss": float(loss), "tokens": int(count), "grad_norm": float(gnorm), "length": inputs.shape[1],
                 "skipped": bool(skipped)}

@@ -42,6 +42,7 @@ from memsearcher_jax.models.qwen2 import (
     attention_weights,
     masked_scores,
     merge_lora,
+    query_block_size,
     rms_norm,
     rope_cos_sin,
     slot_mask,
@@ -211,15 +212,6 @@ def _one_token_scores(qg, k):
 def _one_token_mix(weights, v):
     """weights [B, K, G, S] f32, cache v [B, K, S, Dh] -> [B, K, G, Dh] f32."""
     return jnp.sum(weights[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=3)
-
-
-def query_block_size(t: int, query_block: int) -> int:
-    """The block `_blocked_attention` uses for T queries: the largest divisor of T that is at
-    most query_block (T itself when query_block is 0 or >= T). Prompt buckets are 2^k or
-    3 * 2^k, so a power-of-two block gives itself or 3/4 of itself (T = 768, block 512: 384)."""
-    if query_block <= 0 or query_block >= t:
-        return t
-    return next(n for n in range(query_block, 0, -1) if t % n == 0)
 
 
 def _blocked_attention(q, k, v, mask, query_block: int):
