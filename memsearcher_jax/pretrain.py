@@ -174,7 +174,7 @@ def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.Confi
     extra = {k: tuple(c[k]) for k in ("long_passages", "bind_entities", "demo_workflows", "demo_objectives") if k in c}
     return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, mix[k]) for k in KINDS if k in mix),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
-                            max_len=max_len, **extra)
+                            max_len=max_len, name_copy=float(mix.get("name_copy", 0.0)), **extra)
 
 
 def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumConfig, int]]:

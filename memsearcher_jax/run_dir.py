@@ -30,7 +30,8 @@ def is_same_or_parent(path: str, other: str) -> bool:
 def check_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, kind: str = "training") -> None:
     """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
     a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
-    parent of them) and a directory holding anything a run of this kind did not write there."""
+    parent of them), a directory holding anything a run of this kind did not write there, and one
+    without the marker a run writes first (`RUN_MARKER`)."""
     if "://" in out:  # gs://, s3://: written through etils.epath; nothing local to check
         if fresh:
             raise UserInputError(f"--fresh with the remote train.output_dir={out}: it is never cleared from here; "
@@ -49,7 +50,15 @@ def check_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, ki
         if is_same_or_parent(out, where):
             raise UserInputError(f"--fresh with train.output_dir={out}: that is {name} (or holds it); --fresh only "
                                  "clears a run's own directory: give train.output_dir a directory of its own")
-    foreign = sorted(set(os.listdir(out)) - entries)
+    present = set(os.listdir(out))
+    foreign = sorted(present - entries)
+    if present and not foreign and RUN_MARKER not in present:
+        # Entries with a run's names but no marker: a directory of the user's that happens to
+        # hold a `logs` or `checkpoints` of their own, or a run from before markers (2026-11-24).
+        raise UserInputError(f"--fresh with train.output_dir={out}: it has no {RUN_MARKER} marker, so no "
+                             f"memsearcher-jax {kind} run is known to have made it; nothing was removed. If it is "
+                             f"an older run's directory, mark it (touch {os.path.join(out, RUN_MARKER)}) and "
+                             "run again, or choose another train.output_dir")
     if foreign:
         raise UserInputError(f"--fresh with train.output_dir={out}: it holds {os.path.join(out, foreign[0])}"
                              f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no {kind} run "

@@ -90,6 +90,27 @@ def test_fresh_removes_only_what_a_run_wrote(tmp_path):
     assert (out / "mine.txt").read_text() == "x"
 
 
+def test_fresh_needs_the_run_marker_before_removing_anything(tmp_path):
+    """Names alone do not make a run's directory: a user's `logs` and `checkpoints` without the
+    marker stay; an empty directory and a marked one are fine."""
+    from memsearcher_jax.run_dir import RUN_MARKER, check_output_dir, prepare_output_dir
+
+    out = tmp_path / "mine"
+    (out / "logs").mkdir(parents=True)
+    (out / "checkpoints").mkdir()
+    (out / "logs" / "diary.txt").write_text("x")
+    with pytest.raises(ValueError, match=RUN_MARKER) as err:
+        prepare_output_dir(str(out), fresh=True)
+    assert "nothing was removed" in str(err.value)
+    assert (out / "logs" / "diary.txt").read_text() == "x"
+    (out / RUN_MARKER).write_text("{}")      # an older run's directory, marked by its owner
+    prepare_output_dir(str(out), fresh=True)
+    assert sorted(os.listdir(out)) == [RUN_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_output_dir(str(empty), fresh=True)
+
+
 def test_output_dir_that_is_a_file_is_a_message(tmp_path, capsys):
     path = tmp_path / "afile"
     path.write_text("keep me")

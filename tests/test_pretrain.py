@@ -223,6 +223,48 @@ def test_demo_formats_change_nothing_without_demo_rows(parts):
         CurriculumConfig(demo_objectives=(0,))
 
 
+def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
+    """name_copy: a context row's names seen earlier in the row become targets at that weight;
+    answers keep 1; first mentions, non-names and rows of other kinds are untouched; the same
+    rows (tokens) are drawn, and 0 leaves every row as it was."""
+    from memsearcher_jax.data.curriculum import with_name_copy
+    vocab, _, builder = parts
+    mix = (("recall", 0.2), ("cloze", 0.4), ("long", 0.2), ("bind", 0.2))
+    plain = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=mix, max_len=1024))
+    copy = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=mix, max_len=1024, name_copy=0.25))
+    names = pool_ids(vocab, "pretrain") | pool_ids(vocab, "reserved")
+    a, b = plain.rows_for_step(3, 24), copy.rows_for_step(3, 24)
+    assert [r.prompt_ids + r.response_ids for r in a] == [r.prompt_ids + r.response_ids for r in b]
+    n_copy = 0
+    for ra, rb in zip(a, b):
+        if ra.kind == "recall":
+            assert rb.loss_mask == ra.loss_mask
+            continue
+        ids = ra.prompt_ids + ra.response_ids
+        before = [0] * len(ra.prompt_ids) + list(ra.loss_mask)
+        after = [0] + list(rb.loss_mask)
+        assert len(rb.prompt_ids) == 1 and len(after) == len(ids)
+        for i, (t, m0, m1) in enumerate(zip(ids, before, after)):
+            if m0:
+                assert m1 == m0                       # answers keep their weight
+            elif t in names and t in ids[:i]:
+                assert m1 == 0.25
+                n_copy += 1
+            else:
+                assert m1 == 0                        # first mentions and other tokens
+    assert n_copy > 10 * len(b)
+    from memsearcher_jax.rl.sft import pack_rows
+    packed = pack_rows(b, builder.pad_id, 1024)              # the weights reach the loss as they are
+    assert np.isclose(packed.weights.sum(), sum(sum(r.loss_mask) for r in b))
+    assert np.isclose((packed.weights == 0.25).sum(), n_copy)
+    # Built by hand: prompt "X a X", response "X" (answer) then "b"; X a name, a/b not.
+    x = sorted(names)[0]
+    row = with_name_copy(type(a[0])(prompt_ids=[x, 7, x], response_ids=[x, 8], loss_mask=[1, 0]), frozenset(names), 0.5)
+    assert row.prompt_ids == [x] and row.response_ids == [7, x, x, 8] and row.loss_mask == [0.0, 0.5, 1.0, 0.0]
+    with pytest.raises(ValueError, match="name_copy"):
+        CurriculumConfig(name_copy=2.0)
+
+
 def test_phased_curriculum_switches_at_its_first_steps(parts):
     vocab, _, builder = parts
     short = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=(("repeat", 1.0),)))

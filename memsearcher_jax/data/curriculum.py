@@ -58,6 +58,10 @@ class CurriculumConfig:
     # world). The default, memsearcher alone at one objective, keeps the first base's rows.
     demo_workflows: tuple[str, ...] = ("memsearcher",)
     demo_objectives: tuple[int, ...] = (1,)
+    # Weight of the name-copy targets in context rows (cloze, long, bind, multi): every name token
+    # of the passages and questions that already appeared earlier in the row is predicted too, at
+    # this weight beside the answers' 1 (0: answers only, the first base's rows).
+    name_copy: float = 0.0
 
     def __post_init__(self):
         names = [k for k, _ in self.mix]
@@ -67,6 +71,8 @@ class CurriculumConfig:
             raise ValueError(f"mix weights must not all be 0, got {self.mix}")
         if not 1 <= self.recall_pairs[0] <= self.recall_pairs[1]:
             raise ValueError(f"recall_pairs must be an increasing range >= 1, got {self.recall_pairs}")
+        if not 0 <= self.name_copy <= 1:
+            raise ValueError(f"name_copy must be a weight in [0, 1], got {self.name_copy}")
         if not self.demo_workflows or any(w not in RECORDERS for w in self.demo_workflows):
             raise ValueError(f"demo_workflows must name recorded formats {tuple(RECORDERS)}, got {self.demo_workflows}")
         if not self.demo_objectives or any(int(k) != k or k < 1 for k in self.demo_objectives):
@@ -83,7 +89,7 @@ class Row:
 
     prompt_ids: list[int]
     response_ids: list[int]
-    loss_mask: list[int]
+    loss_mask: list[float]  # 0/1 (answers), or a copy target's weight (`with_name_copy`)
     kind: str = ""
     questions: list = dataclasses.field(default_factory=list)  # context rows: the question rows asked, in order
     per_ask: int = 1                # questions joined into one `<question>` (multi-objective: 2)
@@ -248,6 +254,28 @@ def recall_row(rng: random.Random, pieces: _Pieces, keys: Sequence[str], values:
     return Row(prompt_ids=first, response_ids=response, loss_mask=mask, kind="recall")
 
 
+CONTEXT_KINDS = ("cloze", "long", "bind", "multi")
+
+
+def with_name_copy(row: Row, name_ids: frozenset[int], weight: float) -> Row:
+    """The row with its copy targets also weighed: every name token (`name_ids`) that already
+    appeared earlier in the row and is not an answer token gets loss weight `weight`.
+
+    A passage names its subject in every sentence and a question names a shown entity, so a
+    context row holds ~5 such targets per passage against 1-4 answers: a dense signal for
+    reproducing a name's code from an earlier position, the step where the answers' misses were
+    (the argmax a name seen nowhere in the context). The whole row becomes the response (the
+    first token the prompt), so `sft` scores it without knowing about prompts."""
+    ids = list(row.prompt_ids) + list(row.response_ids)
+    mask = [0.0] * len(row.prompt_ids) + [float(m) for m in row.loss_mask]
+    seen = set()
+    for i, t in enumerate(ids):
+        if t in seen and t in name_ids and not mask[i]:
+            mask[i] = weight
+        seen.add(t)
+    return dataclasses.replace(row, prompt_ids=ids[:1], response_ids=ids[1:], loss_mask=mask[1:])
+
+
 def _conversation_row(c, kind: str) -> Row:
     """A recorded agent conversation (prompt, generated response, loss mask) as a training row."""
     return Row(prompt_ids=list(c.prompt_ids), response_ids=list(c.response_ids),
@@ -266,6 +294,8 @@ class Curriculum:
         keys = [n for kind in ("person", "city", "company") for n in self.names[kind]]
         self.recall_keys = keys
         self.recall_values = keys + [v for vs in vocab.values.values() for v in vs]
+        self.name_ids = frozenset(vocab.ids[n] for pools in vocab.names.values() for names in pools.values()
+                                  for n in names)
         self.kinds = [k for k, _ in config.mix]
         self.weights = [w for _, w in config.mix]
 
@@ -292,6 +322,8 @@ class Curriculum:
             elif kind == "bind":
                 rows.append(bind_row(world, rng, self.pieces, rng.randint(*cfg.long_passages),
                                      rng.randint(*cfg.bind_entities), cfg.cloze_questions))
+        if cfg.name_copy:
+            rows = [with_name_copy(r, self.name_ids, cfg.name_copy) if r.kind in CONTEXT_KINDS else r for r in rows]
         n_demo = kinds.count("demo")
         if n_demo and (cfg.demo_workflows, cfg.demo_objectives) != (("memsearcher",), (1,)):
             rows += self._mixed_demo_rows(world, rng, seed, n_demo)

@@ -91,7 +91,7 @@ def _sequences(conversations: Sequence, max_tokens: int) -> tuple[list[tuple[lis
         if len(c.response_ids) != len(c.loss_mask):
             raise ValueError(f"conversation {i}: {len(c.response_ids)} response ids but {len(c.loss_mask)} mask values")
         ids = list(c.prompt_ids) + list(c.response_ids)
-        mask = [0] * len(c.prompt_ids) + [int(m) for m in c.loss_mask]
+        mask = [0] * len(c.prompt_ids) + [float(m) for m in c.loss_mask]  # weights (0/1, or a copy target's)
         if len(ids) > max_tokens:
             ids, mask, truncated = ids[:max_tokens], mask[:max_tokens], truncated + 1
         seqs.append((ids, mask))
