@@ -29,8 +29,9 @@ def _run_args(p: argparse.ArgumentParser, func):
     """The options of a resumable run."""
     p.add_argument("--fresh", action="store_true",
                    help="start over in train.output_dir: remove what an earlier run of this command wrote there "
-                        "(checkpoints, logs, its export) and nothing else; a directory holding other files is "
-                        "refused (default: resume from its latest checkpoint)")
+                        "(checkpoints, logs, its export) and nothing else; a directory holding other files, or "
+                        "without the .memsearcher-run marker a run writes, is refused (default: resume from its "
+                        "latest checkpoint)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=func)
 
