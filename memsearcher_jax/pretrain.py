@@ -38,6 +38,7 @@ from memsearcher_jax.data.curriculum import (
     Curriculum,
     CurriculumConfig,
     PhasedCurriculum,
+    copy_probe_items,
     multi_probe_items,
     probe_items,
 )
@@ -313,9 +314,10 @@ def _restore(manager, trainer: SFTTrainer, cfg: ml_collections.ConfigDict, vocab
     return step
 
 
-def _progress_metrics(model: Qwen2, sets: dict, seen: list, pad_id: int) -> dict:
+def _progress_metrics(model: Qwen2, sets: dict, seen: list, pad_id: int, copy: list | None = None) -> dict:
     """The progress probe as logged: 2 passages (probe_accuracy, by relation), the longer
-    contexts, the multi-objective items, and 2 passages over pretrain names."""
+    contexts, the multi-objective items, 2 passages over pretrain names, and the copy items
+    (`copy_probe_items`: the induction skill reading rests on)."""
     rep = probe_report(model, sets, pad_id)
     two = rep["by_length"]["2"]
     out = {"probe_accuracy": two["accuracy"], "probe_all_lengths": rep["accuracy"],
@@ -328,6 +330,8 @@ def _progress_metrics(model: Qwen2, sets: dict, seen: list, pad_id: int) -> dict
             out.update({f"probe_{k}/{rel}": a for rel, a in r["by_relation"].items()})
     if "multi" in rep:
         out["probe_multi"] = rep["multi"]["accuracy"]
+    if copy:
+        out["probe_copy"] = reading_probe(model, copy, pad_id)["accuracy"]
     return out
 
 
@@ -381,6 +385,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     # Progress only; the final sets are never looked at here.
     sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
+    copy = copy_probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 3000)
 
     manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"),
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2))
@@ -399,13 +404,15 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
             _log(f"step {step}/{t.steps} loss {np.mean(losses[-log_every:]):.3f} "
                  f"{(time.time() - t0) / len(losses):.1f} s/step")
         if step % t.probe_every == 0 or step == t.steps:
-            last = {"loss": float(np.mean(losses)), **_progress_metrics(trainer.model(), sets, seen, builder.pad_id),
+            progress = _progress_metrics(trainer.model(), sets, seen, builder.pad_id, copy)
+            last = {"loss": float(np.mean(losses)), **progress,
                     "steps_per_second": len(losses) / (time.time() - t0)}
             writer.write(step, last)
             _log(f"step {step}/{t.steps} loss {last['loss']:.3f} probe {100 * last['probe_accuracy']:.1f}% "
                  f"(all lengths {100 * last['probe_all_lengths']:.1f}%, multi {100 * last.get('probe_multi', 0):.1f}%, "
                  f"worst relation {100 * last['probe_worst_relation']:.1f}%, pretrain names "
-                 f"{100 * last['probe_accuracy_pretrain_names']:.1f}%) {last['steps_per_second']:.3f} steps/s")
+                 f"{100 * last['probe_accuracy_pretrain_names']:.1f}%, copy {100 * last['probe_copy']:.1f}%) "
+                 f"{last['steps_per_second']:.3f} steps/s")
             t0, losses = time.time(), []
         if step % t.save_every == 0 or step == t.steps:
             manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(trainer.params),

@@ -265,6 +265,23 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
         CurriculumConfig(name_copy=2.0)
 
 
+def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
+    """A copy item's answer is the word at the same place in the run's first copy, a reserved
+    name or a value, and it is in the context; no pretrain name appears."""
+    from memsearcher_jax.data.curriculum import copy_probe_items
+    vocab, _, builder = parts
+    items = copy_probe_items(vocab, builder, 40, seed=5)
+    assert items == copy_probe_items(vocab, builder, 40, seed=5)
+    assert items != copy_probe_items(vocab, builder, 40, seed=6)
+    newline = builder._enc("\n")
+    words = pool_ids(vocab, "reserved") | {vocab.ids[v] for vs in vocab.values.values() for v in vs}
+    for ctx, target, kind in items:
+        assert kind == "copy" and target in words and not set(ctx) & pool_ids(vocab, "pretrain")
+        cut = next(i for i in range(len(ctx)) if ctx[i:i + len(newline)] == newline)
+        first, second = ctx[:cut], ctx[cut + len(newline):]
+        assert first[len(second)] == target       # the next word of the first copy
+
+
 def test_phased_curriculum_switches_at_its_first_steps(parts):
     vocab, _, builder = parts
     short = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=(("repeat", 1.0),)))

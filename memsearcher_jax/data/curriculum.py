@@ -409,6 +409,24 @@ def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int =
     return items[:n]
 
 
+def copy_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 777,
+                     pool: str = "reserved",
+                     run_tokens: tuple[int, int] = (16, 48)) -> list[tuple[list[int], int, str]]:
+    """The copy (induction) skill alone: repeat drills over `pool` names and the values, each cut
+    before one random word of its second copy. Each item: (context ids, that word's id, "copy").
+    Reading needs this circuit; a base can reach a middling reading probe without it (the second
+    base: 60% at 2 passages with 6% here, docs/experiments.md 2026-11-25)."""
+    rng = random.Random(seed)
+    pieces = _Pieces(builder)
+    words = [w for names in vocab.pool(pool).values() for w in names] + [v for vs in vocab.values.values() for v in vs]
+    items = []
+    for _ in range(n):
+        row = repeat_row(rng, pieces, words, rng.randint(*run_tokens))
+        at = rng.choice([i for i, m in enumerate(row.loss_mask) if m])
+        items.append((row.prompt_ids + row.response_ids[:at], row.response_ids[at], "copy"))
+    return items
+
+
 def multi_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 4321, n_passages: int = 4,
                       pool: str = "reserved") -> list[tuple[list[int], list[int], str]]:
     """Multi-objective probe items: n_passages shown, one `<question> q1; q2 </question>` about
