@@ -77,7 +77,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.curriculum.long = 0.25
     c.curriculum.bind = 0.25
     c.curriculum.multi = 0.05
-    c.curriculum.name_copy = 0.0     # (experiment knob, see docs/experiments.md 2026-11-25)
+    c.curriculum.name_copy = 0.0     # copy targets on repeated names in context rows (off, as this run
+                                     # trained; the A/B from step 2300: docs/experiments.md 2026-11-25)
     c.curriculum.demo_workflows = ("memsearcher", "react", "mem1", "memory_ops")
     c.curriculum.demo_objectives = (1, 2)
     c.curriculum.long_passages = (4, 16)

@@ -203,7 +203,8 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
                                             "objectives": list(cur.demo_objectives),
                                             "shares": "equal, by episode"}}
                          if dict(cur.mix).get("demo", 0) > 0 else {})
-    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), **demos(cur), "max_len": cur.max_len,
+    copy = lambda cur: {"name_copy": cur.name_copy} if cur.name_copy else {}
+    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), **demos(cur), **copy(cur), "max_len": cur.max_len,
              "batch_size": batch, "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,

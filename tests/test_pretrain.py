@@ -263,6 +263,12 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
     assert row.prompt_ids == [x] and row.response_ids == [7, x, x, 8] and row.loss_mask == [0.0, 0.5, 1.0, 0.0]
     with pytest.raises(ValueError, match="name_copy"):
         CurriculumConfig(name_copy=2.0)
+    from memsearcher_jax.pretrain import phase_records
+    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"))
+    assert all("name_copy" not in p for p in phase_records(cfg))   # off: the manifest as before
+    cfg.curriculum.name_copy = 0.25
+    first, last = phase_records(cfg)
+    assert "name_copy" not in first and last["name_copy"] == 0.25  # a phase's own setting, recorded
 
 
 def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
