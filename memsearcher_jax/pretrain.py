@@ -181,13 +181,20 @@ def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.Confi
 def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumConfig, int]]:
     """[(first step, curriculum, batch size)]: an optional `first_phase` (its own mix, max_len
     and batch_size, steps 0..first_phase.steps), then cfg.curriculum at train.max_len and
-    train.batch_size to the end."""
+    train.batch_size, and an optional `third_phase` from its `start` step: cfg.curriculum with the
+    keys it sets (mix weights, name_copy) replaced, same length and batch (a recipe change made
+    during a run, recorded so the config still reproduces it from scratch)."""
     t, first = cfg.train, cfg.get("first_phase")
-    last = _curriculum_config(cfg, cfg.curriculum, t.max_len)
-    if first is None or first.steps <= 0:
-        return [(0, last, t.batch_size)]
-    return [(0, _curriculum_config(cfg, first, first.max_len), first.get("batch_size", t.batch_size)),
-            (first.steps, last, t.batch_size)]
+    phases = [(0, _curriculum_config(cfg, cfg.curriculum, t.max_len), t.batch_size)]
+    if first is not None and first.steps > 0:
+        phases = [(0, _curriculum_config(cfg, first, first.max_len), first.get("batch_size", t.batch_size)),
+                  (first.steps, phases[0][1], t.batch_size)]
+    third = cfg.get("third_phase")
+    if third is not None and third.get("start", 0) > 0:
+        merged = ml_collections.ConfigDict(cfg.curriculum.to_dict())
+        merged.update({k: v for k, v in third.items() if k != "start"})
+        phases.append((third.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
+    return phases
 
 
 def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
@@ -263,6 +270,14 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     first = cfg.get("first_phase")
     if first is not None and not 0 <= first.steps < t.steps:
         problems.append(f"first_phase.steps must be in [0, train.steps={t.steps}), got {first.steps}")
+    third = cfg.get("third_phase")
+    if third is not None and third.get("start", 0) > 0:
+        begins = first.steps if first is not None else 0
+        if not begins < third.start < t.steps:
+            problems.append(f"third_phase.start must be in ({begins}, train.steps={t.steps}), got {third.start}")
+        unknown = sorted(set(third.keys()) - {"start", "name_copy", *KINDS})
+        if unknown:
+            problems.append(f"third_phase sets {unknown}: only start, name_copy and the mix weights {KINDS}")
     if problems:
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
     phase_configs(cfg)  # raises ValueError naming the field

@@ -5,6 +5,7 @@ import json
 import os
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -286,6 +287,27 @@ def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
         cut = next(i for i in range(len(ctx)) if ctx[i:i + len(newline)] == newline)
         first, second = ctx[:cut], ctx[cut + len(newline):]
         assert first[len(second)] == target       # the next word of the first copy
+
+
+def test_third_phase_changes_only_what_it_sets_from_its_start():
+    from memsearcher_jax.pretrain import phase_configs, phase_records, validate_pretrain
+    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"))
+    before = phase_configs(cfg)
+    cfg.third_phase = ml_collections.ConfigDict({"start": 2500, "repeat": 0.5, "name_copy": 0.25})
+    phases = phase_configs(cfg)
+    assert phases[:2] == before and phases[2][0] == 2500 and phases[2][2] == before[1][2]
+    third, second = dict(phases[2][1].mix), dict(before[1][1].mix)
+    assert third["repeat"] == 0.5 and phases[2][1].name_copy == 0.25
+    assert {k: v for k, v in third.items() if k != "repeat"} == {k: v for k, v in second.items() if k != "repeat"}
+    assert [p["steps"] for p in phase_records(cfg)] == ["0-1500", "1500-2500", "2500-6000"]
+    validate_pretrain(cfg)
+    cfg.third_phase.start = 1000                     # inside phase 1
+    with pytest.raises(ValueError, match="third_phase.start"):
+        validate_pretrain(cfg)
+    cfg.third_phase.start = 2500
+    cfg.third_phase.lr = 1.0                         # not a curriculum setting
+    with pytest.raises(ValueError, match="third_phase sets"):
+        validate_pretrain(cfg)
 
 
 def test_phased_curriculum_switches_at_its_first_steps(parts):
