@@ -84,6 +84,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.curriculum.long_passages = (4, 16)
     c.curriculum.bind_entities = (2, 8)
 
+    # Phase 3 (from step 3200): the copy circuit, measured by the progress probe's `probe_copy`,
+    # had never formed (repeat drill 5-13% where the first base copies 100%; docs/experiments.md
+    # 2026-11-25, second session) and phase 2's probe plateaued at 58-64%. So repeat drills come
+    # back at .4 of the rows and context rows also train on repeated names (name_copy .25: +5-7
+    # points in a 200-step A/B from step 2300). The rest of the mix keeps phase 2's proportions.
+    c.third_phase = ml_collections.ConfigDict()
+    c.third_phase.start = 3200
+    c.third_phase.repeat = 0.4
+    c.third_phase.recall = 0.05
+    c.third_phase.cloze = 0.1
+    c.third_phase.demo = 0.1
+    c.third_phase.long = 0.15
+    c.third_phase.bind = 0.15
+    c.third_phase.multi = 0.05
+    c.third_phase.name_copy = 0.25
+
     c.train.steps = 6000
     c.train.max_len = 1024
     c.train.batch_size = 16          # phase 2: 16 rows of up to 1024 tokens (~ the tokens of phase 1's 64 short rows)
@@ -107,5 +123,7 @@ def get_config() -> ml_collections.ConfigDict:
         "other rounding); steps 0-1200 ran with the head over every slot and per-layer remat.",
         "2026-11-25, at step 1900: attention in 128-query causal blocks (train_query_block; same math, "
         "other rounding); earlier steps attended all keys at once.",
+        "2026-11-25, at step 3200: phase 3 (third_phase) added: repeat drills back at .4 and name_copy .25, "
+        "because the copy circuit had not formed; steps before 3200 are unchanged.",
     )
     return c
