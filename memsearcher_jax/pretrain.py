@@ -93,6 +93,24 @@ def set_codes(embed: np.ndarray, groups: list[list[int]], seed: int) -> np.ndarr
     return emb
 
 
+def mimetic_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
+                      alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Mimetic initialisation of attention (Trockman & Kolter, 2023): each key kernel moves a
+    fraction alpha of the way to the query kernel of its group's first head, each output kernel
+    to the transpose of its group's value kernel, so W_q W_k^T and W_v W_o start near positive
+    semi-definite: heads begin by attending to similar content and copying what they attend to,
+    the two halves of the reading circuit. q [L, D, H, Dh], k and v [L, D, K, Dh], o [L, H, Dh, D];
+    returns the new (k, o)."""
+    k, o = np.array(k, np.float32), np.array(o, np.float32)
+    heads, groups = q.shape[2], k.shape[2]
+    per = heads // groups
+    for g in range(groups):
+        k[:, :, g] = (1 - alpha) * k[:, :, g] + alpha * q[:, :, g * per]
+        for h in range(g * per, (g + 1) * per):
+            o[:, h] = (1 - alpha) * o[:, h] + alpha * np.swapaxes(v[:, :, g], 1, 2)
+    return k, o
+
+
 # ----------------------------------------------------------------------------- the probe
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -167,15 +185,26 @@ def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
 
 # ----------------------------------------------------------------------------- the job
 
+# Curriculum settings a phase may set besides its mix weights (the rest come from cfg.curriculum).
+PHASE_SETTINGS = ("name_copy", "cloze_passages", "cloze_questions", "long_passages", "bind_entities", "recall_pairs",
+                  "repeat_tokens", "demo_workflows", "demo_objectives")
+_TUPLES = ("cloze_passages", "long_passages", "bind_entities", "recall_pairs", "repeat_tokens", "demo_workflows",
+           "demo_objectives")
+
+
 def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict,
                        max_len: int) -> CurriculumConfig:
     """A phase's curriculum: the row kinds `mix` weighs (in KINDS order; kinds it does not name
-    are not drawn), the world settings of cfg.curriculum."""
+    are not drawn); each of PHASE_SETTINGS from `mix` where it sets it, else from cfg.curriculum."""
     c = cfg.curriculum
-    extra = {k: tuple(c[k]) for k in ("long_passages", "bind_entities", "demo_workflows", "demo_objectives") if k in c}
+    settings = {}
+    for key in PHASE_SETTINGS:
+        source = mix if key in mix else c
+        if key in source:
+            settings[key] = tuple(source[key]) if key in _TUPLES else type(getattr(CurriculumConfig, key))(source[key])
     return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, mix[k]) for k in KINDS if k in mix),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
-                            max_len=max_len, name_copy=float(mix.get("name_copy", 0.0)), **extra)
+                            max_len=max_len, **settings)
 
 
 def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumConfig, int]]:
@@ -275,9 +304,9 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
         begins = first.steps if first is not None else 0
         if not begins < third.start < t.steps:
             problems.append(f"third_phase.start must be in ({begins}, train.steps={t.steps}), got {third.start}")
-        unknown = sorted(set(third.keys()) - {"start", "name_copy", *KINDS})
+        unknown = sorted(set(third.keys()) - {"start", *PHASE_SETTINGS, *KINDS})
         if unknown:
-            problems.append(f"third_phase sets {unknown}: only start, name_copy and the mix weights {KINDS}")
+            problems.append(f"third_phase sets {unknown}: only start, the mix weights {KINDS} and {PHASE_SETTINGS}")
     if problems:
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
     phase_configs(cfg)  # raises ValueError naming the field
@@ -303,6 +332,13 @@ def _init_model(cfg: ml_collections.ConfigDict, vocab: ReadingVocab, builder: Pr
     """The initial model and its tied embedding rows (names / values: a shared vector per type + a code each)."""
     mc = base_model_config(cfg, vocab_size, builder.eos_id, builder.pad_id)
     model = Qwen2(mc, rngs=nnx.Rngs(cfg.model.init_seed))
+    alpha = float(cfg.model.get("mimetic_init", 0.0))
+    if alpha:
+        layers = model.layers
+        k, o = mimetic_attention(np.asarray(layers.q_kernel[...]), np.asarray(layers.k_kernel[...]),
+                                 np.asarray(layers.v_kernel[...]), np.asarray(layers.o_kernel[...]), alpha)
+        layers.k_kernel[...] = jnp.asarray(k, layers.k_kernel[...].dtype)
+        layers.o_kernel[...] = jnp.asarray(o, layers.o_kernel[...].dtype)
     tied = (name_groups(vocab) if cfg.model.tie_names else []) + (value_groups(vocab) if cfg.model.tie_values else [])
     if tied:
         model.embed[...] = jnp.asarray(set_codes(model.embed[...], tied, cfg.model.init_seed), model.embed[...].dtype)

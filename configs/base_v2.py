@@ -1,0 +1,106 @@
+"""The reading base, second version (`memsearcher_jax/bases/reading_v2`, the shipped base).
+
+    memsearcher-jax pretrain --config configs/base_v2.py --config.train.output_dir=runs/base_v2
+
+The same command resumes an interrupted run (checkpoints every 100 steps under output_dir) and,
+run from an empty output_dir, reproduces the weights from scratch: the vocabulary, the init and
+every curriculum row depend only on the seeds below (rows on (seed, step)).
+
+Why these choices (docs/experiments.md, 2026-11-26):
+- Shape: 4 layers x 128, as the first base. Its main job stays as fast as before, and the
+  wider 4 x 256 of the lost second run learnt no faster per CPU-second (~3x the cost per step).
+- Mimetic attention init (`model.mimetic_init`): key kernels start near their query kernels,
+  output kernels near their value kernels' transposes, so heads begin by attending to similar
+  content and copying it. On the recall drill (content matching), 400 steps reach 9.7% with it
+  and 4.4% without (one core each, same rows).
+- Binding from the start: phase 1 is 40% `bind` rows (2-4 entities of one type among 2-6
+  passages, one relation asked about several of them) and name_copy targets, not the first
+  base's recall/cloze mix: that mix reached its 80% at 2 passages by matching the relation and
+  type only (same-type distractors: 59%, chance 50%), and a bind-heavy phase 1 reaches the same
+  80% in 1250 steps at batch 32 with 41% (not 30%) at 8 passages.
+- Phase 2: contexts to 16 passages (~900 tokens) with the asked passage anywhere, more entities
+  per bind row, multi-objective rows, and agent episodes in every workflow's format in equal
+  shares (memsearcher, react, mem1, memory_ops at 1 and 2 objectives): a base that saw no
+  episodes left the default's warm start never searching (docs/experiments.md 2026-11-25), and
+  one format alone would favour its workflow in the paper tables.
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+
+    c.vocab = ml_collections.ConfigDict()
+    c.vocab.seed = 0                 # names of the pools (pretrain / reserved) come from this seed
+    c.vocab.bpe_size = 640           # BPE entries besides names, values and agent tags
+
+    c.model = ml_collections.ConfigDict()
+    c.model.hidden_size = 128
+    c.model.intermediate_size = 384
+    c.model.num_layers = 4
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 32
+    c.model.rope_theta = 10000.0
+    c.model.init_seed = 0
+    c.model.mimetic_init = 0.7       # share of W_k -> W_q and W_o -> W_v^T at init (0: plain random init)
+    c.model.remat = False
+    c.model.train_query_block = 128  # attention by 128-query blocks against the keys up to each block's end
+    # A name token's embedding = a vector shared by its type (person, city, company, country),
+    # trained, + a fixed random code of its own, so a reserved name (never seen in pretraining)
+    # looks exactly like the names the model learnt to copy. Attribute values the same way.
+    c.model.tie_names = True
+    c.model.tie_values = True
+    c.model.recode_values_on_resume = False
+
+    # Phase 1 (steps 0..first_phase.steps): short rows, binding from the start.
+    c.first_phase = ml_collections.ConfigDict()
+    c.first_phase.steps = 1500
+    c.first_phase.max_len = 512
+    c.first_phase.batch_size = 32
+    c.first_phase.repeat = 0.2
+    c.first_phase.recall = 0.1
+    c.first_phase.cloze = 0.3
+    c.first_phase.bind = 0.4
+    c.first_phase.long_passages = (2, 6)
+    c.first_phase.bind_entities = (2, 4)
+
+    # Phase 2 (to train.steps): long contexts, multi-objective rows, agent episodes.
+    c.curriculum = ml_collections.ConfigDict()
+    c.curriculum.repeat = 0.1
+    c.curriculum.recall = 0.05
+    c.curriculum.cloze = 0.15
+    c.curriculum.bind = 0.3
+    c.curriculum.long = 0.2
+    c.curriculum.multi = 0.05
+    c.curriculum.demo = 0.15
+    c.curriculum.name_copy = 0.25    # names seen earlier in a context row are targets at this weight
+    c.curriculum.long_passages = (4, 16)
+    c.curriculum.bind_entities = (2, 8)
+    c.curriculum.demo_workflows = ("memsearcher", "react", "mem1", "memory_ops")
+    c.curriculum.demo_objectives = (1, 2)
+    c.curriculum.world_entities = 30
+    c.curriculum.rows_per_world = 32
+    c.curriculum.top_n = 2           # the agent's default_top_n in configs/default.py
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 4000
+    c.train.batch_size = 16          # phase 2: 16 rows of up to 1024 tokens
+    c.train.max_len = 1024
+    c.train.pack = True              # rows packed several to a sequence (same loss, less padding)
+    c.train.learning_rate = 1e-3
+    c.train.warmup = 200
+    c.train.final_lr_fraction = 0.1
+    c.train.weight_decay = 0.01
+    c.train.min_len = 128
+    c.train.compilation_cache_dir = "~/.cache/memsearcher-jax/xla-cache"
+    c.train.seed = 0
+    c.train.output_dir = "runs/base_v2"
+    c.train.export_dir = ""          # where the finished base is written ("": output_dir/base)
+    c.train.save_every = 100
+    c.train.probe_every = 250
+    c.train.probe_items = 256        # per progress set (2, 8, 16 passages, multi)
+    c.train.final_probe_items = 512  # per final set, measured once on the exported bf16 weights
+    c.train.log_every = 10
+    c.run_notes = ()
+    return c
