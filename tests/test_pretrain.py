@@ -265,9 +265,11 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
     with pytest.raises(ValueError, match="name_copy"):
         CurriculumConfig(name_copy=2.0)
     from memsearcher_jax.pretrain import phase_records
-    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"))
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
+    cfg.curriculum.name_copy = 0.0
     assert all("name_copy" not in p for p in phase_records(cfg))   # off: the manifest as before
     cfg.curriculum.name_copy = 0.25
+    cfg.first_phase.name_copy = 0.0
     first, last = phase_records(cfg)
     assert "name_copy" not in first and last["name_copy"] == 0.25  # a phase's own setting, recorded
 
@@ -289,17 +291,28 @@ def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
         assert first[len(second)] == target       # the next word of the first copy
 
 
-def test_third_phase_changes_only_what_it_sets_from_its_start():
+def test_phases_change_only_what_they_set():
+    """first_phase and third_phase replace the curriculum settings they name (mix weights,
+    passages, entities, name_copy, ...) and inherit the rest; validated before any work."""
     from memsearcher_jax.pretrain import phase_configs, phase_records, validate_pretrain
-    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"))
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
     before = phase_configs(cfg)
-    cfg.third_phase = ml_collections.ConfigDict({"start": 2500, "repeat": 0.5, "name_copy": 0.25})
+    first, second = before[0][1], before[1][1]
+    assert first.long_passages == tuple(cfg.first_phase.long_passages) != second.long_passages
+    assert first.bind_entities == tuple(cfg.first_phase.bind_entities) != second.bind_entities
+    assert first.name_copy == second.name_copy == cfg.curriculum.name_copy > 0   # inherited
+    assert first.demo_workflows == second.demo_workflows and "demo" not in dict(first.mix)
+    cfg.third_phase = ml_collections.ConfigDict({"start": 2500, "repeat": 0.5, "name_copy": 0.5,
+                                                 "bind_entities": (4, 8)})
     phases = phase_configs(cfg)
     assert phases[:2] == before and phases[2][0] == 2500 and phases[2][2] == before[1][2]
-    third, second = dict(phases[2][1].mix), dict(before[1][1].mix)
-    assert third["repeat"] == 0.5 and phases[2][1].name_copy == 0.25
-    assert {k: v for k, v in third.items() if k != "repeat"} == {k: v for k, v in second.items() if k != "repeat"}
-    assert [p["steps"] for p in phase_records(cfg)] == ["0-1500", "1500-2500", "2500-6000"]
+    third = phases[2][1]
+    assert dict(third.mix)["repeat"] == 0.5 and third.name_copy == 0.5 and third.bind_entities == (4, 8)
+    assert {k: v for k, v in third.mix if k != "repeat"} == {k: v for k, v in second.mix if k != "repeat"}
+    assert third.long_passages == second.long_passages
+    steps = f"2500-{cfg.train.steps}"
+    assert [p["steps"] for p in phase_records(cfg)] == [f"0-{cfg.first_phase.steps}", f"{cfg.first_phase.steps}-2500",
+                                                        steps]
     validate_pretrain(cfg)
     cfg.third_phase.start = 1000                     # inside phase 1
     with pytest.raises(ValueError, match="third_phase.start"):
@@ -308,6 +321,35 @@ def test_third_phase_changes_only_what_it_sets_from_its_start():
     cfg.third_phase.lr = 1.0                         # not a curriculum setting
     with pytest.raises(ValueError, match="third_phase sets"):
         validate_pretrain(cfg)
+
+
+def test_mimetic_attention_starts_heads_near_matching_and_copying():
+    """Hand-made kernels: alpha 1 makes each group's W_k its first head's W_q and every head's
+    W_o its group's W_v^T (so W_q W_k^T and W_v W_o are positive semi-definite); alpha 0
+    changes nothing; q and v are never touched."""
+    from memsearcher_jax.pretrain import mimetic_attention
+    rng = np.random.default_rng(0)
+    L, D, H, K, Dh = 2, 8, 4, 2, 3
+    q, k, v = (rng.normal(size=(L, D, n, Dh)).astype(np.float32) for n in (H, K, K))
+    o = rng.normal(size=(L, H, Dh, D)).astype(np.float32)
+    q0, v0 = q.copy(), v.copy()
+    k1, o1 = mimetic_attention(q, k, v, o, 1.0)
+    np.testing.assert_array_equal(k1[:, :, 0], q[:, :, 0])
+    np.testing.assert_array_equal(k1[:, :, 1], q[:, :, 2])
+    for h in range(H):
+        np.testing.assert_array_equal(o1[:, h], np.swapaxes(v[:, :, h // 2], 1, 2))
+        qk = q[0, :, h] @ k1[0, :, h // 2].T
+        vo = v[0, :, h // 2] @ o1[0, h]
+        if h % 2 == 0:
+            assert np.linalg.eigvalsh((qk + qk.T) / 2).min() > -1e-5
+        assert np.linalg.eigvalsh((vo + vo.T) / 2).min() > -1e-5
+    k0, o0 = mimetic_attention(q, k, v, o, 0.0)
+    np.testing.assert_array_equal(k0, k)
+    np.testing.assert_array_equal(o0, o)
+    half, _ = mimetic_attention(q, k, v, o, 0.5)
+    np.testing.assert_allclose(half, (k + k1) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(q, q0)
+    np.testing.assert_array_equal(v, v0)
 
 
 def test_phased_curriculum_switches_at_its_first_steps(parts):
@@ -407,7 +449,7 @@ def test_tied_rows_keep_their_differences():
 def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     from memsearcher_jax.pretrain import BASE_MANIFEST, run_pretrain
 
-    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"), [
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), [
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
         ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
@@ -461,7 +503,7 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
 
     monkeypatch.setattr(pretrain, "_init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
-    cfg = load_config(os.path.join(ROOT, "configs", "base_small.py"), [("train.output_dir", str(tmp_path / "run"))])
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), [("train.output_dir", str(tmp_path / "run"))])
     run = tmp_path / "run"
     (run / "checkpoints" / "100").mkdir(parents=True)
     (run / "notes.txt").write_text("mine")
