@@ -291,6 +291,31 @@ def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
         assert first[len(second)] == target       # the next word of the first copy
 
 
+def test_positional_biases_make_heads_attend_their_offsets():
+    """The biases alone (content terms 0) give each head of a named layer its largest rope score
+    at its offset, sharply enough to be near one-hot at the strength base_v2 uses; the layers
+    not named keep their biases."""
+    from memsearcher_jax.models.qwen2 import apply_rope, rope_cos_sin
+    from memsearcher_jax.pretrain import positional_biases
+    L, H, K, Dh, T = 3, 4, 2, 32, 24
+    rng = np.random.default_rng(0)
+    q0, k0 = rng.normal(size=(L, H, Dh)), rng.normal(size=(L, K, Dh))
+    offsets = {0: (1, 2, 3, 4), 2: (5, 7)}
+    qb, kb = positional_biases(q0, k0, offsets, 8.0, 10000.0)
+    np.testing.assert_array_equal(qb[1], q0[1].astype(np.float32))
+    np.testing.assert_array_equal(kb[1], k0[1].astype(np.float32))
+    cos, sin = rope_cos_sin(jnp.arange(T)[None], Dh, 10000.0)
+    for layer, deltas in offsets.items():
+        for h in range(H):
+            q = apply_rope(jnp.broadcast_to(jnp.asarray(qb[layer, h]), (1, T, 1, Dh)), cos, sin)[0, :, 0]
+            k = apply_rope(jnp.broadcast_to(jnp.asarray(kb[layer, h // (H // K)]), (1, T, 1, Dh)), cos, sin)[0, :, 0]
+            scores = np.asarray(q[T - 1] @ k.T) / np.sqrt(Dh)      # the last query against every key
+            d = deltas[h % len(deltas)]
+            assert int(np.argmax(scores)) == T - 1 - d, (layer, h)
+            probs = np.exp(scores - scores.max())
+            assert probs[T - 1 - d] / probs.sum() > 0.5, (layer, h)
+
+
 def test_phases_change_only_what_they_set():
     """first_phase and third_phase replace the curriculum settings they name (mix weights,
     passages, entities, name_copy, ...) and inherit the rest; validated before any work."""
@@ -370,7 +395,7 @@ def test_probe_sets_final_items_are_new_and_lengths_are_long(parts):
     vocab, _, builder = parts
     progress = probe_sets(vocab, builder, 24, seed=0)
     final = probe_sets(vocab, builder, 24, seed=0, final=True)
-    assert set(progress) == set(final) == {"2", "8", "16", "multi"}
+    assert set(progress) == set(final) == {"2", "8", "16", "multi", "binding"}
     # The 2-passage progress set is the one every earlier base was probed with.
     assert progress["2"] == probe_items(vocab, builder, 24, seed=1000)
     for key in progress:
@@ -388,6 +413,16 @@ def test_probe_sets_final_items_are_new_and_lengths_are_long(parts):
         question = builder.decode(ids).rsplit("<question>", 1)[1]
         assert first and second and first in builder.decode(ids) and second in builder.decode(ids)
         assert question.count("?; ") == 1 and question.endswith("</question>\n\\boxed{")
+    # Binding items: two passages about two entities of one type, both stating the asked relation
+    # with a value of its kind; the answer is the asked subject's, the other one is there too.
+    type_of = {n: t for t, pools in vocab.names.items() for names in pools.values() for n in names}
+    for ids, target, rel in final["binding"]:
+        text = builder.decode(ids)
+        first, second = (text.split("(Title: ")[k].split(")")[0] for k in (1, 2))
+        assert first != second and type_of[first] == type_of[second], text
+        question = text.rsplit("<question>", 1)[1]
+        assert (first in question) != (second in question) and not pretrain & set(ids)
+        assert builder.decode([target]) in text.split("</tool_response>")[0]
 
 
 def test_reading_probe_scores_a_multi_token_answer_only_when_every_token_is_greedy():

@@ -388,11 +388,14 @@ class PhasedCurriculum:
 
 
 def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 1234, n_passages: int = 2,
-                pool: str = "reserved") -> list[tuple[list[int], int, str]]:
+                pool: str = "reserved", same_type: bool = False) -> list[tuple[list[int], int, str]]:
     """Reading-probe items over names from `pool` (default: reserved, never seen in pretraining).
 
     Each item: (context ids ending in `\\boxed{`, the answer's first token id, the relation).
     The answer is a single token for every relation (names and values are whole tokens).
+    same_type: every other shown passage is about an entity of the subject's type, so it states
+    the asked relation too, with a value of the same kind: only binding the value to its subject
+    answers (a reader that matches the relation alone scores 1 / n_passages).
     """
     rng = random.Random(seed)
     pieces = _Pieces(builder)
@@ -402,11 +405,27 @@ def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int =
         world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
         subjects = sorted({r["subject"] for r in world.train if r["hops"] == 1})
         for _ in range(8):
-            row = cloze_row(world, rng, pieces, n_passages, 1, one_question_about=rng.choice(subjects))
+            subject = rng.choice(subjects)
+            if same_type:
+                row = _same_type_row(world, rng, pieces, subject, n_passages)
+            else:
+                row = cloze_row(world, rng, pieces, n_passages, 1, one_question_about=subject)
             target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
             lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
             items.append((row.prompt_ids + lead, target, row.questions[0]["relation"]))
     return items[:n]
+
+
+def _same_type_row(world, rng: random.Random, pieces: _Pieces, subject: str, n_passages: int) -> Row:
+    """The subject's passage and n_passages - 1 others about entities of its type (fewer if the
+    world has fewer), shuffled; one 1-hop question about the subject."""
+    kind = world.entities[subject]["type"]
+    passage_of = {_title(p): p for p in world.corpus}
+    peers = sorted(n for n, e in world.entities.items() if e["type"] == kind and n != subject)
+    shown = [passage_of[subject]] + [passage_of[n] for n in rng.sample(peers, min(n_passages - 1, len(peers)))]
+    rng.shuffle(shown)
+    question = rng.choice([r for r in world.train if r["hops"] == 1 and r["subject"] == subject])
+    return context_row(world, pieces, shown, [[question]], "probe")
 
 
 def copy_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 777,
