@@ -331,7 +331,8 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
         problems.append(f"model.positional_heads must be at most num_layers={m.num_layers} tuples of offsets >= 1 "
                         f"(one per layer from layer 0), got {positional}")
     if any(positional) and not m.get("positional_strength", 0) > 0:
-        problems.append(f"model.positional_strength must be > 0 with positional_heads, got {m.get('positional_strength')}")
+        problems.append("model.positional_strength must be > 0 with positional_heads, "
+                        f"got {m.get('positional_strength')}")
     first = cfg.get("first_phase")
     if first is not None and not 0 <= first.steps < t.steps:
         problems.append(f"first_phase.steps must be in [0, train.steps={t.steps}), got {first.steps}")
@@ -506,7 +507,8 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
                     "steps_per_second": len(losses) / (time.time() - t0)}
             writer.write(step, last)
             _log(f"step {step}/{t.steps} loss {last['loss']:.3f} probe {100 * last['probe_accuracy']:.1f}% "
-                 f"(all lengths {100 * last['probe_all_lengths']:.1f}%, binding {100 * last.get('probe_binding', 0):.1f}%, "
+                 f"(all lengths {100 * last['probe_all_lengths']:.1f}%, "
+                 f"binding {100 * last.get('probe_binding', 0):.1f}%, "
                  f"multi {100 * last.get('probe_multi', 0):.1f}%, "
                  f"worst relation {100 * last['probe_worst_relation']:.1f}%, pretrain names "
                  f"{100 * last['probe_accuracy_pretrain_names']:.1f}%, copy {100 * last['probe_copy']:.1f}%) "

@@ -416,7 +416,7 @@ def test_probe_sets_final_items_are_new_and_lengths_are_long(parts):
     # Binding items: two passages about two entities of one type, both stating the asked relation
     # with a value of its kind; the answer is the asked subject's, the other one is there too.
     type_of = {n: t for t, pools in vocab.names.items() for names in pools.values() for n in names}
-    for ids, target, rel in final["binding"]:
+    for ids, target, _ in final["binding"]:
         text = builder.decode(ids)
         first, second = (text.split("(Title: ")[k].split(")")[0] for k in (1, 2))
         assert first != second and type_of[first] == type_of[second], text
