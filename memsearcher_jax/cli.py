@@ -127,11 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pretrain", help="pretrain the reading base model (resumes from train.output_dir)",
                        description="Build the reading vocabulary, pretrain a tiny model on the reading curriculum "
-                                   "(cloze questions, associative recall, correct agent episodes over random worlds), "
+                                   "(binding drills, cloze questions over up to 16 passages, associative recall, "
+                                   "correct agent episodes in every workflow's format over random worlds), "
                                    "report the reading probe on names it never saw, and export the base as a "
                                    "Hugging Face directory. " + _OVERRIDE_HELP)
-    p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_tiny.py"),
-                   help=f"ml-collections config file (default: configs/base_tiny.py). {_OVERRIDE_HELP}")
+    p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_v2.py"),
+                   help=f"ml-collections config file (default: configs/base_v2.py: the shipped base). {_OVERRIDE_HELP}")
     _run_args(p, cmd_pretrain)
 
     p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",

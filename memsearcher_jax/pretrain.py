@@ -1,4 +1,4 @@
-"""Pretraining the reading base: `memsearcher-jax pretrain --config configs/base_tiny.py`.
+"""Pretraining the reading base: `memsearcher-jax pretrain --config configs/base_v2.py`.
 
 Real GRPO runs start from a pretrained model that can already read; ours is tiny and trained
 here. This job builds the reading vocabulary (`data.vocab`), initialises a Qwen2-architecture
@@ -215,8 +215,6 @@ def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
 # Curriculum settings a phase may set besides its mix weights (the rest come from cfg.curriculum).
 PHASE_SETTINGS = ("name_copy", "cloze_passages", "cloze_questions", "long_passages", "bind_entities", "recall_pairs",
                   "repeat_tokens", "demo_workflows", "demo_objectives")
-_TUPLES = ("cloze_passages", "long_passages", "bind_entities", "recall_pairs", "repeat_tokens", "demo_workflows",
-           "demo_objectives")
 
 
 def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict,
@@ -228,7 +226,8 @@ def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.Confi
     for key in PHASE_SETTINGS:
         source = mix if key in mix else c
         if key in source:
-            settings[key] = tuple(source[key]) if key in _TUPLES else type(getattr(CurriculumConfig, key))(source[key])
+            default = getattr(CurriculumConfig, key)  # the field's type, from its default
+            settings[key] = tuple(source[key]) if isinstance(default, tuple) else type(default)(source[key])
     return CurriculumConfig(seed=cfg.train.seed, mix=tuple((k, mix[k]) for k in KINDS if k in mix),
                             world_entities=c.world_entities, rows_per_world=c.rows_per_world, top_n=c.top_n,
                             max_len=max_len, **settings)
@@ -238,8 +237,8 @@ def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumC
     """[(first step, curriculum, batch size)]: an optional `first_phase` (its own mix, max_len
     and batch_size, steps 0..first_phase.steps), then cfg.curriculum at train.max_len and
     train.batch_size, and an optional `third_phase` from its `start` step: cfg.curriculum with the
-    keys it sets (mix weights, name_copy) replaced, same length and batch (a recipe change made
-    during a run, recorded so the config still reproduces it from scratch)."""
+    keys it sets (mix weights, PHASE_SETTINGS) replaced, same length and batch (e.g. a recipe change
+    made during a run, recorded so the config still reproduces it from scratch)."""
     t, first = cfg.train, cfg.get("first_phase")
     phases = [(0, _curriculum_config(cfg, cfg.curriculum, t.max_len), t.batch_size)]
     if first is not None and first.steps > 0:
@@ -267,7 +266,14 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
                                             "shares": "equal, by episode"}}
                          if dict(cur.mix).get("demo", 0) > 0 else {})
     copy = lambda cur: {"name_copy": cur.name_copy} if cur.name_copy else {}
-    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), **demos(cur), **copy(cur), "max_len": cur.max_len,
+    kinds = lambda cur: {k for k, w in cur.mix if w > 0}
+    contexts = lambda cur: ({"contexts": {"cloze_passages": list(cur.cloze_passages),
+                                          "long_passages": list(cur.long_passages),
+                                          "bind_entities": list(cur.bind_entities),
+                                          "questions_per_row": cur.cloze_questions}}
+                            if kinds(cur) & {"cloze", "long", "bind", "multi"} else {})
+    return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), **demos(cur), **copy(cur), **contexts(cur),
+             "max_len": cur.max_len,
              "batch_size": batch, "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
