@@ -11,4 +11,4 @@ that mean "the shipped base" name it, not a directory.
 import os
 
 READING_V2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reading_v2")
-DEFAULT_BASE = READING_V2
+DEFAULT_BASE = READING_V2 if os.path.isdir(READING_V2) else os.path.join(os.path.dirname(READING_V2), "reading_tiny")
