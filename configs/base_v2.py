@@ -99,6 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.pack = True              # rows packed several to a sequence (same loss, less padding)
     c.train.learning_rate = 1e-3
     c.train.warmup = 200
+    c.train.decay_steps = 4000       # the cosine reaches its floor here (0: at train.steps); constant after
     c.train.final_lr_fraction = 0.1
     c.train.weight_decay = 0.01
     c.train.min_len = 128

@@ -278,14 +278,22 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
                                "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak "
-                                           f"at step {cfg.train.steps}"}}
+                                           f"at step {decay_steps(cfg)}"
+                                           + (", constant after" if decay_steps(cfg) < cfg.train.steps else "")}}
             for (start, cur, batch), end in zip(phases, ends)]
+
+
+def decay_steps(cfg: ml_collections.ConfigDict) -> int:
+    """Where the cosine reaches its floor: train.decay_steps if set (> 0), else train.steps. A run
+    extended past its first length keeps its schedule that way (the floor from there on), so a
+    from-scratch run of the extended config reproduces every step of it."""
+    return cfg.train.get("decay_steps", 0) or cfg.train.steps
 
 
 def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
     t = cfg.train
     return OptimConfig(learning_rate=t.learning_rate, b2=0.98, weight_decay=t.weight_decay, schedule="cosine",
-                       warmup_steps=min(t.warmup, t.steps - 1), total_steps=t.steps,
+                       warmup_steps=min(t.warmup, decay_steps(cfg) - 1), total_steps=decay_steps(cfg),
                        final_lr_fraction=t.final_lr_fraction)
 
 
@@ -327,6 +335,9 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
             problems.append(f"train.{key} must be >= 1, got {t[key]}")
     if t.learning_rate <= 0:
         problems.append(f"train.learning_rate must be > 0, got {t.learning_rate}")
+    if not 0 <= t.get("decay_steps", 0) <= t.steps:
+        problems.append(f"train.decay_steps must be in [0, train.steps={t.steps}] (0: train.steps), "
+                        f"got {t.decay_steps}")
     if problems:
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
     m = cfg.model

@@ -348,6 +348,29 @@ def test_phases_change_only_what_they_set():
         validate_pretrain(cfg)
 
 
+def test_an_extended_run_keeps_its_schedule_and_phases():
+    """train.decay_steps fixes where the cosine ends: raising train.steps past it changes no
+    learning rate before it (the floor holds after), so the extended config reproduces the run."""
+    from memsearcher_jax.pretrain import _optim, phase_records, validate_pretrain
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
+    before = _optim(cfg).schedule_fn()
+    first = phase_records(cfg)
+    cfg.train.steps = cfg.train.decay_steps + 2000
+    after = _optim(cfg).schedule_fn()
+    validate_pretrain(cfg)
+    for step in (0, 100, 1500, cfg.train.decay_steps - 1, cfg.train.decay_steps):
+        assert float(after(step)) == float(before(step))
+    floor = cfg.train.learning_rate * cfg.train.final_lr_fraction
+    assert float(after(cfg.train.steps - 1)) == pytest.approx(floor)
+    records = phase_records(cfg)
+    same = lambda r: {**r, "learning_rate": {k: v for k, v in r["learning_rate"].items() if k != "schedule"}}
+    assert same(records[0]) == same(first[0]) and records[-1]["learning_rate"]["schedule"].endswith("constant after")
+    assert records[-1]["steps"] == f"{cfg.first_phase.steps}-{cfg.train.steps}"
+    cfg.train.decay_steps = cfg.train.steps + 1
+    with pytest.raises(ValueError, match="decay_steps"):
+        validate_pretrain(cfg)
+
+
 def test_mimetic_attention_starts_heads_near_matching_and_copying():
     """Hand-made kernels: alpha 1 makes each group's W_k its first head's W_q and every head's
     W_o its group's W_v^T (so W_q W_k^T and W_v W_o are positive semi-definite); alpha 0
