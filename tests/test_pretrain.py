@@ -513,8 +513,9 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
         ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
         ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
         ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
-        ("train.min_len", "512"),
+        ("train.min_len", "512"), ("train.decay_steps", "0"),
         ("train.output_dir", str(tmp_path / "run"))])
+    cfg.model.positional_heads = ((1,),)  # one positional head in the one layer left
     first = run_pretrain(cfg)
     printed = capsys.readouterr().out
     assert "step 1/4 loss" in printed and "step 3/4 loss" in printed and "s/step" in printed  # the heartbeat
