@@ -347,6 +347,9 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     if len(positional) > m.num_layers or any(int(d) != d or d < 1 for layer in positional for d in layer):
         problems.append(f"model.positional_heads must be at most num_layers={m.num_layers} tuples of offsets >= 1 "
                         f"(one per layer from layer 0), got {positional}")
+    if any(len(layer) > m.num_heads for layer in positional):
+        problems.append(f"model.positional_heads names more offsets in a layer than its num_heads={m.num_heads} "
+                        f"heads (heads cycle through a layer's offsets), got {positional}")
     if any(positional) and not m.get("positional_strength", 0) > 0:
         problems.append("model.positional_strength must be > 0 with positional_heads, "
                         f"got {m.get('positional_strength')}")

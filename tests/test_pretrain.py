@@ -371,6 +371,22 @@ def test_an_extended_run_keeps_its_schedule_and_phases():
         validate_pretrain(cfg)
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("mimetic_init", 1.5, "mimetic_init must be in"),
+    ("positional_heads", ((1,), (2,), (3,), (4,), (5,)), "at most num_layers=4"),
+    ("positional_heads", ((0, 1),), "offsets >= 1"),
+    ("positional_heads", ((1, 2, 3, 4, 5),), "more offsets in a layer than its num_heads=4"),
+    ("positional_strength", 0.0, "positional_strength must be > 0"),
+])
+def test_the_model_init_settings_are_checked_before_any_work(field, value, message):
+    from memsearcher_jax.pretrain import validate_pretrain
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
+    validate_pretrain(cfg)
+    cfg.model[field] = value
+    with pytest.raises(ValueError, match=message):
+        validate_pretrain(cfg)
+
+
 def test_mimetic_attention_starts_heads_near_matching_and_copying():
     """Hand-made kernels: alpha 1 makes each group's W_k its first head's W_q and every head's
     W_o its group's W_v^T (so W_q W_k^T and W_v W_o are positive semi-definite); alpha 0
