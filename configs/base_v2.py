@@ -1,4 +1,4 @@
-"""The reading base, second version (`memsearcher_jax/bases/reading_v2`, the shipped base).
+"""The reading base, second version (`memsearcher_jax/bases/reading_v2`; shipped, not the default yet).
 
     memsearcher-jax pretrain --config configs/base_v2.py --config.train.output_dir=runs/base_v2
 

@@ -1,5 +1,6 @@
-"""The reading base shipped in the package: its files match its manifest, its manifest says how it
-was made, and its reading figures are what the stored weights give on items no pretraining step saw."""
+"""The reading bases shipped in the package: their files match their manifests; reading_v2's
+manifest says how it was made and what it gave the main job, and its reading figures are what the
+stored weights give on items no pretraining step saw."""
 from __future__ import annotations
 
 import hashlib
@@ -9,13 +10,14 @@ import os
 import pytest
 from safetensors import safe_open
 
-from memsearcher_jax.bases import DEFAULT_BASE
+from memsearcher_jax.bases import DEFAULT_BASE, READING_TINY, READING_V2
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.pretrain import BASE_MANIFEST, base_probe, final_probe
 
-# What the shipped base must read at least, on the final probe (docs/experiments.md says how
-# these compare with the issue's targets: 95% per length, 90% per relation).
-FLOORS = {"2": 0.0, "8": 0.0, "binding": 0.0}
+# What reading_v2 must read at least on its final probe (measured 2026-11-26: 91.4% / 74.8% at
+# 2 / 8 passages, binding 89.3%; the issue's targets, 95% per length and 90% per relation, are
+# missed: docs/experiments.md says by how much and why).
+FLOORS = {"2": 0.90, "8": 0.73, "binding": 0.87}
 
 
 def pool_ids(vocab, kind: str) -> set[int]:
@@ -25,22 +27,31 @@ def pool_ids(vocab, kind: str) -> set[int]:
 
 @pytest.fixture(scope="module")
 def manifest():
-    with open(os.path.join(DEFAULT_BASE, BASE_MANIFEST), encoding="utf-8") as f:
+    with open(os.path.join(READING_V2, BASE_MANIFEST), encoding="utf-8") as f:
         return json.load(f)
 
 
-def test_files_match_the_manifest(manifest):
+@pytest.mark.parametrize("base", [READING_TINY, READING_V2], ids=os.path.basename)
+def test_files_match_the_manifest(base):
+    with open(os.path.join(base, BASE_MANIFEST), encoding="utf-8") as f:
+        manifest = json.load(f)
     for name, meta in manifest["files"].items():
-        path = os.path.join(DEFAULT_BASE, name)
+        path = os.path.join(base, name)
         data = open(path, "rb").read()
         assert len(data) == meta["bytes"], name
         assert hashlib.sha256(data).hexdigest() == meta["sha256"], name
-    with safe_open(os.path.join(DEFAULT_BASE, "model.safetensors"), "np") as f:
+    with safe_open(os.path.join(base, "model.safetensors"), "np") as f:
         shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
         assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
     assert shapes == manifest["tensors"]
-    total = sum(os.path.getsize(os.path.join(DEFAULT_BASE, n)) for n in os.listdir(DEFAULT_BASE))
-    assert total < 10 * 2 ** 20  # the one planned exception to "no big files in git": at most ~10 MB
+
+
+def test_the_shipped_bases_stay_small_and_the_default_is_one_of_them():
+    """The one planned exception to "no big files in git": all bases together at most ~10 MB."""
+    root = os.path.dirname(READING_V2)
+    total = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
+    assert total < 10 * 2 ** 20
+    assert DEFAULT_BASE in (READING_TINY, READING_V2)
 
 
 def test_the_manifest_records_how_the_base_was_made(manifest):
@@ -57,15 +68,30 @@ def test_the_manifest_records_how_the_base_was_made(manifest):
     assert [h["step"] for h in manifest["history"]] == sorted(h["step"] for h in manifest["history"])
 
 
+def test_the_manifest_records_what_the_base_gives_the_main_job(manifest):
+    """The learning bench per seed (with its date and command) and the main job's time against the
+    base it replaced, measured in one session: the README's figures, kept with the weights."""
+    bench = manifest["learning_bench"]
+    assert bench["date"][:4] == "2026" and bench["command"].startswith("python bench/learning.py --seeds")
+    seeds = bench["seeds"]
+    assert [r["seed"] for r in seeds] == list(range(len(seeds))) and len(seeds) >= 3
+    for r in seeds:
+        assert 0 <= r["em_before"] <= 100 and 0 <= r["em_after"] <= 100 and 0 <= r["em_control"] <= 100
+        assert r["gain"] == pytest.approx(r["em_after"] - r["em_before"])
+    job = manifest["main_job"]
+    assert job["date"][:4] == "2026" and job["new_seconds"] > 0 and job["old_seconds"] > 0
+    assert job["slower"] == pytest.approx(job["new_seconds"] / job["old_seconds"] - 1, abs=1e-3)
+
+
 @pytest.mark.slow
 def test_the_final_probe_is_what_the_stored_weights_read(manifest):
     """Recomputed from the bf16 weights on the final items (reserved names only; seeds no
     progress probe used): the manifest's figures by length, relation and set, and the floors."""
-    vocab = ReadingVocab.load(DEFAULT_BASE)
+    vocab = ReadingVocab.load(READING_V2)
     assert vocab.pool("reserved")["person"] and not pool_ids(vocab, "reserved") & pool_ids(vocab, "pretrain")
     recorded = manifest["reading_probe"]
     seed = manifest["config"]["train"]["seed"]
-    probe = final_probe(DEFAULT_BASE, n=recorded["by_length"]["2"]["n"], seed=seed)
+    probe = final_probe(READING_V2, n=recorded["by_length"]["2"]["n"], seed=seed)
     for length, got in probe["by_length"].items():
         assert got["accuracy"] == pytest.approx(recorded["by_length"][length]["accuracy"], abs=1e-9), length
         assert got["by_relation"] == pytest.approx(recorded["by_length"][length]["by_relation"], abs=1e-9), length
@@ -75,5 +101,5 @@ def test_the_final_probe_is_what_the_stored_weights_read(manifest):
         got = probe[key]["accuracy"] if key == "binding" else probe["by_length"][key]["accuracy"]
         assert got >= floor, (key, got)
     # The progress figure is kept beside it, measured on other items.
-    progress = base_probe(DEFAULT_BASE, n=manifest["progress_probe"]["n"], seed=seed)
+    progress = base_probe(READING_V2, n=manifest["progress_probe"]["n"], seed=seed)
     assert progress["accuracy"] == pytest.approx(manifest["progress_probe"]["accuracy"], abs=1e-9)
