@@ -34,6 +34,7 @@ from safetensors import safe_open
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.data.curriculum import (
+    CONTEXT_KINDS,
     KINDS,
     Curriculum,
     CurriculumConfig,
@@ -266,20 +267,21 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
                                             "shares": "equal, by episode"}}
                          if dict(cur.mix).get("demo", 0) > 0 else {})
     copy = lambda cur: {"name_copy": cur.name_copy} if cur.name_copy else {}
+    floor_at = decay_steps(cfg)
     kinds = lambda cur: {k for k, w in cur.mix if w > 0}
     contexts = lambda cur: ({"contexts": {"cloze_passages": list(cur.cloze_passages),
                                           "long_passages": list(cur.long_passages),
                                           "bind_entities": list(cur.bind_entities),
                                           "questions_per_row": cur.cloze_questions}}
-                            if kinds(cur) & {"cloze", "long", "bind", "multi"} else {})
+                            if kinds(cur) & set(CONTEXT_KINDS) else {})
     return [{"steps": f"{start}-{end}", "curriculum": dict(cur.mix), **demos(cur), **copy(cur), **contexts(cur),
              "max_len": cur.max_len,
              "batch_size": batch, "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
                                "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak "
-                                           f"at step {decay_steps(cfg)}"
-                                           + (", constant after" if decay_steps(cfg) < cfg.train.steps else "")}}
+                                           f"at step {floor_at}"
+                                           + (", constant after" if floor_at < cfg.train.steps else "")}}
             for (start, cur, batch), end in zip(phases, ends)]
 
 
