@@ -92,14 +92,31 @@ def get_config() -> ml_collections.ConfigDict:
     c.curriculum.rows_per_world = 32
     c.curriculum.top_n = 2           # the agent's default_top_n in configs/default.py
 
+    # Phase 3 (steps 4000..4300): mostly agent episodes, one objective, every workflow alike, at a
+    # constant 3e-4. After phase 2 the base read well but the default job barely learnt (held-out
+    # EM 5 -> 21): its agent copied a passage's first sentence into memory whatever the question.
+    # Episodes were 15% of phase 2's rows split over 8 (workflow, objective count) kinds, ~2% per
+    # kind; here they are ~86% of rows over 4 kinds (docs/experiments.md, 2026-11-26).
+    c.third_phase = ml_collections.ConfigDict()
+    c.third_phase.start = 4000
+    c.third_phase.learning_rate = 3e-4
+    c.third_phase.demo = 0.9
+    c.third_phase.repeat = 0.0
+    c.third_phase.recall = 0.0
+    c.third_phase.cloze = 0.05
+    c.third_phase.bind = 0.05
+    c.third_phase.long = 0.05
+    c.third_phase.multi = 0.0
+    c.third_phase.demo_objectives = (1,)
+
     c.train = ml_collections.ConfigDict()
-    c.train.steps = 4000
+    c.train.steps = 4300
     c.train.batch_size = 16          # phase 2: 16 rows of up to 1024 tokens
     c.train.max_len = 1024
     c.train.pack = True              # rows packed several to a sequence (same loss, less padding)
     c.train.learning_rate = 1e-3
     c.train.warmup = 200
-    c.train.decay_steps = 4000       # the cosine reaches its floor here (0: at train.steps); constant after
+    c.train.decay_steps = 4000       # the cosine reaches its floor here (0: at train.steps); phase 3 sets its own
     c.train.final_lr_fraction = 0.1
     c.train.weight_decay = 0.01
     c.train.min_len = 128

@@ -1,7 +1,7 @@
 """The embedded default: a tiny Qwen2-architecture agent on a synthetic multi-hop world.
 
 Runs end to end on a 2-core CPU. It starts from the shipped reading base
-(memsearcher_jax/bases/reading_tiny, pretrained with configs/base_tiny.py), builds a world whose
+(memsearcher_jax/bases/reading_v2, pretrained with configs/base_v2.py), builds a world whose
 entities take names the base never saw (its reserved pool; cached), a BM25 index over the
 world's passages, a short supervised warm start on a deliberately flawed demonstrator (it
 answers before searching enough 60% of the time), then multi-context GRPO, and reports

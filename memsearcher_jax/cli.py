@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "report the reading probe on names it never saw, and export the base as a "
                                    "Hugging Face directory. " + _OVERRIDE_HELP)
     p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_v2.py"),
-                   help="ml-collections config file (default: configs/base_v2.py, reading_v2; "
-                        f"configs/base_tiny.py made the default job's base, reading_tiny). {_OVERRIDE_HELP}")
+                   help="ml-collections config file (default: configs/base_v2.py, which made the shipped "
+                        f"base, reading_v2). {_OVERRIDE_HELP}")
     _run_args(p, cmd_pretrain)
 
     p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",

@@ -77,7 +77,8 @@ class TrainConfigError(UserInputError):
 
 SECTIONS_OF = {AgentConfig: ("agent",), LossConfig: ("rl",), GRPOConfig: ("rl",), OptimConfig: ("optim",),
                LoopConfig: ("train", "rl")}
-COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim"), OptimConfig: ("total_steps",),
+COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim"),
+                   OptimConfig: ("total_steps", "later_rates"),
                    LoopConfig: ("output_dir", "sampling_dtype")}
 # Keys of those sections that no dataclass takes: read here, by name.
 KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids"), "rl": ("reward_fn",),
@@ -105,8 +106,9 @@ def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
 
 
 def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
-    # The cosine schedule's length: every optimizer step of the run.
-    optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps)
+    # The cosine schedule's length: every optimizer step of the run. later_rates belong to
+    # pretraining phases (pretrain.py), not to GRPO.
+    optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps, later_rates=())
     return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg), optim=optim)
 
 

@@ -239,7 +239,8 @@ def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumC
     and batch_size, steps 0..first_phase.steps), then cfg.curriculum at train.max_len and
     train.batch_size, and an optional `third_phase` from its `start` step: cfg.curriculum with the
     keys it sets (mix weights, PHASE_SETTINGS) replaced, same length and batch (e.g. a recipe change
-    made during a run, recorded so the config still reproduces it from scratch)."""
+    made during a run, recorded so the config still reproduces it from scratch); its `learning_rate`,
+    if set, is a constant rate from its start (`_optim`)."""
     t, first = cfg.train, cfg.get("first_phase")
     phases = [(0, _curriculum_config(cfg, cfg.curriculum, t.max_len), t.batch_size)]
     if first is not None and first.steps > 0:
@@ -248,7 +249,7 @@ def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumC
     third = cfg.get("third_phase")
     if third is not None and third.get("start", 0) > 0:
         merged = ml_collections.ConfigDict(cfg.curriculum.to_dict())
-        merged.update({k: v for k, v in third.items() if k != "start"})
+        merged.update({k: v for k, v in third.items() if k not in ("start", "learning_rate")})
         phases.append((third.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
     return phases
 
@@ -269,6 +270,11 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
     copy = lambda cur: {"name_copy": cur.name_copy} if cur.name_copy else {}
     floor_at = decay_steps(cfg)
     kinds = lambda cur: {k for k, w in cur.mix if w > 0}
+    later = _later_rates(cfg)
+    floor_held = floor_at < min([at for at, _ in later] + [cfg.train.steps])   # the floor holds a while
+    schedule = (f"cosine to {cfg.train.final_lr_fraction:g} x peak at step {floor_at}"
+                + (", constant after" if floor_held else "")
+                + "".join(f"; {rate:g} constant from step {at}" for at, rate in later))
     contexts = lambda cur: ({"contexts": {"cloze_passages": list(cur.cloze_passages),
                                           "long_passages": list(cur.long_passages),
                                           "bind_entities": list(cur.bind_entities),
@@ -279,9 +285,7 @@ def phase_records(cfg: ml_collections.ConfigDict) -> list[dict]:
              "batch_size": batch, "rows": rows,
              "learning_rate": {"start": round(float(lr(start)), 8), "end": round(float(lr(end)), 8),
                                "peak": cfg.train.learning_rate, "warmup": cfg.train.warmup,
-                               "schedule": f"cosine to {cfg.train.final_lr_fraction:g} x peak "
-                                           f"at step {floor_at}"
-                                           + (", constant after" if floor_at < cfg.train.steps else "")}}
+                               "schedule": schedule}}
             for (start, cur, batch), end in zip(phases, ends)]
 
 
@@ -296,7 +300,15 @@ def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
     t = cfg.train
     return OptimConfig(learning_rate=t.learning_rate, b2=0.98, weight_decay=t.weight_decay, schedule="cosine",
                        warmup_steps=min(t.warmup, decay_steps(cfg) - 1), total_steps=decay_steps(cfg),
-                       final_lr_fraction=t.final_lr_fraction)
+                       final_lr_fraction=t.final_lr_fraction, later_rates=_later_rates(cfg))
+
+
+def _later_rates(cfg: ml_collections.ConfigDict) -> tuple[tuple[int, float], ...]:
+    """A third phase's own constant learning rate, from its start (none: the schedule goes on)."""
+    third = cfg.get("third_phase")
+    if third is None or not third.get("start", 0) > 0 or not third.get("learning_rate", 0):
+        return ()
+    return ((int(third.start), float(third.learning_rate)),)
 
 
 def check_base_export_dir(export_dir: str, out: str) -> None:
@@ -363,9 +375,13 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
         begins = first.steps if first is not None else 0
         if not begins < third.start < t.steps:
             problems.append(f"third_phase.start must be in ({begins}, train.steps={t.steps}), got {third.start}")
-        unknown = sorted(set(third.keys()) - {"start", *PHASE_SETTINGS, *KINDS})
+        unknown = sorted(set(third.keys()) - {"start", "learning_rate", *PHASE_SETTINGS, *KINDS})
         if unknown:
-            problems.append(f"third_phase sets {unknown}: only start, the mix weights {KINDS} and {PHASE_SETTINGS}")
+            problems.append(f"third_phase sets {unknown}: only start, learning_rate, the mix weights {KINDS} "
+                            f"and {PHASE_SETTINGS}")
+        if "learning_rate" in third and not third.learning_rate > 0:
+            problems.append(f"third_phase.learning_rate must be > 0 (leave it out to go on with the schedule), "
+                            f"got {third.learning_rate}")
     if problems:
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
     phase_configs(cfg)  # raises ValueError naming the field

@@ -50,7 +50,8 @@ def test_evaluation_gives_every_trajectory_its_own_id(qwen_tok):
 
 # ----------------------------------------------------------------------------- paths named in code and docs
 
-_CONFIG_REF = re.compile(r"configs/([A-Za-z0-9_]+\.py)(?::([a-z0-9_]+(?:,[a-z0-9_]+)*))?")
+# A path qualified by a commit (`git show 1a2b3c4:configs/old.py`) names the history, not the tree.
+_CONFIG_REF = re.compile(r"(?<![0-9a-f]:)configs/([A-Za-z0-9_]+\.py)(?::([a-z0-9_]+(?:,[a-z0-9_]+)*))?")
 
 
 def _files_naming_configs():

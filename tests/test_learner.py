@@ -22,6 +22,19 @@ def test_schedules():
         OptimConfig(schedule="linear")
 
 
+def test_later_rates_replace_the_schedule_from_their_steps():
+    """A phase added after the cosine's end runs at its own constant rate; nothing before it moves."""
+    base = OptimConfig(learning_rate=1e-3, schedule="cosine", warmup_steps=10, total_steps=110).schedule_fn()
+    late = OptimConfig(learning_rate=1e-3, schedule="cosine", warmup_steps=10, total_steps=110,
+                       later_rates=((150, 3e-4), (200, 5e-5))).schedule_fn()
+    for step in (0, 10, 60, 110, 149):
+        assert float(late(step)) == float(base(step))
+    assert [float(late(s)) for s in (150, 199, 200, 10_000)] == pytest.approx([3e-4, 3e-4, 5e-5, 5e-5])
+    for bad in (((0, 1e-4),), ((100, 0.0),), ((200, 1e-4), (150, 1e-4))):
+        with pytest.raises(ValueError, match="later_rates"):
+            OptimConfig(later_rates=bad)
+
+
 def test_apply_update_skips_non_finite_and_clips():
     tx = make_optimizer(OptimConfig(learning_rate=0.1, weight_decay=0.0, max_grad_norm=1.0))
     params = {"w": jnp.ones(3)}

@@ -330,7 +330,7 @@ def test_phases_change_only_what_they_set():
     cfg.third_phase = ml_collections.ConfigDict({"start": 2500, "repeat": 0.5, "name_copy": 0.5,
                                                  "bind_entities": (4, 8)})
     phases = phase_configs(cfg)
-    assert phases[:2] == before and phases[2][0] == 2500 and phases[2][2] == before[1][2]
+    assert phases[:2] == before[:2] and phases[2][0] == 2500 and phases[2][2] == before[1][2]
     third = phases[2][1]
     assert dict(third.mix)["repeat"] == 0.5 and third.name_copy == 0.5 and third.bind_entities == (4, 8)
     assert {k: v for k, v in third.mix if k != "repeat"} == {k: v for k, v in second.mix if k != "repeat"}
@@ -346,6 +346,31 @@ def test_phases_change_only_what_they_set():
     cfg.third_phase.lr = 1.0                         # not a curriculum setting
     with pytest.raises(ValueError, match="third_phase sets"):
         validate_pretrain(cfg)
+    del cfg.third_phase["lr"]
+    cfg.third_phase.learning_rate = 0.0
+    with pytest.raises(ValueError, match="third_phase.learning_rate must be > 0"):
+        validate_pretrain(cfg)
+
+
+def test_a_third_phase_learning_rate_holds_from_its_start_only():
+    """third_phase.learning_rate: a constant rate from the phase's start; every step before it keeps
+    the schedule it had without the phase, so the config still reproduces a run extended that way."""
+    from memsearcher_jax.pretrain import _optim, phase_configs, phase_records, validate_pretrain
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
+    cfg.third_phase.start = 0                        # off
+    plain = _optim(cfg).schedule_fn()
+    cfg.third_phase.start = 3000
+    cfg.third_phase.learning_rate = 7e-4
+    validate_pretrain(cfg)
+    lr = _optim(cfg).schedule_fn()
+    for step in (0, 200, 1500, 2999):
+        assert float(lr(step)) == float(plain(step))
+    assert float(lr(3000)) == float(lr(cfg.train.steps)) == pytest.approx(7e-4)
+    records = phase_records(cfg)
+    assert records[-1]["steps"] == f"3000-{cfg.train.steps}"
+    assert records[-1]["learning_rate"]["start"] == pytest.approx(7e-4)
+    assert records[-1]["learning_rate"]["schedule"].endswith("0.0007 constant from step 3000")
+    assert "learning_rate" not in dict(phase_configs(cfg)[-1][1].mix)
 
 
 def test_an_extended_run_keeps_its_schedule_and_phases():
@@ -353,6 +378,8 @@ def test_an_extended_run_keeps_its_schedule_and_phases():
     learning rate before it (the floor holds after), so the extended config reproduces the run."""
     from memsearcher_jax.pretrain import _optim, phase_records, validate_pretrain
     cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
+    cfg.third_phase.start = 0                        # the schedule alone (a third phase sets its own rate)
+    cfg.train.steps = cfg.train.decay_steps
     before = _optim(cfg).schedule_fn()
     first = phase_records(cfg)
     cfg.train.steps = cfg.train.decay_steps + 2000

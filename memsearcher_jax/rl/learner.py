@@ -36,6 +36,9 @@ class OptimConfig:
     warmup_steps: int = 0
     total_steps: int = 0          # the cosine's length (ignored by "constant")
     final_lr_fraction: float = 0.1
+    # ((step, rate), ...): from each step on, a constant rate instead of the schedule above (a
+    # pretraining phase added after a run's cosine ended, at a rate of its own).
+    later_rates: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         problems = []
@@ -52,10 +55,21 @@ class OptimConfig:
             problems.append(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
         if not self.max_grad_norm > 0:
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        starts = [s for s, _ in self.later_rates]
+        if starts != sorted(set(starts)) or any(s <= 0 for s in starts) or any(not r > 0 for _, r in self.later_rates):
+            problems.append("later_rates must be (step > 0, rate > 0) pairs with increasing steps, "
+                            f"got {self.later_rates}")
         if problems:
             raise ValueError("invalid OptimConfig: " + "; ".join(problems))
 
     def schedule_fn(self) -> optax.Schedule:
+        base = self._base_schedule()
+        if not self.later_rates:
+            return base
+        return optax.join_schedules([base, *(optax.constant_schedule(r) for _, r in self.later_rates)],
+                                    [s for s, _ in self.later_rates])
+
+    def _base_schedule(self) -> optax.Schedule:
         lr, warm = self.learning_rate, self.warmup_steps
         if self.schedule == "cosine":
             return optax.warmup_cosine_decay_schedule(0.0 if warm else lr, lr, warm, self.total_steps,
