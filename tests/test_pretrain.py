@@ -270,7 +270,7 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
     assert all("name_copy" not in p for p in phase_records(cfg))   # off: the manifest as before
     cfg.curriculum.name_copy = 0.25
     cfg.first_phase.name_copy = 0.0
-    first, last = phase_records(cfg)
+    first, *_, last = phase_records(cfg)
     assert "name_copy" not in first and last["name_copy"] == 0.25  # a phase's own setting, recorded
 
 
@@ -556,7 +556,7 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
         ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
         ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
         ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
-        ("train.min_len", "512"), ("train.decay_steps", "0"),
+        ("train.min_len", "512"), ("train.decay_steps", "0"), ("third_phase.start", "3"),
         ("train.output_dir", str(tmp_path / "run"))])
     cfg.model.positional_heads = ((1,),)  # one positional head in the one layer left
     first = run_pretrain(cfg)
@@ -577,9 +577,10 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert set(manifest["files"]) >= {"model.safetensors", "config.json", "tokenizer.json", "reading_vocab.json"}
     assert ReadingVocab.exists(str(base))
     phases = manifest["phases"]
-    assert [p["steps"] for p in phases] == ["0-2", "2-6"] and [p["batch_size"] for p in phases] == [4, 2]
+    assert [p["steps"] for p in phases] == ["0-2", "2-3", "3-6"] and [p["batch_size"] for p in phases] == [4, 2, 2]
     assert "long" not in phases[0]["curriculum"] and phases[1]["curriculum"]["bind"] > 0
     assert phases[0]["learning_rate"]["end"] == phases[1]["learning_rate"]["start"] > 0
+    assert phases[2]["learning_rate"]["start"] == phases[2]["learning_rate"]["end"] == cfg.third_phase.learning_rate
     assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
     assert manifest["progress_probe"]["n"] == 8
     assert [h["step"] for h in manifest["history"]] == [2, 4, 6] and all(h["seconds"] > 0 for h in manifest["history"])
