@@ -94,7 +94,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Phase 3 (steps 4000..4300): mostly agent episodes, one objective, every workflow alike, at a
     # constant 3e-4. After phase 2 the base read well but the default job barely learnt (held-out
-    # EM 5 -> 21): its agent copied a passage's first sentence into memory whatever the question.
+    # EM 5 -> 21): its agent wrote memory from one habitual sentence per kind of passage, whatever
+    # the question.
     # Episodes were 15% of phase 2's rows split over 8 (workflow, objective count) kinds, ~2% per
     # kind; here they are ~86% of rows over 4 kinds (docs/experiments.md, 2026-11-26).
     c.third_phase = ml_collections.ConfigDict()
