@@ -246,8 +246,8 @@ def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumC
     if first is not None and first.steps > 0:
         phases = [(0, _curriculum_config(cfg, first, first.max_len), first.get("batch_size", t.batch_size)),
                   (first.steps, phases[0][1], t.batch_size)]
-    third = cfg.get("third_phase")
-    if third is not None and third.get("start", 0) > 0:
+    third = _third_phase(cfg)
+    if third is not None:
         merged = ml_collections.ConfigDict(cfg.curriculum.to_dict())
         merged.update({k: v for k, v in third.items() if k not in ("start", "learning_rate")})
         phases.append((third.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
@@ -303,10 +303,16 @@ def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
                        final_lr_fraction=t.final_lr_fraction, later_rates=_later_rates(cfg))
 
 
+def _third_phase(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
+    """The config's `third_phase`, if it has one that starts (start > 0); else None."""
+    third = cfg.get("third_phase")
+    return third if third is not None and third.get("start", 0) > 0 else None
+
+
 def _later_rates(cfg: ml_collections.ConfigDict) -> tuple[tuple[int, float], ...]:
     """A third phase's own constant learning rate, from its start (none: the schedule goes on)."""
-    third = cfg.get("third_phase")
-    if third is None or not third.get("start", 0) > 0 or not third.get("learning_rate", 0):
+    third = _third_phase(cfg)
+    if third is None or not third.get("learning_rate", 0):
         return ()
     return ((int(third.start), float(third.learning_rate)),)
 
@@ -370,8 +376,8 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     first = cfg.get("first_phase")
     if first is not None and not 0 <= first.steps < t.steps:
         problems.append(f"first_phase.steps must be in [0, train.steps={t.steps}), got {first.steps}")
-    third = cfg.get("third_phase")
-    if third is not None and third.get("start", 0) > 0:
+    third = _third_phase(cfg)
+    if third is not None:
         begins = first.steps if first is not None else 0
         if not begins < third.start < t.steps:
             problems.append(f"third_phase.start must be in ({begins}, train.steps={t.steps}), got {third.start}")
