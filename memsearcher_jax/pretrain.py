@@ -216,6 +216,8 @@ def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
 # Curriculum settings a phase may set besides its mix weights (the rest come from cfg.curriculum).
 PHASE_SETTINGS = ("name_copy", "cloze_passages", "cloze_questions", "long_passages", "bind_entities", "recall_pairs",
                   "repeat_tokens", "demo_workflows", "demo_objectives")
+# A third phase's keys that are not curriculum settings: when it starts, and its own learning rate.
+THIRD_PHASE_OWN = ("start", "learning_rate")
 
 
 def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict,
@@ -249,7 +251,7 @@ def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumC
     third = _third_phase(cfg)
     if third is not None:
         merged = ml_collections.ConfigDict(cfg.curriculum.to_dict())
-        merged.update({k: v for k, v in third.items() if k not in ("start", "learning_rate")})
+        merged.update({k: v for k, v in third.items() if k not in THIRD_PHASE_OWN})
         phases.append((third.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
     return phases
 
@@ -381,7 +383,7 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
         begins = first.steps if first is not None else 0
         if not begins < third.start < t.steps:
             problems.append(f"third_phase.start must be in ({begins}, train.steps={t.steps}), got {third.start}")
-        unknown = sorted(set(third.keys()) - {"start", "learning_rate", *PHASE_SETTINGS, *KINDS})
+        unknown = sorted(set(third.keys()) - {*THIRD_PHASE_OWN, *PHASE_SETTINGS, *KINDS})
         if unknown:
             problems.append(f"third_phase sets {unknown}: only start, learning_rate, the mix weights {KINDS} "
                             f"and {PHASE_SETTINGS}")
