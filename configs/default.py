@@ -97,6 +97,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.wrong_answer_rate = 0.05   # every hop searched, the boxed answer wrong
     c.sft.early_answer_rate = 0.6    # answers before every hop is found (1-hop: without searching)
     c.sft.two_hop_early_rate = 0.0   # share of 2-hop demos that stop after hop 1 (drawn apart from the above)
+    c.sft.early_two_hop = "first_hop"  # an early 2-hop answer: "first_hop" (boxes the bridge entity) | "no_search"
     c.sft.react_share = 0.0          # share of demos recorded in the ReAct format (bench/context.py uses 0.5)
     # Objective counts of the demonstrations, equal shares (e.g. "1,2": half single questions, half
     # pairs); "": world.objectives only. bench/paper_tables.py uses "1,<training count>": a base that

@@ -36,6 +36,7 @@ from memsearcher_jax.agent.prompts import (
 )
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.agent.tools import tool_from_config
+from memsearcher_jax.data.demos import EARLY_TWO_HOP
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
 from memsearcher_jax.data.synthetic import check_objectives, join_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
@@ -176,6 +177,8 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
         problems.append("retrieval.kind=index needs retrieval.index_dir")
     problems += objectives_problems(cfg)
+    if cfg.sft.get("early_two_hop", "first_hop") not in EARLY_TWO_HOP:
+        problems.append(f"sft.early_two_hop must be one of {', '.join(EARLY_TWO_HOP)}, got {cfg.sft.early_two_hop!r}")
     if training and not cfg.world.enabled and cfg.sft.steps > 0:
         problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
                         "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")

@@ -56,7 +56,7 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
     the warm start imitates)."""
     rows = demo_questions(cfg, setup)
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
-                                     "react_share") if k in cfg.sft}
+                                     "early_two_hop", "react_share") if k in cfg.sft}
     return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,
                                config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
                                                  workflow=cfg.agent.workflow, **rates))

@@ -10,7 +10,7 @@ from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.data.demos import FLAWS, DemoConfig, demo_stats, make_demonstrations
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
-from memsearcher_jax.qa_metrics import compute_reward
+from memsearcher_jax.qa_metrics import compute_reward, token_f1
 from retrieval.bm25 import BM25Retriever
 from tests.demo_checks import check_demonstration
 
@@ -165,6 +165,34 @@ def test_two_hop_early_rate_makes_stopping_the_habit(world):
     assert sum(d.flaw == "early_answer" for d in ones) / len(ones) < 0.2
     with pytest.raises(ValueError, match="two_hop_early_rate"):
         DemoConfig(two_hop_early_rate=1.5)
+
+
+def test_early_two_hop_no_search_guesses_and_every_searching_demo_finishes_its_hops(world):
+    """early_two_hop="no_search": an early 2-hop answer is a guess before any search (a value of
+    the asked relation's kind, never the bridge entity); every 2-hop demo that searches searches
+    both hops. The rest of the script (which rows, which flaws) is the same as with "first_hop"."""
+    rows, builder, retriever = world
+    two_hop = [r for r in rows if r["hops"] == 2][:120]
+    rates = dict(vague_query_rate=0.1, wrong_answer_rate=0.05, early_answer_rate=0.6)
+    stop = make_demonstrations(two_hop, builder, retriever, seed=5, config=DemoConfig(**rates))
+    guess = make_demonstrations(two_hop, builder, retriever, seed=5,
+                                config=DemoConfig(**rates, early_two_hop="no_search"))
+    assert [d.flaw for d in stop] == [d.flaw for d in guess]
+    early = [d for d in guess if d.flaw == "early_answer"]
+    assert 0.45 < len(early) / len(guess) < 0.75, len(early)
+    for d_stop, d in zip(stop, guess):
+        assert not check_demonstration(d, builder)
+        searches = d.act_kinds.count(ActKind.TOOL_CALLS)
+        if d.flaw == "early_answer":
+            assert searches == 0 and d.act_kinds == [ActKind.ANSWER]
+            assert d.answer != d.row["intermediate"] and token_f1(d.answer, d.row["golden_answers"]) == 0.0
+            assert d_stop.act_kinds.count(ActKind.TOOL_CALLS) == 1 and d_stop.answer == d_stop.row["intermediate"]
+        else:
+            assert searches >= 2 and d.answer == d_stop.answer
+    guessed_values = {d.answer for d in early}
+    assert len(guessed_values) > 3  # drawn from the relation's values, not one fixed word
+    with pytest.raises(ValueError, match="early_two_hop"):
+        DemoConfig(early_two_hop="after_the_second")
 
 
 _FLAWED = dict(vague_query_rate=0.3, wrong_answer_rate=0.2, early_answer_rate=0.2)

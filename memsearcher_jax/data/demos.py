@@ -28,7 +28,8 @@ drawn at random, so GRPO has something to improve):
     vague_query   the first search is vague or about the wrong entity; a recovery search follows
     wrong_answer  every hop is searched but the boxed answer is wrong
     early_answer  answers (wrongly) before every hop is found: 1-hop with no search at all,
-                  2-hop right after the first hop (boxing the bridge entity)
+                  2-hop right after the first hop (boxing the bridge entity), or with
+                  `early_two_hop="no_search"` with no search at all, as on 1-hop questions
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ from memsearcher_jax.qa_metrics import (
 )
 
 FLAWS = ("vague_query", "wrong_answer", "early_answer")
+EARLY_TWO_HOP = ("first_hop", "no_search")
 
 # Kept to a few tokens each: the model is tiny and every token is context.
 THINK_SEARCH = "I need to search."
@@ -74,6 +76,10 @@ class DemoConfig:
     # from the rates above. Above 0.5 the stop is the demonstrator's habit, so the warm-started
     # policy's greedy choice too: a mistake only reward can correct (SFT would copy it).
     two_hop_early_rate: float = 0.0
+    # How an early answer to a 2-hop question stops: "first_hop" right after the first hop (boxing
+    # the bridge entity), "no_search" before any search (a guess, as on 1-hop questions). With
+    # "no_search" every demo that searches a 2-hop question searches both hops.
+    early_two_hop: str = "first_hop"
     top_n: int = 3          # written into each tool call; fewer documents keep the context small
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
     # Share of demos recorded in the ReAct workflow's format instead of `workflow`'s, drawn per
@@ -90,6 +96,8 @@ class DemoConfig:
             raise ValueError(f"two_hop_early_rate must be in [0, 1], got {self.two_hop_early_rate}")
         if not 0 <= self.react_share <= 1:
             raise ValueError(f"react_share must be in [0, 1], got {self.react_share}")
+        if self.early_two_hop not in EARLY_TWO_HOP:
+            raise ValueError(f"early_two_hop must be one of {EARLY_TWO_HOP}, got {self.early_two_hop!r}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
         if self.workflow not in RECORDERS:
@@ -326,7 +334,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]))
     tb = RECORDERS[workflow](builder, traj)
     objs = objectives_of(row)
-    turns_needed = sum(int(o["hops"]) for o in objs) + 1 - (flaw == "early_answer")
+    turns_needed = sum(int(o["hops"]) for o in objs) + 1
     if flaw == "vague_query" and turns_needed + 1 > cfg.max_turns:
         flaw = None  # no room for the recovery search (only with several objectives: 1 takes <= 4 turns)
     # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
@@ -344,7 +352,8 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
 
     for oi, o in enumerate(objs):
         facts, hop = list(o["facts"]), 0
-        to_search = int(o["hops"]) - (flaw == "early_answer" and oi == target)
+        early = flaw == "early_answer" and oi == target
+        to_search = int(o["hops"]) - (int(o["hops"]) if early and cfg.early_two_hop == "no_search" else early)
         vague_pending = flaw == "vague_query" and oi == target
         while hop < to_search:
             conv = next_turn()
@@ -367,7 +376,8 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             memory = " ".join(found + [note] if note else found)
             tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
-    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool) for oi, o in enumerate(objs)]
+    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, cfg.early_two_hop == "first_hop")
+               for oi, o in enumerate(objs)]
     answer = "; ".join(answers)
     conv = next_turn()
     tb.act(conv, THINK_ANSWER if found else THINK_GUESS, f"\\boxed{{{answer}}}")
@@ -381,13 +391,14 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
                          workflow=workflow, answers=answers)
 
 
-def _scripted_answer(o: dict, flaw: str | None, rng: random.Random, pool: dict) -> str:
+def _scripted_answer(o: dict, flaw: str | None, rng: random.Random, pool: dict, bridge: bool = True) -> str:
     """The gold answer, or for a wrong or early answer one with zero F1 against the golds."""
     if flaw not in ("wrong_answer", "early_answer"):
         return o["golden_answers"][0]
     early = flaw == "early_answer"
-    # An early 2-hop answer boxes the bridge entity: the classic stop-one-hop-short error.
-    cands = [o["intermediate"]] if early and o.get("intermediate") else pool.get(o["relation"], [])
+    # An early 2-hop answer after the first hop boxes the bridge entity (the classic
+    # stop-one-hop-short error); one before any search (bridge=False) guesses a value.
+    cands = [o["intermediate"]] if early and bridge and o.get("intermediate") else pool.get(o["relation"], [])
     answer = _pick_wrong(rng, cands, o["golden_answers"])
     if answer == "unknown" and early:
         answer = _pick_wrong(rng, pool.get(o["relation"], []), o["golden_answers"])
