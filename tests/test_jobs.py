@@ -94,7 +94,7 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w"))])
     cfg.sft.update(steps=1, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
-                   wrong_answer_rate=0.0, early_answer_rate=0.0)
+                   wrong_answer_rate=0.0, early_answer_rate=0.0, early_two_hop="first_hop")
     setup = build_setup(cfg)
     seen = []
     monkeypatch.setattr(jobs, "sft_train",
@@ -110,3 +110,9 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
         assert text.count("<tool_call>") == 1  # 2-hop demos stop after hop 1; 1-hop demos search once
         if row["hops"] == 2:
             assert "\\boxed{" + row["intermediate"] + "}" in text
+    # sft.early_two_hop reaches them too: "no_search" 2-hop demos guess before any search.
+    cfg.sft.early_two_hop = "no_search"
+    seen.clear()
+    jobs.warm_start(cfg, setup, str(tmp_path / "ws2"))
+    two_hop = [(conv, row) for conv, row in zip(seen, rows) if row["hops"] == 2]
+    assert two_hop and all("<tool_call>" not in b.decode(conv.response_ids) for conv, _ in two_hop)
