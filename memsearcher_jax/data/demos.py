@@ -352,10 +352,11 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
 
     for oi, o in enumerate(objs):
         facts, hop = list(o["facts"]), 0
-        early = flaw == "early_answer" and oi == target
-        to_search = int(o["hops"]) - (int(o["hops"]) if early and cfg.early_two_hop == "no_search" else early)
+        hops = int(o["hops"])
+        if flaw == "early_answer" and oi == target:  # stops one hop short, or before any search
+            hops = hops - 1 if cfg.early_two_hop == "first_hop" else 0
         vague_pending = flaw == "vague_query" and oi == target
-        while hop < to_search:
+        while hop < hops:
             conv = next_turn()
             think = _searched_think(not kinds, retry, hop, o)
             query = _vague_query(rng, o, all_objectives) if vague_pending else o["queries"][hop]
