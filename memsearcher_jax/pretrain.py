@@ -12,9 +12,11 @@ The run is resumable: params, optimizer state and step are checkpointed (Orbax, 
 """
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import queue
@@ -355,6 +357,8 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     for key in ("steps", "batch_size", "save_every", "probe_every", "probe_items"):
         if t[key] < 1:
             problems.append(f"train.{key} must be >= 1, got {t[key]}")
+    if not (isinstance(t.get("data_workers", 0), int) and t.get("data_workers", 0) >= 0):
+        problems.append(f"train.data_workers must be an integer >= 0 (0: one thread), got {t.data_workers}")
     if t.learning_rate <= 0:
         problems.append(f"train.learning_rate must be > 0, got {t.learning_rate}")
     if not 0 <= t.get("decay_steps", 0) <= t.steps:
@@ -409,6 +413,77 @@ class _Prefetch:
 
     def get(self):
         return self.q.get()
+
+    def close(self):
+        pass
+
+
+class BatchMaker:
+    """A step's training batch from the config and the vocabulary alone. Rows depend only on
+    (seed, step), so any process builds the same batch for the same step: worker processes can
+    build steps ahead of the trainer (`train.data_workers`) without changing a single row."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, vocab_dir: str):
+        vocab = ReadingVocab.load(vocab_dir)
+        self.builder = PromptBuilder(load_tokenizer(vocab_dir), default_top_n=cfg.curriculum.top_n, style="compact")
+        self.phases = phase_configs(cfg)
+        self.curriculum = PhasedCurriculum([(s, Curriculum(vocab, self.builder, c)) for s, c, _ in self.phases])
+        t = cfg.train
+        self.sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
+                                 warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len,
+                                 progress=False)
+        self.pack = t.pack
+        self.full_width = bool(t.get("pack_to_max_len", False))
+
+    def __call__(self, step: int):
+        cur, batch = [(c, b) for s, c, b in self.phases if s <= step][-1]
+        rows = self.curriculum.rows_for_step(step, batch)
+        if self.pack:  # several rows per sequence: the same loss, less padding
+            longest = max(len(r.prompt_ids) + len(r.response_ids) - 1 for r in rows)
+            # As wide as the step's longest row needs (its bucket), not always max_len: a short-row
+            # step packed into max_len-wide rows would pay attention over max_len for nothing. On an
+            # accelerator that work is cheap and each other width is another program to compile:
+            # `train.pack_to_max_len` packs every step of a phase to its max_len.
+            width = cur.max_len if self.full_width else min(cur.max_len, self.sft_cfg.bucket_for(longest))
+            return pack_rows(rows, self.builder.pad_id, width)
+        return build_rows(rows, self.builder.pad_id, self.sft_cfg.max_len)
+
+
+_WORKER_MAKER: BatchMaker | None = None
+
+
+def _worker_start(cfg_dict: dict, vocab_dir: str) -> None:
+    global _WORKER_MAKER
+    jax.config.update("jax_platforms", "cpu")  # a data worker never touches the accelerator
+    _WORKER_MAKER = BatchMaker(ml_collections.ConfigDict(cfg_dict), vocab_dir)
+
+
+def _worker_batch(step: int):
+    return step, _WORKER_MAKER(step)
+
+
+class _PoolPrefetch:
+    """Builds steps ahead in `workers` processes (fresh interpreters: the trainer's JAX state is
+    not forked), at most 2 x workers steps ahead, handed back in step order."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, vocab_dir: str, start: int, stop: int, workers: int):
+        self.pool = multiprocessing.get_context("spawn").Pool(workers, _worker_start, (cfg.to_dict(), vocab_dir))
+        self.pending: collections.deque = collections.deque()
+        self.next, self.stop, self.ahead = start, stop, 2 * workers
+        self._fill()
+
+    def _fill(self):
+        while self.next < self.stop and len(self.pending) < self.ahead:
+            self.pending.append(self.pool.apply_async(_worker_batch, (self.next,)))
+            self.next += 1
+
+    def get(self):
+        got = self.pending.popleft().get()
+        self._fill()
+        return got
+
+    def close(self):
+        self.pool.terminate()
 
 
 def _init_model(cfg: ml_collections.ConfigDict, vocab: ReadingVocab, builder: PromptBuilder, vocab_size: int):
@@ -511,21 +586,6 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
                         warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len, progress=False)
     trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
-    phases = phase_configs(cfg)
-    curriculum = PhasedCurriculum([(s, Curriculum(vocab, builder, c)) for s, c, _ in phases])
-    phase_at = lambda step: [(c, b) for s, c, b in phases if s <= step][-1]
-    pack = t.pack
-
-    def batch_for(step: int):
-        cur, batch = phase_at(step)
-        rows = curriculum.rows_for_step(step, batch)
-        if pack:  # several rows per sequence: the same loss, less padding
-            longest = max(len(r.prompt_ids) + len(r.response_ids) - 1 for r in rows)
-            # As wide as the step's longest row needs (its bucket), not always max_len: a short-row
-            # step packed into max_len-wide rows would pay attention over max_len for nothing.
-            return pack_rows(rows, builder.pad_id, min(cur.max_len, sft_cfg.bucket_for(longest)))
-        return build_rows(rows, builder.pad_id, sft_cfg.max_len)
-
     # Progress only; the final sets are never looked at here.
     sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
@@ -535,18 +595,20 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2))
     step = _restore(manager, trainer, cfg, vocab) if resume else 0
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
-    prefetch = _Prefetch(batch_for, step, t.steps)
+    workers = t.get("data_workers", 0)
+    prefetch = (_PoolPrefetch(cfg, vocab_dir, step, t.steps, workers) if workers
+                else _Prefetch(BatchMaker(cfg, vocab_dir), step, t.steps))
     t0, losses = time.time(), []
     log_every = t.get("log_every", 0) or t.probe_every
     while step < t.steps:
         got_step, batch = prefetch.get()
         assert got_step == step
-        stats = trainer.train_packed(batch) if pack else trainer.train_step(batch, np.arange(len(batch.lengths)))
+        stats = trainer.train_packed(batch) if t.pack else trainer.train_step(batch, np.arange(len(batch.lengths)))
         losses.append(stats["loss"])
         step += 1
         if step % log_every == 0 and step % t.probe_every:  # a heartbeat between probes
             _log(f"step {step}/{t.steps} loss {np.mean(losses[-log_every:]):.3f} "
-                 f"{(time.time() - t0) / len(losses):.1f} s/step")
+                 f"{(time.time() - t0) / len(losses):.3f} s/step")
         if step % t.probe_every == 0 or step == t.steps:
             progress = _progress_metrics(trainer.model(), sets, seen, builder.pad_id, copy)
             last = {"loss": float(np.mean(losses)), **progress,
@@ -563,6 +625,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
         if step % t.save_every == 0 or step == t.steps:
             manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(trainer.params),
                                                        opt_state=ocp.args.StandardSave(trainer.opt_state)))
+    prefetch.close()
     manager.wait_until_finished()
     writer.close()
     check_base_export_dir(export_dir, out)  # again: the run may have taken hours

@@ -628,3 +628,58 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     cfg.vocab.seed = 1
     with pytest.raises(UserInputError, match=r"vocab\.seed=1 but .* built with seed=0"):
         pretrain.run_pretrain(cfg)
+
+
+def _small_phased_config(**train):
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), [
+        ("first_phase.steps", "3"), ("first_phase.batch_size", "6"), ("train.batch_size", "4"),
+        ("train.steps", "8"), ("train.decay_steps", "0"), ("third_phase.start", "6")])
+    cfg.train.update(train)
+    return cfg
+
+
+def test_data_workers_build_the_very_batches_one_thread_builds(vocab_dir):
+    """Rows depend on (seed, step) only: worker processes (spawned, not forked) hand back, in step
+    order, exactly the arrays the trainer's own thread would build, across phase boundaries."""
+    from memsearcher_jax.pretrain import BatchMaker, _PoolPrefetch
+
+    cfg = _small_phased_config(data_workers=2)
+    here = BatchMaker(cfg, vocab_dir)
+    ahead = _PoolPrefetch(cfg, vocab_dir, 2, 8, workers=2)
+    try:
+        for step in range(2, 8):  # phase 1 -> 2 at step 3, 2 -> 3 at step 6
+            got_step, got = ahead.get()
+            want = here(step)
+            assert got_step == step
+            for field in ("inputs", "targets", "weights", "positions", "segments", "loss_at", "loss_weights"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=f"{field} @ {step}")
+    finally:
+        ahead.close()
+
+
+def test_pack_to_max_len_packs_every_step_to_its_phase_length(vocab_dir):
+    """pack_to_max_len: one width per phase (few programs to compile), the same sequences inside."""
+    from memsearcher_jax.pretrain import BatchMaker
+
+    cfg = _small_phased_config()
+    cfg.first_phase.max_len, cfg.train.max_len = 512, 1024
+    bucketed = BatchMaker(cfg, vocab_dir)
+    cfg.train.pack_to_max_len = True
+    full = BatchMaker(cfg, vocab_dir)
+    widths = {step: full(step).inputs.shape[1] for step in range(8)}
+    assert widths == {s: 512 if s < 3 else 1024 for s in range(8)}
+    assert any(bucketed(s).inputs.shape[1] < widths[s] for s in range(8))  # without it, narrower buckets
+    for step in (0, 5):  # the same loss tokens, however wide the rows
+        a, b = bucketed(step), full(step)
+        assert a.weights.sum() == b.weights.sum() > 0
+        assert sorted(a.targets[a.weights > 0].tolist()) == sorted(b.targets[b.weights > 0].tolist())
+
+
+def test_data_workers_must_be_a_count():
+    from memsearcher_jax.pretrain import validate_pretrain
+
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v3.py"))
+    validate_pretrain(cfg)
+    cfg.train.data_workers = -1
+    with pytest.raises(ValueError, match="train.data_workers must be an integer >= 0"):
+        validate_pretrain(cfg)
