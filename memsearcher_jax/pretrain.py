@@ -409,10 +409,17 @@ class _Prefetch:
 
     def _run(self, make, start, stop):
         for step in range(start, stop):
-            self.q.put((step, make(step)))
+            try:
+                self.q.put((step, make(step)))
+            except Exception as e:  # handed to the trainer, which raises it (else it would wait forever)
+                self.q.put((step, e))
+                return
 
     def get(self):
-        return self.q.get()
+        step, got = self.q.get()
+        if isinstance(got, Exception):
+            raise got
+        return step, got
 
     def close(self):
         pass

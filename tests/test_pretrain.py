@@ -683,3 +683,17 @@ def test_data_workers_must_be_a_count():
     cfg.train.data_workers = -1
     with pytest.raises(ValueError, match="train.data_workers must be an integer >= 0"):
         validate_pretrain(cfg)
+
+
+def test_a_failing_row_builder_raises_in_the_trainer_instead_of_hanging():
+    from memsearcher_jax.pretrain import _Prefetch
+
+    def make(step):
+        if step == 2:
+            raise ModuleNotFoundError("No module named 'bm25s'")
+        return step * 10
+
+    ahead = _Prefetch(make, 0, 5)
+    assert ahead.get() == (0, 0) and ahead.get() == (1, 10)
+    with pytest.raises(ModuleNotFoundError, match="bm25s"):
+        ahead.get()
