@@ -1,4 +1,4 @@
-"""The reading base, second version (`memsearcher_jax/bases/reading_v2`; shipped, not the default yet).
+"""The reading base, second version (reading_v2, shipped until 2026-11-26; reading_v3 replaced it).
 
     memsearcher-jax pretrain --config configs/base_v2.py --config.train.output_dir=runs/base_v2
 

@@ -1,5 +1,5 @@
-"""The reading base, third version: base_v2's curriculum on a model twice as wide, trained on an
-accelerator for ~3x as many rows.
+"""The reading base, third version (`memsearcher_jax/bases/reading_v3`, shipped, the default's):
+base_v2's curriculum on a model twice as wide, trained on an accelerator on ~4x as many rows.
 
     memsearcher-jax pretrain --config configs/base_v3.py --config.train.output_dir=runs/base_v3
 
