@@ -425,6 +425,12 @@ class _Prefetch:
         pass
 
 
+def sft_config(t: ml_collections.ConfigDict) -> SFTConfig:
+    """The trainer's settings from cfg.train (also the row buckets `BatchMaker` packs to)."""
+    return SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
+                     warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len, progress=False)
+
+
 class BatchMaker:
     """A step's training batch from the config and the vocabulary alone. Rows depend only on
     (seed, step), so any process builds the same batch for the same step: worker processes can
@@ -436,9 +442,7 @@ class BatchMaker:
         self.phases = phase_configs(cfg)
         self.curriculum = PhasedCurriculum([(s, Curriculum(vocab, self.builder, c)) for s, c, _ in self.phases])
         t = cfg.train
-        self.sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
-                                 warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len,
-                                 progress=False)
+        self.sft_cfg = sft_config(t)
         self.pack = t.pack
         self.full_width = bool(t.get("pack_to_max_len", False))
 
@@ -590,8 +594,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     tokenizer = load_tokenizer(vocab_dir)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
     model, tied = _init_model(cfg, vocab, builder, len(tokenizer))
-    sft_cfg = SFTConfig(steps=t.steps, batch_size=t.batch_size, lr=t.learning_rate, seed=t.seed,
-                        warmup=min(t.warmup, t.steps), max_len=t.max_len, min_len=t.min_len, progress=False)
+    sft_cfg = sft_config(t)
     trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
     # Progress only; the final sets are never looked at here.
     sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
