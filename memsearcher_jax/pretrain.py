@@ -152,7 +152,7 @@ def reading_probe(model: Qwen2, items: list[tuple[list[int], int | list[int], st
     a list is scored teacher-forced, right when every token is the argmax (= greedy decoding
     writes it all). Items are left-padded to one length, so the probe compiles once per length;
     long items go in smaller batches (the logits of a batch stay ~16K positions). Returns
-    {"accuracy", "by_relation": {relation: accuracy}, "n"}.
+    {"accuracy", "by_relation": {relation: accuracy}, "n", "hits": each item's result (`pack_hits`)}.
     """
     graphdef, params = nnx.split(model, nnx.Param)
     targets = [list(np.atleast_1d(t)) for _, t, _ in items]
@@ -174,7 +174,19 @@ def reading_probe(model: Qwen2, items: list[tuple[list[int], int | list[int], st
             hits.append(ok)
             rel_hits.setdefault(rel, []).append(ok)
     return {"accuracy": float(np.mean(hits)), "n": len(hits),
-            "by_relation": {r: float(np.mean(v)) for r, v in sorted(rel_hits.items())}}
+            "by_relation": {r: float(np.mean(v)) for r, v in sorted(rel_hits.items())},
+            "hits": pack_hits(hits)}
+
+
+def pack_hits(hits) -> str:
+    """Per-item right / wrong, in item order, as hex (a manifest keeps which items a base reads, so a
+    check can recompute any subset of them exactly instead of all)."""
+    return np.packbits(np.asarray(hits, bool)).tobytes().hex()
+
+
+def unpack_hits(packed: str, n: int) -> np.ndarray:
+    """`pack_hits`'s bools back, the first n."""
+    return np.unpackbits(np.frombuffer(bytes.fromhex(packed), np.uint8))[:n].astype(bool)
 
 
 # Context lengths the probe reports (passages shown; 16 are ~900 tokens), and the multi-objective

@@ -515,6 +515,12 @@ def test_reading_probe_scores_a_multi_token_answer_only_when_every_token_is_gree
     assert reading_probe(model, wrong_last, pad_id=0)["accuracy"] == 0.0
     single = reading_probe(model, [(c, g[0], "b") for c, g in zip(contexts, greedy)], pad_id=0)
     assert single["accuracy"] == 1.0 and single["by_relation"] == {"b": 1.0}
+    # Each item's result, in item order (the manifest keeps them: a check recomputes any subset).
+    from memsearcher_jax.pretrain import unpack_hits
+    pattern = [i % 3 != 1 for i in range(len(items))]
+    mixed = reading_probe(model, [it if ok else bad for it, bad, ok in zip(items, wrong_last, pattern)], pad_id=0)
+    assert unpack_hits(mixed["hits"], len(items)).tolist() == pattern
+    assert mixed["accuracy"] == pytest.approx(np.mean(pattern))
 
 
 def test_tied_rows_keep_their_differences():
@@ -583,6 +589,10 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert phases[2]["learning_rate"]["start"] == phases[2]["learning_rate"]["end"] == cfg.third_phase.learning_rate
     assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
     assert manifest["progress_probe"]["n"] == 8
+    from memsearcher_jax.pretrain import unpack_hits
+    for figures in [*manifest["reading_probe"]["by_length"].values(), manifest["reading_probe"]["binding"]]:
+        # each item's result is kept (the shipped-base test recomputes a sample of them exactly)
+        assert unpack_hits(figures["hits"], figures["n"]).mean() == pytest.approx(figures["accuracy"])
     assert [h["step"] for h in manifest["history"]] == [2, 4, 6] and all(h["seconds"] > 0 for h in manifest["history"])
     assert manifest["pretraining"]["seconds"] == pytest.approx(sum(h["seconds"] for h in manifest["history"]))
     assert manifest["pretraining"]["machine"]["cores"] >= 1 and manifest["pretraining"]["machine"]["cpu"]
