@@ -714,21 +714,18 @@ def test_base_v4_layer1_heads_start_at_every_subject_to_value_distance():
     started them (5-8); works_for's value sits 4 tokens after its subject and reads 20% at 8 passages
     (docs/experiments.md, 2026-11-27). base_v4 starts a layer-1 head at every relation's distance."""
     from memsearcher_jax.bases import READING_V3
-    from memsearcher_jax.data.synthetic import ONE_HOP, VALUE_TYPE
+    from memsearcher_jax.data.synthetic import ONE_HOP, generate_world
     from memsearcher_jax.pretrain import validate_pretrain
 
     vocab, tok = ReadingVocab.load(READING_V3), load_tokenizer(READING_V3)
-    names = {kind: pool[0] for kind, pool in vocab.pool("reserved").items()}
-    values = {rel: vocab.values[kind][0] for rel, kind in (("born_year", "year"), ("founded_year", "year"),
-              ("occupation", "occupation"), ("colour", "colour"), ("product", "product"), ("known_for", "landmark"))}
+    world = generate_world(0, num_entities=30, heldout_fraction=0.0, names=vocab.pool("reserved"))
     distances = {}
     for etype, relations in ONE_HOP.items():
+        subject = next(name for name, e in world.entities.items() if e["type"] == etype)
         for rel, (_, _, sentence) in relations.items():
-            kind = VALUE_TYPE.get(rel)
-            answer = names[kind] if kind in names else values[rel]
-            ids = tok(sentence.format(s=names[etype], a=answer))["input_ids"]
-            subject, value = ids.index(vocab.ids[names[etype]]), ids.index(vocab.ids[answer])
-            distances[rel] = value - subject
+            value = world.entities[subject][rel]
+            ids = tok(sentence.format(s=subject, a=value))["input_ids"]
+            distances[rel] = ids.index(vocab.ids[value]) - ids.index(vocab.ids[subject])
     assert distances["works_for"] == 4 and distances["occupation"] == 6, distances  # the measured case
     v3 = load_config(os.path.join(ROOT, "configs", "base_v3.py"))
     assert distances["works_for"] not in v3.model.positional_heads[1]  # what left it unbound
