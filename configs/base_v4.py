@@ -11,6 +11,11 @@ value), so no head binds it and it reads 20% at 8 passages while every other rel
 >= 93%. In a 500-step 4 x 128 run, a layer-1 head started at offset 4 put weight 1.00 on the works_for
 subject (0.00 with base_v3's offsets). Here layer 1's eight heads start at 3, 4, 6, 7, 8 and 9 (7 and 8
 twice: the most common distances); tests/test_pretrain.py checks they cover every relation's distance.
+
+Weaker evidence since (docs/experiments.md, eighth session): a rewording that puts the works_for value
+8 tokens after its subject gets the binding in reading_v3 at once (layer-1 weight 0.91, 0.98 after 100
+steps of continued pretraining), yet works_for still reads ~36% at 8 passages after 200 steps. A
+binding head may be needed but is not enough on its own, at least when it comes after pretraining.
 """
 import base_v3  # beside this file (the config loader puts its folder on sys.path)
 import ml_collections
