@@ -720,9 +720,15 @@ def final_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
     """The figure a base ships with: the stored weights (bf16, read in float32) on the FINAL probe
     sets (seed + FINAL_SEED: items no progress probe, checkpoint choice or stopping rule saw),
     by context length (2, 8, 16 passages) and relation, plus the multi-objective items."""
-    vocab = ReadingVocab.load(base_dir)
+    builder, sets = final_probe_sets(base_dir, n, seed)
+    return probe_report(from_pretrained(base_dir), sets, builder.pad_id)
+
+
+def final_probe_sets(base_dir: str, n: int = 512, seed: int = 0) -> tuple[PromptBuilder, dict]:
+    """`final_probe`'s items for a base directory ({set name: items}) and the prompt builder
+    that made them (its pad_id pads the probe)."""
     builder = PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
-    return probe_report(from_pretrained(base_dir), probe_sets(vocab, builder, n, seed, final=True), builder.pad_id)
+    return builder, probe_sets(ReadingVocab.load(base_dir), builder, n, seed, final=True)
 
 
 def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict,

@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.bases import DEFAULT_BASE, READING_V3
-from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.models import from_pretrained
-from memsearcher_jax.pretrain import BASE_MANIFEST, SIDE_SETS, base_probe, probe_sets, reading_probe, unpack_hits
+from memsearcher_jax.pretrain import BASE_MANIFEST, SIDE_SETS, base_probe, final_probe_sets, reading_probe, unpack_hits
 
 # What reading_v3 must read at least on its final probe (measured 2026-11-26: 96.3% / 87.7% at
 # 2 / 8 passages, binding 93.8%). The 95% at 8 passages and 90% per relation are missed
@@ -102,8 +100,7 @@ def test_the_final_probe_is_what_the_stored_weights_read(manifest):
     assert vocab.pool("reserved")["person"] and not pool_ids(vocab, "reserved") & pool_ids(vocab, "pretrain")
     recorded = manifest["reading_probe"]
     seed = manifest["config"]["train"]["seed"]
-    builder = PromptBuilder(load_tokenizer(READING_V3), default_top_n=2, style="compact")
-    sets = probe_sets(vocab, builder, recorded["by_length"]["2"]["n"], seed, final=True)
+    builder, sets = final_probe_sets(READING_V3, recorded["by_length"]["2"]["n"], seed)
     model = from_pretrained(READING_V3)
     figures_of = lambda name: recorded[name] if name in SIDE_SETS else recorded["by_length"][name]
     for k, (name, items) in enumerate(sets.items()):
