@@ -108,10 +108,12 @@ def _final_params(out):
 def sigkill_then_resume(train_cmd, tmp_path, steps=4) -> tuple[dict, dict]:
     """Run `train_cmd(out, steps, worlds)` to the end once; run it again, kill it with SIGKILL
     between checkpoints and resume it. Returns the final params of both runs (same step)."""
-    # One compilation cache for the three runs: the killed and the resumed runs load the programs
-    # the first one compiled (the shapes follow the seeded rollout) and compile only their own.
+    # One compilation cache for the three runs (the test session's, else one of its own): the
+    # killed and the resumed runs load the programs the first one compiled (the shapes follow the
+    # seeded rollout) and compile only their own.
+    cache = os.environ.get("MEMSEARCHER_JAX_COMPILATION_CACHE") or str(tmp_path / "xla-cache")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT,
-               MEMSEARCHER_JAX_COMPILATION_CACHE=str(tmp_path / "xla-cache"))
+               MEMSEARCHER_JAX_COMPILATION_CACHE=cache)
     worlds = str(tmp_path / "worlds")
     ref_out, killed_out = str(tmp_path / "ref"), str(tmp_path / "killed")
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
