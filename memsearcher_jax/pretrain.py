@@ -710,9 +710,8 @@ def base_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
     """The progress probe's 2-passage figure for a base directory as it is stored (bf16 weights,
     read in float32): reserved names only, the same items the pretraining run probed with
     (seed + 1000). The shipped figure is `final_probe`'s."""
-    vocab = ReadingVocab.load(base_dir)
-    builder = PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
-    items = probe_items(vocab, builder, n, seed=seed + 1000, pool="reserved")
+    builder = probe_builder(base_dir)
+    items = probe_items(ReadingVocab.load(base_dir), builder, n, seed=seed + 1000, pool="reserved")
     return reading_probe(from_pretrained(base_dir), items, builder.pad_id)
 
 
@@ -727,8 +726,14 @@ def final_probe(base_dir: str, n: int = 512, seed: int = 0) -> dict:
 def final_probe_sets(base_dir: str, n: int = 512, seed: int = 0) -> tuple[PromptBuilder, dict]:
     """`final_probe`'s items for a base directory ({set name: items}) and the prompt builder
     that made them (its pad_id pads the probe)."""
-    builder = PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
+    builder = probe_builder(base_dir)
     return builder, probe_sets(ReadingVocab.load(base_dir), builder, n, seed, final=True)
+
+
+def probe_builder(base_dir: str) -> PromptBuilder:
+    """The prompt builder every probe of a stored base formats its items with (the agent's
+    compact prompts, two passages per search)."""
+    return PromptBuilder(load_tokenizer(base_dir), default_top_n=2, style="compact")
 
 
 def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict,
