@@ -217,3 +217,23 @@ def test_every_recipe_mesh_keeps_tensor_parallelism_inside_a_host(path, monkeypa
     distributed.global_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp)
     distributed.local_mesh(cfg.mesh.tp)
     assert made == [(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, n), (1, per_host // cfg.mesh.tp, cfg.mesh.tp, per_host)]
+
+
+CHUNKS = os.path.join(ROOT, "launch", "pretrain_in_chunks.sh")
+
+
+def test_pretrain_in_chunks_refuses_a_work_folder_it_did_not_make(tmp_path):
+    """The chunked pretraining script never writes into (or clears) a work folder someone else
+    made, and says so before anything is installed or run; without its four arguments it prints
+    its usage. (The whole interrupt-pack-resume cycle was run by hand, 2026-11-27: docs/experiments.md.)"""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.txt").write_text("keep")
+    env = dict(os.environ, PRETRAIN_IN_CHUNKS_DIR=str(work), PYTHON="false")
+    res = subprocess.run(["bash", CHUNKS, "configs/base_v4.py", "5", str(tmp_path / "in"), str(tmp_path / "out")],
+                         env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "was not made by this script" in res.stderr
+    assert sorted(os.listdir(work)) == ["mine.txt"] and (work / "mine.txt").read_text() == "keep"
+    assert not (tmp_path / "out").exists()
+    usage = subprocess.run(["bash", CHUNKS, "configs/base_v4.py"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "PACK_OUT" in usage.stderr
