@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from memsearcher_jax import compile_stats
 from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.models import param_dict
 
@@ -111,9 +112,9 @@ def sigkill_then_resume(train_cmd, tmp_path, steps=4) -> tuple[dict, dict]:
     # One compilation cache for the three runs (the test session's, else one of its own): the
     # killed and the resumed runs load the programs the first one compiled (the shapes follow the
     # seeded rollout) and compile only their own.
-    cache = os.environ.get("MEMSEARCHER_JAX_COMPILATION_CACHE") or str(tmp_path / "xla-cache")
+    cache = os.environ.get(compile_stats.CACHE_DIR_ENV) or str(tmp_path / "xla-cache")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT,
-               MEMSEARCHER_JAX_COMPILATION_CACHE=cache)
+               **{compile_stats.CACHE_DIR_ENV: cache})
     worlds = str(tmp_path / "worlds")
     ref_out, killed_out = str(tmp_path / "ref"), str(tmp_path / "killed")
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
