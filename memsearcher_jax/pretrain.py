@@ -21,6 +21,7 @@ import os
 import platform
 import queue
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -477,6 +478,9 @@ _WORKER_MAKER: BatchMaker | None = None
 
 def _worker_start(cfg_dict: dict, vocab_dir: str) -> None:
     global _WORKER_MAKER
+    # Ctrl-C (or `timeout --signal=INT`) reaches the whole process group: the trainer handles it
+    # and stops the pool; a worker that took it too would only print its own traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     jax.config.update("jax_platforms", "cpu")  # a data worker never touches the accelerator
     _WORKER_MAKER = BatchMaker(ml_collections.ConfigDict(cfg_dict), vocab_dir)
 
@@ -620,34 +624,36 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     workers = t.get("data_workers", 0)
     prefetch = (_PoolPrefetch(cfg, vocab_dir, step, t.steps, workers) if workers
                 else _Prefetch(BatchMaker(cfg, vocab_dir), step, t.steps))
-    t0, losses = time.time(), []
-    log_every = t.get("log_every", 0) or t.probe_every
-    while step < t.steps:
-        got_step, batch = prefetch.get()
-        assert got_step == step
-        stats = trainer.train_packed(batch) if t.pack else trainer.train_step(batch, np.arange(len(batch.lengths)))
-        losses.append(stats["loss"])
-        step += 1
-        if step % log_every == 0 and step % t.probe_every:  # a heartbeat between probes
-            _log(f"step {step}/{t.steps} loss {np.mean(losses[-log_every:]):.3f} "
-                 f"{(time.time() - t0) / len(losses):.3f} s/step")
-        if step % t.probe_every == 0 or step == t.steps:
-            progress = _progress_metrics(trainer.model(), sets, seen, builder.pad_id, copy)
-            last = {"loss": float(np.mean(losses)), **progress,
-                    "steps_per_second": len(losses) / (time.time() - t0)}
-            writer.write(step, last)
-            _log(f"step {step}/{t.steps} loss {last['loss']:.3f} probe {100 * last['probe_accuracy']:.1f}% "
-                 f"(all lengths {100 * last['probe_all_lengths']:.1f}%, "
-                 f"binding {100 * last.get('probe_binding', 0):.1f}%, "
-                 f"multi {100 * last.get('probe_multi', 0):.1f}%, "
-                 f"worst relation {100 * last['probe_worst_relation']:.1f}%, pretrain names "
-                 f"{100 * last['probe_accuracy_pretrain_names']:.1f}%, copy {100 * last['probe_copy']:.1f}%) "
-                 f"{last['steps_per_second']:.3f} steps/s")
-            t0, losses = time.time(), []
-        if step % t.save_every == 0 or step == t.steps:
-            manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(trainer.params),
-                                                       opt_state=ocp.args.StandardSave(trainer.opt_state)))
-    prefetch.close()
+    try:
+        t0, losses = time.time(), []
+        log_every = t.get("log_every", 0) or t.probe_every
+        while step < t.steps:
+            got_step, batch = prefetch.get()
+            assert got_step == step
+            stats = trainer.train_packed(batch) if t.pack else trainer.train_step(batch, np.arange(len(batch.lengths)))
+            losses.append(stats["loss"])
+            step += 1
+            if step % log_every == 0 and step % t.probe_every:  # a heartbeat between probes
+                _log(f"step {step}/{t.steps} loss {np.mean(losses[-log_every:]):.3f} "
+                     f"{(time.time() - t0) / len(losses):.3f} s/step")
+            if step % t.probe_every == 0 or step == t.steps:
+                progress = _progress_metrics(trainer.model(), sets, seen, builder.pad_id, copy)
+                last = {"loss": float(np.mean(losses)), **progress,
+                        "steps_per_second": len(losses) / (time.time() - t0)}
+                writer.write(step, last)
+                _log(f"step {step}/{t.steps} loss {last['loss']:.3f} probe {100 * last['probe_accuracy']:.1f}% "
+                     f"(all lengths {100 * last['probe_all_lengths']:.1f}%, "
+                     f"binding {100 * last.get('probe_binding', 0):.1f}%, "
+                     f"multi {100 * last.get('probe_multi', 0):.1f}%, "
+                     f"worst relation {100 * last['probe_worst_relation']:.1f}%, pretrain names "
+                     f"{100 * last['probe_accuracy_pretrain_names']:.1f}%, copy {100 * last['probe_copy']:.1f}%) "
+                     f"{last['steps_per_second']:.3f} steps/s")
+                t0, losses = time.time(), []
+            if step % t.save_every == 0 or step == t.steps:
+                manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(trainer.params),
+                                                           opt_state=ocp.args.StandardSave(trainer.opt_state)))
+    finally:  # an interrupted run stops its data workers at once
+        prefetch.close()
     manager.wait_until_finished()
     writer.close()
     check_base_export_dir(export_dir, out)  # again: the run may have taken hours

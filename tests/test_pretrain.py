@@ -667,6 +667,35 @@ def test_data_workers_build_the_very_batches_one_thread_builds(vocab_dir):
         ahead.close()
 
 
+def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
+    """Ctrl-C (or `timeout --signal=INT`) reaches every process of the group: the data workers
+    ignore it (the trainer stops the pool), so an interrupted run prints no traceback per worker
+    and a worker between two steps keeps building."""
+    import signal
+    import time
+
+    from memsearcher_jax.pretrain import _PoolPrefetch
+
+    cfg = _small_phased_config(data_workers=2)
+    ahead = _PoolPrefetch(cfg, vocab_dir, 0, 8, workers=2)
+    try:
+        assert [ahead.get()[0] for _ in range(2)] == [0, 1]  # both workers have started
+        workers = list(ahead.pool._pool)
+        for w in workers:
+            os.kill(w.pid, signal.SIGINT)
+        time.sleep(1.0)
+        for step in range(2, 8):
+            # A worker that took the signal dies when it next wakes, and the step it held never
+            # comes back: wait a bounded time instead of forever.
+            ahead.pending[0].wait(30)
+            assert ahead.pending[0].ready(), f"step {step} never came back from the data workers"
+            assert ahead.get()[0] == step
+        assert [w.exitcode for w in workers] == [None, None]
+        assert list(ahead.pool._pool) == workers  # the same processes: none died and was replaced
+    finally:
+        ahead.close()
+
+
 def test_pack_to_max_len_packs_every_step_to_its_phase_length(vocab_dir):
     """pack_to_max_len: one width per phase (few programs to compile), the same sequences inside."""
     from memsearcher_jax.pretrain import BatchMaker
