@@ -667,6 +667,14 @@ def test_data_workers_build_the_very_batches_one_thread_builds(vocab_dir):
         ahead.close()
 
 
+def _ignores_sigint(pid: int) -> bool:
+    import signal
+
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
 def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
     """Ctrl-C (or `timeout --signal=INT`) reaches every process of the group: the data workers
     ignore it (the trainer stops the pool), so an interrupted run prints no traceback per worker
@@ -679,8 +687,14 @@ def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
     cfg = _small_phased_config(data_workers=2)
     ahead = _PoolPrefetch(cfg, vocab_dir, 0, 8, workers=2)
     try:
-        assert [ahead.get()[0] for _ in range(2)] == [0, 1]  # both workers have started
+        assert [ahead.get()[0] for _ in range(2)] == [0, 1]
         workers = list(ahead.pool._pool)
+        # Signal only once each worker has run its start-up (a worker still importing would die of
+        # it either way): Linux lists a process's ignored signals in /proc/PID/status.
+        deadline = time.time() + 60
+        while not all(_ignores_sigint(w.pid) for w in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert all(_ignores_sigint(w.pid) for w in workers), "a data worker does not ignore SIGINT"
         for w in workers:
             os.kill(w.pid, signal.SIGINT)
         time.sleep(1.0)
