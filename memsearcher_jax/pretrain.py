@@ -44,6 +44,7 @@ from memsearcher_jax.data.curriculum import (
     PhasedCurriculum,
     copy_probe_items,
     multi_probe_items,
+    pair_probe_items,
     probe_items,
 )
 from memsearcher_jax.data.tokenizer import load_tokenizer
@@ -188,6 +189,33 @@ def pack_hits(hits) -> str:
 def unpack_hits(packed: str, n: int) -> np.ndarray:
     """`pack_hits`'s bools back, the first n."""
     return np.unpackbits(np.frombuffer(bytes.fromhex(packed), np.uint8))[:n].astype(bool)
+
+
+def pair_hits(hits: np.ndarray, relations: list[str]) -> dict:
+    """`pair_probe_items`' pairs scored from their items' hits (a pair's two items next to each
+    other): {"both": share of pairs with both answers right, "by_relation": {relation: that share},
+    "n": pairs}."""
+    hits = np.asarray(hits, bool)
+    if len(hits) != len(relations) or len(hits) % 2:
+        raise ValueError(f"pair_hits: {len(hits)} hits and {len(relations)} relations; need one per item, "
+                         "items in pairs")
+    both = hits[0::2] & hits[1::2]
+    by_relation: dict[str, list[bool]] = {}
+    for ok, relation in zip(both, relations[0::2]):
+        by_relation.setdefault(relation, []).append(bool(ok))
+    return {"both": float(both.mean()) if len(both) else 0.0, "n": int(len(both)),
+            "by_relation": {r: float(np.mean(v)) for r, v in sorted(by_relation.items())}}
+
+
+def pair_probe(base_dir: str, n: int = 256, seed: int = 4040) -> dict:
+    """A stored base on `pair_probe_items` (reserved names): the share of two-entity contexts
+    where it answers the asked relation right for both entities, overall and by relation. A
+    relation read from the question's relation alone, whoever it names, scores ~0 here while
+    reading about half of its single questions right (docs/experiments.md, tenth session)."""
+    builder = probe_builder(base_dir)
+    items = pair_probe_items(ReadingVocab.load(base_dir), builder, n, seed=seed)
+    result = reading_probe(from_pretrained(base_dir), items, builder.pad_id)
+    return pair_hits(unpack_hits(result["hits"], len(items)), [rel for _, _, rel in items])
 
 
 # Context lengths the probe reports (passages shown; 16 are ~900 tokens), and the multi-objective

@@ -108,6 +108,39 @@ def test_probe_items_read_reserved_names_from_context(parts):
     assert len({r for _, _, r in items}) > 3
 
 
+def test_pair_probe_items_ask_one_context_about_each_of_its_two_entities(parts):
+    from memsearcher_jax.data.curriculum import pair_probe_items
+
+    vocab, _, builder = parts
+    reserved = pool_ids(vocab, "reserved")
+    q_open = builder._enc("<question>")[0]  # the tag is one token
+    items = pair_probe_items(vocab, builder, 40, seed=3)
+    assert len(items) == 80
+    for (ids_a, target_a, rel_a), (ids_b, target_b, rel_b) in zip(items[0::2], items[1::2]):
+        cut_a, cut_b = ids_a.index(q_open), ids_b.index(q_open)
+        assert ids_a[:cut_a] == ids_b[:cut_b]  # one context
+        context = builder.decode(ids_a[:cut_a])
+        assert rel_a == rel_b and target_a != target_b  # one relation, two values
+        assert builder.decode([target_a]) in context and builder.decode([target_b]) in context
+        named_a = [t for t in ids_a[cut_a:] if t in reserved]
+        named_b = [t for t in ids_b[cut_b:] if t in reserved]
+        assert named_a and named_b and named_a != named_b  # each question names its own entity
+        assert context.count("<tool_response>") == 1 and reserved & set(ids_a[:cut_a])
+    assert len({r for _, _, r in items}) > 3
+
+
+def test_pair_hits_count_a_pair_only_when_both_answers_are_right():
+    from memsearcher_jax.pretrain import pair_hits
+
+    hits = [True, True, True, False, False, False, False, True, True, True]
+    rels = ["a", "a", "b", "b", "a", "a", "b", "b", "b", "b"]
+    assert pair_hits(hits, rels) == {"both": 0.4, "n": 5, "by_relation": {"a": 0.5, "b": 1 / 3}}
+    # A reader that gives each context one answer, whoever is named, is right on one of each pair.
+    assert pair_hits([True, False] * 4, ["a"] * 8)["both"] == 0.0
+    with pytest.raises(ValueError, match="in pairs"):
+        pair_hits([True, True, False], ["a", "a", "a"])
+
+
 def _context_rows(parts, kind, n=48, seed=5):
     vocab, _, builder = parts
     cfg = CurriculumConfig(seed=seed, mix=((kind, 1.0),), max_len=1024)

@@ -428,6 +428,40 @@ def _same_type_row(world, rng: random.Random, pieces: _Pieces, subject: str, n_p
     return context_row(world, pieces, shown, [[question]], "probe")
 
 
+def pair_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 4040,
+                     pool: str = "reserved") -> list[tuple[list[int], int, str]]:
+    """Binding pairs: n pairs of items (2n in all, a pair's two items next to each other) over one
+    context of two passages about entities of one type, whose values of the asked relation differ;
+    the first item asks about one entity, the second about the other. A reader that answers from
+    the relation alone, whoever the question names, gets at most one of each pair right; only one
+    that binds each value to its subject gets both (`pretrain.pair_probe`)."""
+    rng = random.Random(seed)
+    pieces = _Pieces(builder)
+    names = vocab.pool(pool)
+    items: list[tuple[list[int], int, str]] = []
+    while len(items) < 2 * n:
+        world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
+        one_hop = {(r["subject"], r["relation"]): r for r in world.train if r["hops"] == 1}
+        passage_of = {_title(p): p for p in world.corpus}
+        for _ in range(8):
+            a, relation = rng.choice(sorted(one_hop))
+            kind = world.entities[a]["type"]
+            peers = sorted(s for (s, r), q in one_hop.items() if r == relation and s != a
+                           and world.entities[s]["type"] == kind
+                           and q["golden_answers"][0] != one_hop[a, relation]["golden_answers"][0])
+            if not peers:
+                continue
+            b = rng.choice(peers)
+            shown = [passage_of[a], passage_of[b]]
+            rng.shuffle(shown)
+            for subject in (a, b):
+                row = context_row(world, pieces, shown, [[one_hop[subject, relation]]], "probe")
+                target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
+                lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
+                items.append((row.prompt_ids + lead, target, relation))
+    return items[:2 * n]
+
+
 def copy_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 777,
                      pool: str = "reserved",
                      run_tokens: tuple[int, int] = (16, 48)) -> list[tuple[list[int], int, str]]:
