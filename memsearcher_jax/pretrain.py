@@ -773,8 +773,9 @@ def probe_builder(base_dir: str) -> PromptBuilder:
 def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.ConfigDict,
                 argv: list[str] | None = None, seed: int = 0, n_probe: int = 512, history: list | None = None) -> dict:
     """bf16 Hugging Face directory + base_manifest.json (command, config, every phase, the final
-    probe measured on the stored bf16 weights (`reading_probe`) and the progress probe's 2-passage
-    figure, every file's size and sha256, tensor shapes). Returns the final probe."""
+    probe measured on the stored bf16 weights (`reading_probe`), the progress probe's 2-passage
+    figure, binding pairs by relation (`pair_probe`), every file's size and sha256, tensor shapes).
+    Returns the final probe."""
     save_pretrained(model, out_dir, tokenizer_dir=vocab_dir, dtype="bfloat16")
     probe = final_probe(out_dir, n_probe, seed)
     files = {}
@@ -793,6 +794,8 @@ def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.
         "phases": phase_records(cfg),
         "reading_probe": probe,
         "progress_probe": base_probe(out_dir, n_probe, seed),
+        # Binding per relation, on pairs no final or progress set draws from (seeds apart).
+        "pair_probe": pair_probe(out_dir, max(1, n_probe // 2), seed=seed + FINAL_SEED + 97),
         "history": history or [],
         # Wall time summed over the logged intervals (steps lost to an interruption not counted).
         "pretraining": {"seconds": round(sum(h.get("seconds", 0) for h in history or []), 1),

@@ -622,6 +622,7 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert phases[2]["learning_rate"]["start"] == phases[2]["learning_rate"]["end"] == cfg.third_phase.learning_rate
     assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
     assert manifest["progress_probe"]["n"] == 8
+    assert manifest["pair_probe"]["n"] == 4 and 0.0 <= manifest["pair_probe"]["both"] <= 1.0
     from memsearcher_jax.pretrain import unpack_hits
     for figures in [*manifest["reading_probe"]["by_length"].values(), manifest["reading_probe"]["binding"]]:
         # each item's result is kept (the shipped-base test recomputes a sample of them exactly)
