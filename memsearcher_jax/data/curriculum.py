@@ -410,10 +410,16 @@ def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int =
                 row = _same_type_row(world, rng, pieces, subject, n_passages)
             else:
                 row = cloze_row(world, rng, pieces, n_passages, 1, one_question_about=subject)
-            target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
-            lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
-            items.append((row.prompt_ids + lead, target, row.questions[0]["relation"]))
+            items.append(_answer_item(row, row.questions[0]["relation"]))
     return items[:n]
+
+
+def _answer_item(row: Row, relation: str) -> tuple[list[int], int, str]:
+    """A one-question row as a probe item: (context ids through the answer's lead-in `\\boxed{`,
+    the answer's first token, the relation)."""
+    target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
+    lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
+    return row.prompt_ids + lead, target, relation
 
 
 def _same_type_row(world, rng: random.Random, pieces: _Pieces, subject: str, n_passages: int) -> Row:
@@ -456,9 +462,7 @@ def pair_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: 
             rng.shuffle(shown)
             for subject in (a, b):
                 row = context_row(world, pieces, shown, [[one_hop[subject, relation]]], "probe")
-                target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
-                lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
-                items.append((row.prompt_ids + lead, target, relation))
+                items.append(_answer_item(row, relation))
     return items[:2 * n]
 
 
