@@ -65,10 +65,15 @@ def random_model(mc, mesh):
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+class _PrefillDone(Exception):
+    """Stops a measured generate() where its decode would begin."""
+
+
 def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dict:
     """Run the Sampler a trainer would build for `cfg` on one call shaped like `call` (a
     planner.SamplerCall): `call.rows` prompts of `call.longest_prompt` tokens sharing exactly
-    `call.shared_prefix`, each with budget `call.largest_budget`.
+    `call.shared_prefix`, each with budget `call.largest_budget`, up to the end of its prefill
+    (what is measured is all there; the decode loop is neither compiled nor run).
 
     Returns {"kv": largest per-device bytes of the cache the prefill allocated (the rows' own
     slots and the shared prefix), "kv_shape" and "prefix_shape": their per-layer shapes,
@@ -101,13 +106,17 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
         seen["prefill"] = (args, kwargs)
         return prefill(*args, **kwargs)
 
-    def spy_decode(params, st):  # the cache the prefill allocated, before decode donates it
+    def spy_decode(params, st):  # the cache the prefill allocated, at the decode's entry
         seen["kv"] = per_device_bytes((st.cache, st.prefix))
         seen["kv_shape"], seen["prefix_shape"] = st.cache[0][0].shape, st.prefix[0][0].shape
-        return decode(params, st)
+        raise _PrefillDone  # nothing measured here needs the decode: skip its compile and its steps
 
     sampler._prefill, sampler._decode = spy_prefill, spy_decode
-    sampler.generate(prompts, max_new_tokens=call.largest_budget, temperature=1.0, seed=1)
+    try:
+        sampler.generate(prompts, max_new_tokens=call.largest_budget, temperature=1.0, seed=1)
+    except _PrefillDone:
+        pass
+    sampler._prefill, sampler._decode = prefill, decode
     args, kwargs = seen["prefill"]
     temp = prefill.lower(*args, **kwargs).compile().memory_analysis().temp_size_in_bytes
     return {"kv": seen["kv"], "kv_shape": seen["kv_shape"], "prefix_shape": seen["prefix_shape"],

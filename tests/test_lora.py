@@ -150,7 +150,7 @@ def test_adapter_gradient_equals_the_merged_weights_gradient_and_finite_differen
     # dL/dA = s G B^T and dL/dB = s A^T G (contracting the output, resp. input, dims).
     full = merged_model(model)
     fg, fparams = nnx.split(full, nnx.Param)
-    kgrads = jax.grad(lambda p: _loss(nnx.merge(fg, p), tokens, attention, weights))(fparams)
+    kgrads = jax.jit(jax.grad(lambda p: _loss(nnx.merge(fg, p), tokens, attention, weights)))(fparams)
     kgrad = {k[-1]: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(kgrads)}
     flat = {k[-1]: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(adapters)}
     s = cfg.lora_scale

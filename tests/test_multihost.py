@@ -114,17 +114,24 @@ def _check_helpers(mesh) -> bool:
 LORA = [("model.lora_rank", "4"), ("model.lora_alpha", "8.0"), ("optim.learning_rate", "1e-2")]
 
 
-def train_step_worker(out_dir: str, tag: str, worlds: str, lora: bool = False) -> None:
-    """One full Trainer.train_step of the tiny default config (no warm start, no eval); lora:
-    with LoRA adapters (the sampler then merges them layer by layer into host-local pieces)."""
-    import json
-
+def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
+    """One full Trainer.train_step of the tiny default config (no warm start, no eval), then one
+    with LoRA adapters (the sampler then merges them layer by layer into host-local pieces), in
+    one process: the two tests below share the start-up, the joining and the world."""
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
     from memsearcher_jax.distributed import initialize_from_env
 
     spec = initialize_from_env(timeout_s=120)
+    _train_step(spec, out_dir, tag, worlds, lora=False)
+    _train_step(spec, out_dir, f"{tag}_lora", worlds, lora=True)
+
+
+def _train_step(spec, out_dir: str, tag: str, worlds: str, lora: bool) -> None:
+    import json
+
+    import jax
     from jax.experimental import multihost_utils
 
     from memsearcher_jax.config_utils import load_config
@@ -255,61 +262,69 @@ def test_row_seeds_make_a_row_independent_of_its_batch():
         sampler.generate(batch, row_seeds=[1, 2], **kw)
 
 
+@pytest.fixture(scope="module")
+def train_steps(tmp_path_factory):
+    """Both runs of `train_step_worker` (a full step, then a LoRA step): 1 process x 8 devices, and
+    2 processes x 4 devices, each rolling out half of the questions on its own devices. The
+    1-process run builds the world cache first; the two processes then only read it."""
+    import json
+
+    out = str(tmp_path_factory.mktemp("train_steps"))
+    worlds = os.path.join(out, "worlds")
+    _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds])
+    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds])
+
+    def load(lora: bool):
+        tags = ("eight_lora", "multi_lora") if lora else ("eight", "multi")
+        info = [json.load(open(os.path.join(out, f"step_{t}.json"))) for t in tags]
+        params = [_load(os.path.join(out, f"step_{t}.npz")) for t in tags]
+        initial = [_load(os.path.join(out, f"step_initial_{t}.npz")) for t in tags]
+        return info, params, initial
+
+    return load
+
+
 @pytest.mark.slow
-def test_full_train_step_two_processes_match_one_process(tmp_path):
+def test_full_train_step_two_processes_match_one_process(train_steps):
     """Trainer.train_step (rollout with the sampler + BM25 retrieval + reward + GRPO update):
     2 processes x 4 devices, each rolling out half of the questions on its own devices, end
     with the parameters of 1 process x 8 devices."""
-    import json
-
-    out, worlds = str(tmp_path), str(tmp_path / "worlds")
-    # The 1-process run builds the world cache first; the two processes then only read it.
-    _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds])
-    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds])
-    info = {t: json.load(open(os.path.join(out, f"step_{t}.json"))) for t in ("eight", "multi")}
-    assert (info["eight"]["processes"], info["eight"]["devices"]) == (1, 8)
-    assert (info["multi"]["processes"], info["multi"]["devices"]) == (2, 8)
+    (eight_info, multi_info), (eight, multi), (initial, initial_multi) = train_steps(lora=False)
+    assert (eight_info["processes"], eight_info["devices"]) == (1, 8)
+    assert (multi_info["processes"], multi_info["devices"]) == (2, 8)
     # The learner spans all 8 devices in both runs; the 2-process sampler only its host's 4.
-    assert info["eight"]["q_devices"] == info["multi"]["q_devices"] == 8
-    assert info["eight"]["sampler_devices"] == 8 and info["multi"]["sampler_devices"] == 4
+    assert eight_info["q_devices"] == multi_info["q_devices"] == 8
+    assert eight_info["sampler_devices"] == 8 and multi_info["sampler_devices"] == 4
+    assert not eight_info["layer_by_layer"] and not multi_info["layer_by_layer"]
     # The same rollout: the same rows and the same trained (generated) tokens.
-    assert info["eight"]["rows"] == info["multi"]["rows"] > 0
-    assert info["eight"]["trained_tokens"] == info["multi"]["trained_tokens"] > 0
-    eight, multi = (_load(os.path.join(out, f"step_{t}.npz")) for t in ("eight", "multi"))
-    assert info["multi"]["helpers_ok"] is True
-    assert info["eight"]["q_spec"] == info["multi"]["q_spec"]  # the training layout, after the step
+    assert eight_info["rows"] == multi_info["rows"] > 0
+    assert eight_info["trained_tokens"] == multi_info["trained_tokens"] > 0
+    assert multi_info["helpers_ok"] is True
+    assert eight_info["q_spec"] == multi_info["q_spec"]  # the training layout, after the step
     assert _max_diff(multi, eight) < 1e-5
-    assert abs(info["eight"]["loss"] - info["multi"]["loss"]) < 1e-5
+    assert abs(eight_info["loss"] - multi_info["loss"]) < 1e-5
     # The same start, and the step moved the weights (else equality would be vacuous).
-    initial = _load(os.path.join(out, "step_initial_eight.npz"))
-    assert _max_diff(_load(os.path.join(out, "step_initial_multi.npz")), initial) == 0.0
+    assert _max_diff(initial_multi, initial) == 0.0
     assert _max_diff(eight, initial) > 1e-4
 
 
 @pytest.mark.slow
-def test_full_lora_train_step_two_processes_match_one_process(tmp_path):
+def test_full_lora_train_step_two_processes_match_one_process(train_steps):
     """The same with LoRA: each host's sampler merges the adapters layer by layer into its own
     host-local pieces, straight from the FSDP base that spans both processes."""
-    import json
-
-    out, worlds = str(tmp_path), str(tmp_path / "worlds")
-    _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds, "lora"])
-    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds, "lora"])
-    info = {t: json.load(open(os.path.join(out, f"step_{t}.json"))) for t in ("eight", "multi")}
-    assert info["eight"]["layer_by_layer"] and info["multi"]["layer_by_layer"]
-    assert info["eight"]["sampler_devices"] == 8 and info["multi"]["sampler_devices"] == 4
-    assert info["eight"]["rows"] == info["multi"]["rows"] > 0
-    assert info["eight"]["trained_tokens"] == info["multi"]["trained_tokens"] > 0
-    eight, multi = (_load(os.path.join(out, f"step_{t}.npz")) for t in ("eight", "multi"))
+    (eight_info, multi_info), (eight, multi), (initial, _) = train_steps(lora=True)
+    assert eight_info["layer_by_layer"] and multi_info["layer_by_layer"]
+    assert eight_info["sampler_devices"] == 8 and multi_info["sampler_devices"] == 4
+    assert eight_info["rows"] == multi_info["rows"] > 0
+    assert eight_info["trained_tokens"] == multi_info["trained_tokens"] > 0
     assert all("_lora_" in k for k in eight)  # the learner's params are the adapters
     assert _max_diff(multi, eight) < 1e-5
-    initial = _load(os.path.join(out, "step_initial_eight.npz"))
     assert _max_diff(eight, initial) > 1e-4
 
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if sys.argv[1] == "--train-step":
-        train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4], lora=len(sys.argv) > 5 and sys.argv[5] == "lora")
+        train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
