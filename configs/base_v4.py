@@ -19,6 +19,13 @@ binding head may be needed but is not enough on its own, at least when it comes 
 And from scratch (tenth session, base_v2's 4 x 128 shape, 1200 steps of phase 1): a layer-1 head started
 at offset 4 read works_for at 81% on same-type pairs against 65% without it (~23 items each), and the other relations
 worse on the whole (binding over all relations 71.5% against 82.0%).
+
+Against it (eleventh session, the same small runs, 1024 binding pairs each): layer 1 started at (3, 4, 7, 8)
+bound product and colour far better (pairs 15 -> 55%, 12 -> 31%; their plain-word values sit 3 back) but
+works_for no better (35 -> 39%; born_in 69%). What did bring works_for near born_in was the world's
+sentence reworded to put the value 8 tokens back ("{s} works for the company called {a}.": 68% against
+79%). So this config may lift colour and product and is unlikely to fix works_for; a device run of
+base_v3 on the reworded world is the likelier test, at the price of changing the world.
 """
 import base_v3  # beside this file (the config loader puts its folder on sys.path)
 import ml_collections
