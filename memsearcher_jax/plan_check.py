@@ -116,7 +116,8 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
         sampler.generate(prompts, max_new_tokens=call.largest_budget, temperature=1.0, seed=1)
     except _PrefillDone:
         pass
-    sampler._prefill, sampler._decode = prefill, decode
+    finally:
+        sampler._prefill, sampler._decode = prefill, decode
     args, kwargs = seen["prefill"]
     temp = prefill.lower(*args, **kwargs).compile().memory_analysis().temp_size_in_bytes
     return {"kv": seen["kv"], "kv_shape": seen["kv_shape"], "prefix_shape": seen["prefix_shape"],
