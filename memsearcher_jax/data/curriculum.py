@@ -387,6 +387,10 @@ class PhasedCurriculum:
         return self.at(step).rows_for_step(step, n)
 
 
+# Entities per world a probe draws its items from (the curriculum's default world size).
+PROBE_WORLD_ENTITIES = 30
+
+
 def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 1234, n_passages: int = 2,
                 pool: str = "reserved", same_type: bool = False) -> list[tuple[list[int], int, str]]:
     """Reading-probe items over names from `pool` (default: reserved, never seen in pretraining).
@@ -402,7 +406,8 @@ def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int =
     names = vocab.pool(pool)
     items = []
     while len(items) < n:
-        world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
+        world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
+                               names=names)
         subjects = sorted({r["subject"] for r in world.train if r["hops"] == 1})
         for _ in range(8):
             subject = rng.choice(subjects)
@@ -446,7 +451,8 @@ def pair_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: 
     names = vocab.pool(pool)
     items: list[tuple[list[int], int, str]] = []
     while len(items) < 2 * n:
-        world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
+        world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
+                               names=names)
         one_hop = {(r["subject"], r["relation"]): r for r in world.train if r["hops"] == 1}
         passage_of = {_title(p): p for p in world.corpus}
         for _ in range(8):
@@ -494,7 +500,8 @@ def multi_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed:
     names = vocab.pool(pool)
     items = []
     while len(items) < n:
-        world = generate_world(rng.randrange(2 ** 31), num_entities=30, heldout_fraction=0.0, names=names)
+        world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
+                               names=names)
         one_hop = {}
         for r in world.train:
             if r["hops"] == 1:
