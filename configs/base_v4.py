@@ -26,6 +26,9 @@ works_for no better (35 -> 39%; born_in 69%). What did bring works_for near born
 sentence reworded to put the value 8 tokens back ("{s} works for the company called {a}.": 68% against
 79%). So this config may lift colour and product and is unlikely to fix works_for; a device run of
 base_v3 on the reworded world is the likelier test, at the price of changing the world.
+The twelfth session replicated it on a second seed (works_for pairs 82% against born_in's 86%; the shipped
+sentence 7% against 89%) and found reading_v3's works_for question ignoring its subject even over keys that
+carry it, which no head on the sentence side can mend (docs/experiments.md).
 """
 import base_v3  # beside this file (the config loader puts its folder on sys.path)
 import ml_collections

@@ -387,7 +387,8 @@ class PhasedCurriculum:
         return self.at(step).rows_for_step(step, n)
 
 
-# Entities per world a probe draws its items from (the curriculum's default world size).
+# Entities per world a probe draws its items from. Equal to CurriculumConfig.world_entities's default, but
+# its own constant: probe items (and every stored probe figure) must not move if the training default does.
 PROBE_WORLD_ENTITIES = 30
 
 
