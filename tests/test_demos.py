@@ -50,7 +50,7 @@ def test_check_catches_a_broken_demo(world):
     demo = make_demonstrations(rows[:5], builder, retriever, seed=0, config=DemoConfig(0, 0, 0))[0]
     conv = demo.conversations[0]
     # Drop the closing </tool_call>: the act no longer classifies as a tool call.
-    close_id = builder._enc("</tool_call>")[0]
+    close_id = builder.encode("</tool_call>")[0]
     k = conv.response_ids.index(close_id)
     del conv.response_ids[k], conv.loss_mask[k], conv.sampler_logprobs[k]
     problems = check_demonstration(demo, builder)

@@ -113,7 +113,7 @@ def test_pair_probe_items_ask_one_context_about_each_of_its_two_entities(parts):
 
     vocab, _, builder = parts
     reserved = pool_ids(vocab, "reserved")
-    q_open = builder._enc("<question>")[0]  # the tag is one token
+    q_open = builder.encode("<question>")[0]  # the tag is one token
     items = pair_probe_items(vocab, builder, 40, seed=3)
     assert len(items) == 80
     for (ids_a, target_a, rel_a), (ids_b, target_b, rel_b) in zip(items[0::2], items[1::2]):
@@ -315,7 +315,7 @@ def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
     items = copy_probe_items(vocab, builder, 40, seed=5)
     assert items == copy_probe_items(vocab, builder, 40, seed=5)
     assert items != copy_probe_items(vocab, builder, 40, seed=6)
-    newline = builder._enc("\n")
+    newline = builder.encode("\n")
     words = pool_ids(vocab, "reserved") | {vocab.ids[v] for vs in vocab.values.values() for v in vs}
     for ctx, target, kind in items:
         assert kind == "copy" and target in words and not set(ctx) & pool_ids(vocab, "pretrain")
@@ -713,6 +713,7 @@ def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
     """Ctrl-C (or `timeout --signal=INT`) reaches every process of the group: the data workers
     ignore it (the trainer stops the pool), so an interrupted run prints no traceback per worker
     and a worker between two steps keeps building."""
+    import multiprocessing
     import signal
     import time
 
@@ -722,7 +723,8 @@ def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
     ahead = _PoolPrefetch(cfg, vocab_dir, 0, 8, workers=2)
     try:
         assert [ahead.get()[0] for _ in range(2)] == [0, 1]
-        workers = list(ahead.pool._pool)
+        workers = multiprocessing.active_children()  # the pool's two workers: this test starts no other
+        assert len(workers) == 2
         # Signal only once each worker has run its start-up (a worker still importing would die of
         # it either way): Linux lists a process's ignored signals in /proc/PID/status.
         deadline = time.time() + 60
@@ -739,7 +741,8 @@ def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
             assert ahead.pending[0].ready(), f"step {step} never came back from the data workers"
             assert ahead.get()[0] == step
         assert [w.exitcode for w in workers] == [None, None]
-        assert list(ahead.pool._pool) == workers  # the same processes: none died and was replaced
+        # The same processes: none died and was replaced.
+        assert sorted(p.pid for p in multiprocessing.active_children()) == sorted(w.pid for w in workers)
     finally:
         ahead.close()
 

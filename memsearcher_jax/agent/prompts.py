@@ -131,23 +131,23 @@ class PromptBuilder:
         if bad:
             raise ValueError(f"stop ids {bad} are outside the tokenizer's vocabulary [0, {vocab})")
 
-        s, e, nl = self.im_start_id, self.eos_id, self._enc("\n")
+        s, e, nl = self.im_start_id, self.eos_id, self.encode("\n")
         mem_sys, react_sys, update = (
             (memsearcher_system_prompt(default_top_n, tool), react_system_prompt(default_top_n, tool),
              MEMORY_UPDATE_INSTRUCTION)
             if style == "full" else (compact_system_prompt(tool),) * 2 + (COMPACT_UPDATE_INSTRUCTION,))
-        self._mem_system = [s, *self._enc("system\n" + mem_sys), e, *nl]
-        self._react_system = [s, *self._enc("system\n" + react_sys), e, *nl]
-        self._user_header = [s, *self._enc("user\n")]
+        self._mem_system = [s, *self.encode("system\n" + mem_sys), e, *nl]
+        self._react_system = [s, *self.encode("system\n" + react_sys), e, *nl]
+        self._user_header = [s, *self.encode("user\n")]
         self._turn_end_newline = [e, *nl]
-        self._assistant_header = [s, *self._enc("assistant\n")]
+        self._assistant_header = [s, *self.encode("assistant\n")]
         self._newline = nl
         self._system_cache: dict[str, list[int]] = {}
         self._obs_user_header = [*nl, *self._user_header]
-        self._update_instruction = self._enc(update)
+        self._update_instruction = self.encode(update)
         # Asserts the pieces do not merge across boundaries: "user\n" + "<question>" etc.
         for piece in ("system\n", "user\n", "assistant\n"):
-            if self._enc(piece + "<x")[: len(self._enc(piece))] != self._enc(piece):
+            if self.encode(piece + "<x")[: len(self.encode(piece))] != self.encode(piece):
                 raise ValueError(f"tokenizer merges {piece!r} with the following text; token-space assembly "
                                  "would differ")
 
@@ -158,7 +158,7 @@ class PromptBuilder:
             raise ValueError(f"tokenizer must encode {token!r} as one token (Qwen chat markup), got {ids}")
         return ids[0]
 
-    def _enc(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
         """Free text to ids; special-token strings in it stay plain text."""
         if not text:
             return []
@@ -175,9 +175,9 @@ class PromptBuilder:
         for k, hits in enumerate(results):
             if k:
                 ids += self._newline
-            body = self._enc("\n" + format_hits(hits) + "\n")
+            body = self.encode("\n" + format_hits(hits) + "\n")
             if share and len(body) > share:
-                note = self._enc(f"\n[truncated to {share} tokens]\n")
+                note = self.encode(f"\n[truncated to {share} tokens]\n")
                 body = body[:max(share - len(note), 0)] + note
             ids += [self.tool_response_open_id, *body, self.tool_response_close_id]
         return ids
@@ -186,13 +186,13 @@ class PromptBuilder:
     def system_ids(self, system: str) -> list[int]:
         """`<|im_start|>system\\n{system}<|im_end|>\\n`, tokenized once per distinct text."""
         if system not in self._system_cache:
-            self._system_cache[system] = [self.im_start_id, *self._enc("system\n" + system), self.eos_id,
+            self._system_cache[system] = [self.im_start_id, *self.encode("system\n" + system), self.eos_id,
                                           *self._newline]
         return self._system_cache[system]
 
     def chat_context(self, system: str, user: str) -> list[int]:
         """A system message, one user message, then the assistant header with `<think>` pre-filled."""
-        return [*self.system_ids(system), *self._user_header, *self._enc(user), *self._turn_end_newline,
+        return [*self.system_ids(system), *self._user_header, *self.encode(user), *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
     def tool_message(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0, instruction: str = "",
@@ -200,7 +200,7 @@ class PromptBuilder:
         """Tokens injected after an act (which ended with its stop token): the tool responses as a
         user message (then `instruction` on its own line, if any), the assistant header, and
         `<think>` when the next call is an act."""
-        tail = [*self._newline, *self._enc(instruction)] if instruction else []
+        tail = [*self._newline, *self.encode(instruction)] if instruction else []
         return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *tail, *self._turn_end_newline,
                 *self._assistant_header, *([self.think_id] if reopen_think else [])]
 
@@ -209,7 +209,7 @@ class PromptBuilder:
         """System + `<question> q </question>\\n<memory> m </memory>` + assistant header + `<think>`."""
         q, m = question.strip(), (memory or "").strip()
         user = f"<question> {q} </question>\n" + (f"<memory> {m} </memory>" if m else "<memory> </memory>")
-        return [*self._mem_system, *self._user_header, *self._enc(user), *self._turn_end_newline,
+        return [*self._mem_system, *self._user_header, *self.encode(user), *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
     def observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
@@ -222,7 +222,7 @@ class PromptBuilder:
     # ------------------------------------------------------------------ ReAct baseline
     def react_context(self, question: str) -> list[int]:
         """System + `<question> q </question>` + assistant header + `<think>`."""
-        return [*self._react_system, *self._user_header, *self._enc(f"<question> {question.strip()} </question>"),
+        return [*self._react_system, *self._user_header, *self.encode(f"<question> {question.strip()} </question>"),
                 *self._turn_end_newline, *self._assistant_header, self.think_id]
 
     def react_observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
@@ -266,7 +266,7 @@ class PromptBuilder:
 
     def count_tokens(self, text: str) -> int:
         """Token count of free `text` tokenized on its own."""
-        return len(self._enc(text))
+        return len(self.encode(text))
 
     def memory_tokens(self, memory: str) -> int:
         """How many tokens `memory` adds to the next context, compared with an empty memory
@@ -274,4 +274,4 @@ class PromptBuilder:
         m = (memory or "").strip()
         if not m:
             return 0
-        return len(self._enc(f"<memory> {m} </memory>")) - len(self._enc("<memory> </memory>"))
+        return len(self.encode(f"<memory> {m} </memory>")) - len(self.encode("<memory> </memory>"))

@@ -104,7 +104,7 @@ class _Pieces:
 
     def __init__(self, builder: PromptBuilder):
         self.b = builder
-        self.enc = builder._enc
+        self.enc = builder.encode
 
     def observation_text(self, hits: Sequence[Hit]) -> list[int]:
         return [self.b.tool_response_open_id, *self.enc("\n" + format_hits(hits) + "\n"),

@@ -164,7 +164,7 @@ class _Builder:
         self.b, self.t = builder, traj
 
     def _enc(self, text: str) -> list[int]:
-        return self.b._enc(text) + [self.b.eos_id]
+        return self.b.encode(text) + [self.b.eos_id]
 
     def _new_conversation(self, prompt_ids: list[int]) -> Conversation:
         conv = Conversation(prompt_ids=prompt_ids, traj_id=self.t.traj_id, group_id=self.t.group_id,
