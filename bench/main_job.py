@@ -34,9 +34,10 @@ def _git(*args: str, cwd: str = ROOT) -> str:
 
 def run_job(tree: str, out: str, overrides: list[str], log_path: str) -> dict:
     """The default job from one source tree, timed; returns its summary.json plus `seconds`."""
+    run_dir = os.path.join(out, "run")
     cmd = [sys.executable, "-c", "import sys; from memsearcher_jax.cli import main; sys.exit(main())", "train",
            "--config", os.path.join(tree, "configs", "default.py"),
-           f"--config.train.output_dir={os.path.join(out, 'run')}",
+           f"--config.train.output_dir={run_dir}",
            f"--config.world.cache_dir={os.path.join(out, 'worlds')}",
            "--config.train.compilation_cache_dir=", *overrides]
     env = dict(os.environ, PYTHONPATH=tree)
@@ -46,7 +47,7 @@ def run_job(tree: str, out: str, overrides: list[str], log_path: str) -> dict:
     seconds = time.perf_counter() - t0
     if rc:
         raise SystemExit(f"main_job: the job in {tree} exited {rc}; its output is in {log_path}")
-    with open(os.path.join(out, "run", "summary.json"), encoding="utf-8") as f:
+    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
         return {**json.load(f), "seconds": seconds}
 
 
@@ -73,10 +74,9 @@ def main(argv=None) -> int:
     _git("worktree", "add", "--detach", tree, commit)
     try:
         print(f"baseline {commit[:10]} in {tree}; current {current[:16]} in {ROOT}; output under {out}", flush=True)
-        results = {}
+        results, override_args = {}, [f"--config.{k}={v}" for k, v in overrides]
         for name, source in (("baseline", tree), ("current", ROOT)):
-            results[name] = run_job(source, os.path.join(out, name), [f"--config.{k}={v}" for k, v in overrides],
-                                    os.path.join(out, f"{name}.log"))
+            results[name] = run_job(source, os.path.join(out, name), override_args, os.path.join(out, f"{name}.log"))
             r = results[name]
             print(f"{name}: {r['seconds']:.1f} s, held-out EM {100 * r['em_before']:.1f} -> {100 * r['em_after']:.1f}",
                   flush=True)
