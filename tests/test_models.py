@@ -381,3 +381,33 @@ def test_one_causal_lm_class_runs_both_families_and_the_old_name_still_works():
         assert any("q_bias" in p for p in params) == (family == "qwen2")
         assert any("q_norm" in p for p in params) == (family == "qwen3")
         assert model(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 256)
+
+
+def test_query_blocks_keep_the_block_and_shorten_only_the_last():
+    from memsearcher_jax.models.qwen2 import query_blocks
+
+    assert query_blocks(256, 128) == [(0, 128), (128, 256)]
+    assert query_blocks(100, 0) == [(0, 100)] and query_blocks(100, 128) == [(0, 100)]
+    # No divisor of T near the block (1996 = 4 x 499; 389 is prime): still ~T / block ranges.
+    assert query_blocks(389, 128) == [(0, 128), (128, 256), (256, 384), (384, 389)]
+    ranges = query_blocks(1996, 128)
+    assert len(ranges) == 16 and ranges[-1] == (1920, 1996)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_causal_attention_with_a_short_last_block_equals_attention():
+    """T = 389 (prime) in blocks of 128: the last block holds 5 queries; padding slots (masked
+    keys) at the end, and causal rows, as a packed row has."""
+    from memsearcher_jax.models.qwen2 import attention, causal_attention
+
+    rng = np.random.default_rng(0)
+    b, t, h, kh, d = 2, 389, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((b, t, h, d), (b, t, kh, d), (b, t, kh, d)))
+    valid = np.arange(t)[None, :] < np.array([[t], [300]])
+    mask = jnp.asarray(np.tril(np.ones((t, t), bool))[None] & valid[:, None, :] | np.eye(t, dtype=bool)[None])
+    want = attention(q, k, v, mask)
+    got = jax.jit(causal_attention, static_argnums=4)(q, k, v, mask, 128)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+    # Four blocks in the program (two products each), not one per divisor-sized block.
+    jaxpr = jax.make_jaxpr(causal_attention, static_argnums=4)(q, k, v, mask, 128)
+    assert sum(e.primitive.name == "dot_general" for e in jaxpr.eqns) == 8

@@ -109,7 +109,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
 
 def query_block_size(t: int, query_block: int) -> int:
-    """The block blocked attention (training's `causal_attention`, the sampler's prefill) uses for
+    """The block the sampler's blocked prefill attention (a `lax.map` over equal blocks) uses for
     T queries: the largest divisor of T that is at most query_block (T itself when query_block is
     0 or >= T). Prompt buckets are 2^k or 3 * 2^k, so a power-of-two block gives itself or 3/4 of
     itself (T = 768, block 512: 384)."""
@@ -118,18 +118,27 @@ def query_block_size(t: int, query_block: int) -> int:
     return next(n for n in range(query_block, 0, -1) if t % n == 0)
 
 
+def query_blocks(t: int, query_block: int) -> list[tuple[int, int]]:
+    """The [lo, hi) query ranges of training's blocked attention over T slots: `query_block` at a
+    time, the last one shorter when the block does not divide T (0 or >= T: one range). A
+    Python loop unrolls them into the program, so their number must stay ~T / query_block
+    whatever T is: rounding the block down to a divisor of T instead gave T = 1996 blocks of
+    4 (499 attentions in one program), which XLA's CPU compiler crashed on."""
+    if query_block <= 0 or query_block >= t:
+        return [(0, t)]
+    return [(lo, min(lo + query_block, t)) for lo in range(0, t, query_block)]
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, query_block: int) -> jax.Array:
     """`attention` over one sequence of T slots whose mask is causal (no query attends a later
-    slot), `query_block` queries at a time (the largest divisor of T at most that), each block
-    against the keys up to its own last slot only. The keys left out are masked for every query
-    of the block, so the result is `attention`'s; the scores computed drop from T^2 to
-    T^2 (n + 1) / 2n for n blocks (at T = 1024 the scores are most of a small model's step)."""
-    t = q.shape[1]
-    blk = query_block_size(t, query_block)
-    if blk == t:
+    slot), `query_block` queries at a time (`query_blocks`), each block against the keys up to
+    its own last slot only. The keys left out are masked for every query of the block, so the
+    result is `attention`'s; the scores computed drop from T^2 to T^2 (n + 1) / 2n for n blocks
+    (at T = 1024 the scores are most of a small model's step)."""
+    ranges = query_blocks(q.shape[1], query_block)
+    if len(ranges) == 1:
         return attention(q, k, v, mask)
-    blocks = [attention(q[:, lo:lo + blk], k[:, :lo + blk], v[:, :lo + blk], mask[:, lo:lo + blk, :lo + blk])
-              for lo in range(0, t, blk)]
+    blocks = [attention(q[:, lo:hi], k[:, :hi], v[:, :hi], mask[:, lo:hi, :hi]) for lo, hi in ranges]
     return jnp.concatenate(blocks, axis=1)
 
 
