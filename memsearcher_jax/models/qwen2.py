@@ -122,8 +122,8 @@ def query_blocks(t: int, query_block: int) -> list[tuple[int, int]]:
     """The [lo, hi) query ranges of training's blocked attention over T slots: `query_block` at a
     time, the last one shorter when the block does not divide T (0 or >= T: one range). A
     Python loop unrolls them into the program, so their number must stay ~T / query_block
-    whatever T is: rounding the block down to a divisor of T instead gave T = 1996 blocks of
-    4 (499 attentions in one program), which XLA's CPU compiler crashed on."""
+    whatever T is. Rounding the block down to a divisor of T instead gave T = 1996 = 4 x 499
+    499 blocks of 4 in one program, and XLA's CPU compiler crashed on it."""
     if query_block <= 0 or query_block >= t:
         return [(0, t)]
     return [(lo, min(lo + query_block, t)) for lo in range(0, t, query_block)]
