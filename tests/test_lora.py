@@ -35,6 +35,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam, merge_lora
 from memsearcher_jax.models.safetensors_io import SafetensorsFile
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, token_logprobs_and_entropy
 from memsearcher_jax.sampling import Sampler
+from tests.reference import full_logprobs
 from tests.test_grpo import _toy_rows
 from tests.test_train_step import SMALL, sigkill_then_resume
 
@@ -223,13 +224,6 @@ def test_sft_refuses_a_lora_model():
         SFTTrainer(Qwen2(lora_cfg(), rngs=nnx.Rngs(0)), SFTConfig(steps=1, warmup=0, progress=False))
 
 
-def _full_logprobs(model, prompt, tokens):
-    ids = jnp.asarray([list(prompt) + list(tokens)], jnp.int32)
-    lp = jax.nn.log_softmax(model(ids)[0], axis=-1)
-    rows = np.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1)
-    return np.asarray(lp)[rows, np.asarray(tokens)]
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_sampler_decodes_with_the_adapters_merged(family):
     model = randomize_adapters(Qwen2(lora_cfg(family, max_position_embeddings=128), rngs=nnx.Rngs(0)))
@@ -240,7 +234,7 @@ def test_sampler_decodes_with_the_adapters_merged(family):
                    cache_dtype=jnp.float32).generate(prompts, max_new_tokens=8)
     assert [o.tokens for o in outs] == [o.tokens for o in merged] != [o.tokens for o in base]
     for p, o in zip(prompts, outs):
-        assert np.abs(np.asarray(o.logprobs) - _full_logprobs(model, p, o.tokens)).max() < 1e-4
+        assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() < 1e-4
     # layer_by_layer builds the same weights, one layer at a time.
     pieces = Sampler(model, cache_dtype=jnp.float32, layer_by_layer=True)
     assert [o.tokens for o in pieces.generate(prompts, max_new_tokens=8)] == [o.tokens for o in outs]

@@ -40,6 +40,11 @@ PARITY_CONFIGS = {
 }
 
 
+# The parity checks run the model jitted: eagerly, every operation compiles again for each new
+# row shape, which took longer than the whole forward compiled once per shape.
+_forward = nnx.jit(lambda model, ids, mask=None: model(ids, attention_mask=mask))
+
+
 def _left_pad(rows: list[np.ndarray], pad: int = 0):
     t = max(len(r) for r in rows)
     ids = np.full((len(rows), t), pad, np.int64)
@@ -56,7 +61,7 @@ def test_logit_parity_with_transformers(tmp_path, name):
     model = from_pretrained(str(tmp_path))
     rng = np.random.RandomState(1)
     ids = rng.randint(0, 128, (3, 11))
-    ours = np.asarray(model(jnp.asarray(ids, jnp.int32)))
+    ours = np.asarray(_forward(model, jnp.asarray(ids, jnp.int32)))
     ref = torch_logits(hf, ids)
     assert ours.shape == (3, 11, 128)
     assert np.abs(ours - ref).max() < 1e-4
@@ -64,13 +69,13 @@ def test_logit_parity_with_transformers(tmp_path, name):
     # Left padding: ragged rows; compare real-token logits with transformers and with unpadded runs.
     rows = [rng.randint(2, 128, n) for n in (11, 6, 1)]
     pids, pmask = _left_pad(rows)
-    ours_p = np.asarray(model(jnp.asarray(pids, jnp.int32), attention_mask=jnp.asarray(pmask)))
+    ours_p = np.asarray(_forward(model, jnp.asarray(pids, jnp.int32), jnp.asarray(pmask)))
     ref_p = torch_logits(hf, pids, pmask)
     real = pmask.astype(bool)
     assert np.isfinite(ours_p).all()
     assert np.abs(ours_p[real] - ref_p[real]).max() < 1e-4
     for i, r in enumerate(rows):
-        alone = np.asarray(model(jnp.asarray(r[None], jnp.int32)))[0]
+        alone = np.asarray(_forward(model, jnp.asarray(r[None], jnp.int32)))[0]
         assert np.abs(ours_p[i, -len(r):] - alone).max() < 1e-4
 
 

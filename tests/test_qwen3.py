@@ -15,6 +15,7 @@ from memsearcher_jax.models.safetensors_io import TensorDirectory
 from memsearcher_jax.models.sharding import PARAM_SPEC_FIELD
 from memsearcher_jax.sampling import Sampler
 from tests.hf_fixtures import make_hf_qwen3, torch_logits
+from tests.reference import full_logprobs
 
 VOCAB = 128
 # GQA 6 query / 2 KV heads, head_dim 16 apart from hidden / heads (48 / 6 = 8), untied, eps 1e-5.
@@ -73,12 +74,6 @@ def test_logit_parity_with_transformers(odd):
     assert np.abs(np.asarray(scanned(jnp.asarray(ids, jnp.int32))) - ours).max() < 1e-5
 
 
-def _full_logprobs(model, prompt, tokens):
-    ids = jnp.asarray([list(prompt) + list(tokens)], jnp.int32)
-    lp = np.asarray(jax.nn.log_softmax(model(ids)[0], axis=-1))
-    return lp[np.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1), np.asarray(tokens)]
-
-
 def _hf_greedy(hf, prompt, n):
     import torch
 
@@ -97,10 +92,10 @@ def test_sampler_greedy_equals_transformers_and_logprobs_equal_forward(odd):
     outs = s.generate(prompts, max_new_tokens=n)
     for p, o in zip(prompts, outs):
         assert len(o.tokens) == n and o.tokens == _hf_greedy(hf, p, n)
-        assert np.abs(np.asarray(o.logprobs) - _full_logprobs(model, p, o.tokens)).max() < 1e-4
+        assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() < 1e-4
     # Sampled tokens (temperature, top-p): log-probs still those of the full forward.
     for p, o in zip(prompts, s.generate(prompts, max_new_tokens=8, temperature=1.2, top_p=0.9, seed=3)):
-        assert np.abs(np.asarray(o.logprobs) - _full_logprobs(model, p, o.tokens)).max() < 1e-4
+        assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() < 1e-4
     # A shared prefix stored once (its keys q/k-normed in prefill, read by decode) changes nothing.
     head = rng.randint(2, VOCAB, 20).tolist()
     shared = [head + rng.randint(2, VOCAB, k).tolist() for k in (2, 5, 1)]
@@ -128,7 +123,7 @@ def test_sharded_sampler_with_q_and_kv_kept_apart():
     for r, o in zip(ref, s.generate(prompts, **kw)):
         assert o.tokens == r.tokens
         assert np.abs(np.asarray(o.logprobs) - np.asarray(r.logprobs)).max() < 1e-4
-        assert np.abs(np.asarray(o.logprobs) - _full_logprobs(model, prompts[ref.index(r)], o.tokens)).max() < 1e-4
+        assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, prompts[ref.index(r)], o.tokens)).max() < 1e-4
 
 
 def test_round_trip_and_transformers_loads_the_export(odd, tmp_path):

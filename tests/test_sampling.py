@@ -11,6 +11,7 @@ from memsearcher_jax.models import from_pretrained, make_mesh
 from memsearcher_jax.sampling import BucketConfig, Sampler, filter_mask, find_stop, generate, normalize_stops
 from memsearcher_jax.sampling.packing import layout_prefill
 from tests.hf_fixtures import make_hf_qwen2
+from tests.reference import full_logprobs, row_log_probs
 
 VOCAB = 128
 
@@ -37,37 +38,12 @@ def _prompts(seed=0, lengths=(9, 3, 14, 1, 6)):
     return [rng.randint(2, VOCAB, n).tolist() for n in lengths]
 
 
-_FORWARDS = {}
-
-
-def _forward(model):
-    """A jitted full forward of one right-padded row of 64 tokens (one compile per model)."""
-    if id(model) not in _FORWARDS:
-        graphdef, state = nnx.split(model)
-        fn = jax.jit(lambda st, ids, mask: nnx.merge(graphdef, st)(ids, attention_mask=mask)[0])
-        _FORWARDS[id(model)] = (model, lambda ids, mask: fn(state, ids, mask))
-    return _FORWARDS[id(model)][1]
-
-
 def _naive_greedy(model, prompt, n):
     """Recompute the full forward for every new token and take the argmax."""
-    fwd = _forward(model)
     ids = list(prompt)
     for _ in range(n):
-        padded = np.zeros((1, 64), np.int32)
-        padded[0, :len(ids)] = ids
-        mask = np.arange(64)[None] < len(ids)
-        logits = fwd(jnp.asarray(padded), jnp.asarray(mask))[len(ids) - 1]
-        ids.append(int(jnp.argmax(logits)))
+        ids.append(int(np.argmax(row_log_probs(model, ids)[-1])))
     return ids[len(prompt):]
-
-
-def _full_logprobs(model, prompt, tokens):
-    """log_softmax of one full forward over prompt + tokens, at the tokens."""
-    ids = jnp.asarray([list(prompt) + list(tokens)], jnp.int32)
-    lp = jax.nn.log_softmax(model(ids)[0], axis=-1)
-    rows = np.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1)
-    return np.asarray(lp)[rows, np.asarray(tokens)]
 
 
 def test_greedy_equals_naive_loop_and_transformers(hf_and_model, sampler):
@@ -100,7 +76,7 @@ def test_logprobs_equal_full_forward(hf_and_model, sampler):
     for temp in (0.0, 1.3):
         outs = sampler.generate(prompts, max_new_tokens=10, temperature=temp, top_p=0.9, seed=3)
         for p, o in zip(prompts, outs):
-            ref = _full_logprobs(model, p, o.tokens)
+            ref = full_logprobs(model, p, o.tokens)
             assert np.abs(np.asarray(o.logprobs) - ref).max() < 1e-4
 
 
@@ -498,13 +474,7 @@ def test_generate_defaults_keep_float32_logprobs_exact(tmp_path):
     assert model.config.head_dim == 16
     prompts = _prompts(3, lengths=(11, 4, 17))
     outs = generate(model, prompts, max_new_tokens=12, temperature=1.0, seed=2)
-    fwd = _forward(model)
     worst = 0.0
     for p, o in zip(prompts, outs):
-        ids = p + o.tokens
-        padded = np.zeros((1, 64), np.int32)
-        padded[0, :len(ids)] = ids
-        logp = jax.nn.log_softmax(fwd(jnp.asarray(padded), jnp.asarray(np.arange(64)[None] < len(ids))), -1)
-        ref = [float(logp[len(p) - 1 + i, t]) for i, t in enumerate(o.tokens)]
-        worst = max(worst, max(abs(a - b) for a, b in zip(ref, o.logprobs)))
+        worst = max(worst, float(np.abs(full_logprobs(model, p, o.tokens) - np.asarray(o.logprobs)).max()))
     assert worst < 1e-4, worst
