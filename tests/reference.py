@@ -1,5 +1,5 @@
-"""Reference computations the sampler is checked against: the model's full forward over one
-row, jitted once per model structure.
+"""Reference computations the sampler and the learner are checked against: the model's full
+forward, jitted once per model structure and shape.
 
 Run eagerly, a forward compiles every operation again for each new row length (a 2-layer model
 on 8 rows of different lengths spent ~30 s there); one right-padded width and one jit keep it
@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
 
 WIDTH = 64  # every row a test checks this way is shorter
 
@@ -38,3 +40,10 @@ def full_logprobs(model, prompt: list[int], tokens: list[int]) -> np.ndarray:
     """log_softmax of one full forward over prompt + tokens, at the tokens."""
     lp = row_log_probs(model, list(prompt) + list(tokens))
     return lp[np.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1), np.asarray(tokens)]
+
+
+@nnx.jit
+def token_logprobs(model, tokens, attention):
+    """The learner's per-token log-probs [B, S] over the full width (`token_logprobs_and_entropy`),
+    jitted."""
+    return token_logprobs_and_entropy(model, tokens, attention)[0]

@@ -24,6 +24,7 @@ from memsearcher_jax.rl.grpo import (
 )
 from memsearcher_jax.rl.losses import LossConfig, aggregation_weights
 from retrieval.base import Hit
+from tests.reference import token_logprobs
 
 
 @dataclasses.dataclass
@@ -173,7 +174,9 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
     weights, denom_ref = aggregation_weights(mode, mask[idx], traj[idx], np.arange(n) // mbs, n // mbs)
     whole = {"tokens": tokens[idx], "attention": attention[idx], "loss_mask": mask[idx], "weights": weights,
              "advantages": rows.advantages[idx], "old_logp": old[idx], "ref_logp": ref[idx]}
-    (loss_ref, _), g_ref = jax.value_and_grad(micro_batch_loss, has_aux=True)(
+    # Jitted: run op by op, this gradient compiled ~300 small programs (most of the test's time).
+    whole_grad = jax.jit(jax.value_and_grad(micro_batch_loss, has_aux=True), static_argnums=(1, 3))
+    (loss_ref, _), g_ref = whole_grad(
         learner.params, learner.graphdef, {k: jnp.asarray(v) for k, v in whole.items()}, learner.config.loss)
     assert denom == pytest.approx(denom_ref)
     assert loss == pytest.approx(float(loss_ref) / denom_ref, rel=1e-5)
@@ -184,14 +187,13 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
 
 
 def test_logprobs_in_chunks_of_like_length_equal_the_full_width_pass():
-    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
 
     model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=2), rngs=nnx.Rngs(3))
     learner = GRPOLearner(model, GRPOConfig(logprob_batch_size=3, min_seq_len=8))
     rows = _toy_rows(n=7, s=40, seed=2)
     rows.attention[:3, 12:] = 0  # three short rows: a narrower chunk
     got = learner.compute_logprobs(learner.params, rows)
-    full = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention))[0])
+    full = np.asarray(token_logprobs(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention)))
     read = (rows.loss_mask != 0) & (rows.attention == 1)  # the positions the loss reads: computed there, 0 elsewhere
     assert read.sum() > 0 and got.shape == rows.tokens.shape and np.abs(got - full)[read].max() < 1e-5
 
@@ -286,13 +288,11 @@ def _trained(rows, tis_cap):
 
 def test_truncated_importance_sampling_reaches_the_update():
     from memsearcher_jax.models import Qwen2 as _Q
-    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
 
     rows = _toy_rows()
     # The sampler agreed with the trainer: every weight is min(1, cap) = 1, the same update as without TIS.
     model = _Q(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1))
-    rows.sampler_logp = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens),
-                                                              jnp.asarray(rows.attention))[0])
+    rows.sampler_logp = np.asarray(token_logprobs(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention)))
     plain, agreed = _trained(rows, 0.0), _trained(rows, 2.0)
     assert max(float(np.abs(a - b).max()) for a, b in zip(plain, agreed)) < 1e-6
     # The sampler found the tokens likelier than the trainer does: weights < 1, a smaller update.
@@ -335,10 +335,8 @@ def test_tis_log_ratio_clamp_is_the_configured_one():
     # other, so the update's direction (AdamW normalises its scale away) must follow it.
     rows = _toy_rows()
     model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1))
-    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
 
-    trainer_logp = np.asarray(token_logprobs_and_entropy(model, jnp.asarray(rows.tokens),
-                                                         jnp.asarray(rows.attention))[0])
+    trainer_logp = np.asarray(token_logprobs(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention)))
     rows.sampler_logp = trainer_logp - 3.0 * (np.arange(rows.num_rows) % 2)[:, None]
 
     def trained(clamp):

@@ -35,7 +35,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam, merge_lora
 from memsearcher_jax.models.safetensors_io import SafetensorsFile
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, token_logprobs_and_entropy
 from memsearcher_jax.sampling import Sampler
-from tests.reference import full_logprobs
+from tests.reference import full_logprobs, token_logprobs
 from tests.test_grpo import _toy_rows
 from tests.test_train_step import SMALL, sigkill_then_resume
 
@@ -201,9 +201,8 @@ def test_learner_trains_the_adapters_alone_over_a_frozen_reference():
     base_before = jax.tree.map(np.asarray, learner.frozen)
     before = jax.tree.map(np.asarray, learner.params)
     rows = _toy_rows()
-    base_logp = np.asarray(token_logprobs_and_entropy(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1),
-                                                            rngs=nnx.Rngs(1)),
-                                                      jnp.asarray(rows.tokens), jnp.asarray(rows.attention))[0])
+    base_logp = np.asarray(token_logprobs(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
+                                          jnp.asarray(rows.tokens), jnp.asarray(rows.attention)))
     m = learner.train_on_rows(rows, np.random.default_rng(0))
     assert m["skipped"] == 0
     after = jax.tree.map(np.asarray, learner.params)
