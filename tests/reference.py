@@ -19,6 +19,12 @@ from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
 WIDTH = 64  # every row a test checks this way is shorter
 
 
+@nnx.jit
+def forward(model, ids, attention_mask=None, positions=None, segment_ids=None):
+    """The model's logits, jitted (one compile per model structure and shapes)."""
+    return model(ids, positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _log_probs(graphdef, state, ids, mask):
     return jax.nn.log_softmax(nnx.merge(graphdef, state)(ids, attention_mask=mask)[0], axis=-1)

@@ -25,6 +25,7 @@ from memsearcher_jax.models import (
 )
 from memsearcher_jax.models.safetensors_io import SafetensorsFile, TensorDirectory, save_file
 from tests.hf_fixtures import make_hf_qwen2, torch_logits
+from tests.reference import forward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,11 +39,6 @@ PARITY_CONFIGS = {
     "odd_heads3_untied": dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3,
                               tie_word_embeddings=False, num_hidden_layers=3),
 }
-
-
-# The parity checks run the model jitted: eagerly, every operation compiles again for each new
-# row shape, which took longer than the whole forward compiled once per shape.
-_forward = nnx.jit(lambda model, ids, mask=None: model(ids, attention_mask=mask))
 
 
 def _left_pad(rows: list[np.ndarray], pad: int = 0):
@@ -61,7 +57,7 @@ def test_logit_parity_with_transformers(tmp_path, name):
     model = from_pretrained(str(tmp_path))
     rng = np.random.RandomState(1)
     ids = rng.randint(0, 128, (3, 11))
-    ours = np.asarray(_forward(model, jnp.asarray(ids, jnp.int32)))
+    ours = np.asarray(forward(model, jnp.asarray(ids, jnp.int32)))
     ref = torch_logits(hf, ids)
     assert ours.shape == (3, 11, 128)
     assert np.abs(ours - ref).max() < 1e-4
@@ -69,13 +65,13 @@ def test_logit_parity_with_transformers(tmp_path, name):
     # Left padding: ragged rows; compare real-token logits with transformers and with unpadded runs.
     rows = [rng.randint(2, 128, n) for n in (11, 6, 1)]
     pids, pmask = _left_pad(rows)
-    ours_p = np.asarray(_forward(model, jnp.asarray(pids, jnp.int32), jnp.asarray(pmask)))
+    ours_p = np.asarray(forward(model, jnp.asarray(pids, jnp.int32), jnp.asarray(pmask)))
     ref_p = torch_logits(hf, pids, pmask)
     real = pmask.astype(bool)
     assert np.isfinite(ours_p).all()
     assert np.abs(ours_p[real] - ref_p[real]).max() < 1e-4
     for i, r in enumerate(rows):
-        alone = np.asarray(_forward(model, jnp.asarray(r[None], jnp.int32)))[0]
+        alone = np.asarray(forward(model, jnp.asarray(r[None], jnp.int32)))[0]
         assert np.abs(ours_p[i, -len(r):] - alone).max() < 1e-4
 
 

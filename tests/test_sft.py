@@ -29,6 +29,7 @@ from memsearcher_jax.rl.sft import (
 )
 from memsearcher_jax.sampling.buckets import bucket
 from retrieval.bm25 import BM25Retriever
+from tests.reference import forward
 
 
 def nll_sum(model, inputs, targets, weights, lengths):
@@ -214,9 +215,9 @@ def test_packed_logits_equal_each_sequence_run_alone():
     inputs = np.array([a + b + [0, 0]], np.int32)
     positions = np.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0]], np.int32)
     segments = np.array([[0] * 5 + [1] * 3 + [-1, -1]], np.int32)
-    packed = model(jnp.asarray(inputs), positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments))
-    np.testing.assert_allclose(packed[0, :5], model(jnp.asarray([a]))[0], atol=1e-5)
-    np.testing.assert_allclose(packed[0, 5:8], model(jnp.asarray([b]))[0], atol=1e-5)
+    packed = forward(model, jnp.asarray(inputs), positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments))
+    np.testing.assert_allclose(packed[0, :5], forward(model, jnp.asarray([a]))[0], atol=1e-5)
+    np.testing.assert_allclose(packed[0, 5:8], forward(model, jnp.asarray([b]))[0], atol=1e-5)
     with pytest.raises(ValueError, match="explicit positions"):
         model(jnp.asarray(inputs), segment_ids=jnp.asarray(segments))
 
