@@ -35,7 +35,7 @@ from memsearcher_jax.models.qwen2 import LoRAParam, merge_lora
 from memsearcher_jax.models.safetensors_io import SafetensorsFile
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, token_logprobs_and_entropy
 from memsearcher_jax.sampling import Sampler
-from tests.reference import full_logprobs, token_logprobs
+from tests.reference import forward, full_logprobs, token_logprobs
 from tests.test_grpo import _toy_rows
 from tests.test_train_step import SMALL, sigkill_then_resume
 
@@ -301,7 +301,7 @@ def test_export_merges_and_transformers_gives_the_same_logits(family, tmp_path):
     save_pretrained(base, str(tmp_path / "base"))
     model = randomize_adapters(from_pretrained(str(tmp_path / "base"), lora_rank=4, lora_alpha=8.0))
     ids = np.asarray(_ids(2, 9, vocab=128))
-    ours = np.asarray(model(jnp.asarray(ids)))
+    ours = np.asarray(forward(model, jnp.asarray(ids)))
     assert np.abs(ours - np.asarray(base(jnp.asarray(ids)))).max() > 1e-3  # the adapters matter
     save_pretrained(model, str(tmp_path / "merged"))
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
@@ -379,7 +379,7 @@ def test_sharded_lora_step_equals_single_device_and_exports(tmp_path, capsys):
     assert cli_main(["export-hf", "--checkpoint", out, "--out", str(tmp_path / "hf")]) == 0
     exported = from_pretrained(str(tmp_path / "hf"))
     ids = _ids(2, 7, vocab=restored.config.vocab_size)
-    np.testing.assert_allclose(np.asarray(exported(ids)), np.asarray(restored(ids)), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(forward(exported, ids)), np.asarray(forward(restored, ids)), atol=1e-4)
     assert cli_main(["export-hf", "--checkpoint", out, "--out", str(tmp_path / "peft"), "--adapters-only"]) == 0
     assert "PEFT LoRA adapters" in capsys.readouterr().out
     _check_peft_files(tmp_path / "peft", restored.config)

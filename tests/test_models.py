@@ -107,7 +107,7 @@ def test_round_trip_is_bit_identical_and_loads_in_transformers(tmp_path):
     assert os.path.exists(dst / "generation_config.json")
     reloaded = AutoModelForCausalLM.from_pretrained(str(dst)).eval()
     ids = np.random.RandomState(2).randint(0, 128, (2, 6))
-    assert np.abs(torch_logits(reloaded, ids) - np.asarray(model(jnp.asarray(ids, jnp.int32)))).max() < 1e-4
+    assert np.abs(torch_logits(reloaded, ids) - np.asarray(forward(model, jnp.asarray(ids, jnp.int32)))).max() < 1e-4
 
 
 def test_bf16_tied_round_trip_is_bit_identical(tmp_path):
@@ -190,11 +190,11 @@ def test_jax_built_model_exports_sharded_and_loads_in_transformers(tmp_path):
     assert "tokenizer.json" in files
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     ids = np.random.RandomState(3).randint(0, 128, (2, 8))
-    ours = np.asarray(model(jnp.asarray(ids, jnp.int32)))
+    ours = np.asarray(forward(model, jnp.asarray(ids, jnp.int32)))
     assert np.abs(torch_logits(hf, ids) - ours).max() < 1e-4
     # And back into JAX from the sharded layout.
     again = from_pretrained(out)
-    assert np.abs(np.asarray(again(jnp.asarray(ids, jnp.int32))) - ours).max() == 0
+    assert np.abs(np.asarray(forward(again, jnp.asarray(ids, jnp.int32))) - ours).max() == 0
 
 
 def test_tokenizer_loads_from_exported_dir(tmp_path):
@@ -311,7 +311,7 @@ def test_sharded_forward_equals_single_device(fsdp, tp):
     model = Qwen2(cfg, rngs=nnx.Rngs(3))
     ids = jnp.asarray(np.random.RandomState(4).randint(0, 128, (8, 10)), jnp.int32)
     mask = jnp.asarray(np.arange(10)[None, :] >= np.array([0, 3, 0, 5, 1, 0, 9, 2])[:, None])
-    single = np.asarray(model(ids, attention_mask=mask))
+    single = np.asarray(forward(model, ids, attention_mask=mask))
 
     mesh = make_mesh(data=1, fsdp=fsdp, tp=tp)
     sharded = shard_model(model, mesh, ShardingConfig.training())

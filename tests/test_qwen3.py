@@ -15,7 +15,7 @@ from memsearcher_jax.models.safetensors_io import TensorDirectory
 from memsearcher_jax.models.sharding import PARAM_SPEC_FIELD
 from memsearcher_jax.sampling import Sampler
 from tests.hf_fixtures import make_hf_qwen3, torch_logits
-from tests.reference import full_logprobs
+from tests.reference import forward, full_logprobs
 
 VOCAB = 128
 # GQA 6 query / 2 KV heads, head_dim 16 apart from hidden / heads (48 / 6 = 8), untied, eps 1e-5.
@@ -54,7 +54,7 @@ def test_logit_parity_with_transformers(odd):
     _, hf, model = odd
     rng = np.random.RandomState(1)
     ids = rng.randint(0, VOCAB, (3, 13))
-    ours = np.asarray(model(jnp.asarray(ids, jnp.int32)))
+    ours = np.asarray(forward(model, jnp.asarray(ids, jnp.int32)))
     ref = torch_logits(hf, ids)
     assert ours.shape == (3, 13, VOCAB)
     assert np.abs(ours - ref).max() < 1e-4
@@ -65,13 +65,13 @@ def test_logit_parity_with_transformers(odd):
     pmask = np.zeros((3, t), np.int64)
     for i, r in enumerate(rows):
         pids[i, t - len(r):], pmask[i, t - len(r):] = r, 1
-    ours_p = np.asarray(model(jnp.asarray(pids, jnp.int32), attention_mask=jnp.asarray(pmask)))
+    ours_p = np.asarray(forward(model, jnp.asarray(pids, jnp.int32), attention_mask=jnp.asarray(pmask)))
     ref_p = torch_logits(hf, pids, pmask)
     real = pmask.astype(bool)
     assert np.isfinite(ours_p).all() and np.abs(ours_p[real] - ref_p[real]).max() < 1e-4
     # scan_layers gives the same network.
     scanned = from_pretrained(odd[0], scan_layers=True)
-    assert np.abs(np.asarray(scanned(jnp.asarray(ids, jnp.int32))) - ours).max() < 1e-5
+    assert np.abs(np.asarray(forward(scanned, jnp.asarray(ids, jnp.int32))) - ours).max() < 1e-5
 
 
 def _hf_greedy(hf, prompt, n):
@@ -143,7 +143,7 @@ def test_round_trip_and_transformers_loads_the_export(odd, tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(str(dst)).eval()
     assert isinstance(reloaded, Qwen3ForCausalLM)
     ids = np.random.RandomState(2).randint(0, VOCAB, (2, 9))
-    assert np.abs(torch_logits(reloaded, ids) - np.asarray(model(jnp.asarray(ids, jnp.int32)))).max() < 1e-4
+    assert np.abs(torch_logits(reloaded, ids) - np.asarray(forward(model, jnp.asarray(ids, jnp.int32)))).max() < 1e-4
 
 
 def test_jax_built_tied_qwen3_exports_and_loads_in_transformers(tmp_path):
@@ -155,9 +155,9 @@ def test_jax_built_tied_qwen3_exports_and_loads_in_transformers(tmp_path):
     assert "lm_head.weight" not in TensorDirectory(out).keys()
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     ids = np.random.RandomState(3).randint(0, VOCAB, (2, 8))
-    ours = np.asarray(model(jnp.asarray(ids, jnp.int32)))
+    ours = np.asarray(forward(model, jnp.asarray(ids, jnp.int32)))
     assert np.abs(torch_logits(hf, ids) - ours).max() < 1e-4
-    assert np.abs(np.asarray(from_pretrained(out)(jnp.asarray(ids, jnp.int32))) - ours).max() == 0
+    assert np.abs(np.asarray(forward(from_pretrained(out), jnp.asarray(ids, jnp.int32))) - ours).max() == 0
 
 
 def test_presets_and_config_errors():
