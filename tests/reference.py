@@ -7,8 +7,6 @@ to a single compile. Padding on the right changes nothing before it: the attenti
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,9 +23,9 @@ def forward(model, ids, attention_mask=None, positions=None, segment_ids=None):
     return model(ids, positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _log_probs(graphdef, state, ids, mask):
-    return jax.nn.log_softmax(nnx.merge(graphdef, state)(ids, attention_mask=mask)[0], axis=-1)
+@nnx.jit
+def _log_probs(model, ids, mask):
+    return jax.nn.log_softmax(model(ids, attention_mask=mask)[0], axis=-1)
 
 
 def row_log_probs(model, ids: list[int]) -> np.ndarray:
@@ -38,8 +36,7 @@ def row_log_probs(model, ids: list[int]) -> np.ndarray:
     padded = np.zeros((1, WIDTH), np.int32)
     padded[0, :len(ids)] = ids
     mask = np.arange(WIDTH)[None] < len(ids)
-    graphdef, state = nnx.split(model)
-    return np.asarray(_log_probs(graphdef, state, jnp.asarray(padded), jnp.asarray(mask)))[:len(ids)]
+    return np.asarray(_log_probs(model, jnp.asarray(padded), jnp.asarray(mask)))[:len(ids)]
 
 
 def full_logprobs(model, prompt: list[int], tokens: list[int]) -> np.ndarray:
