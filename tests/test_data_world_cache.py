@@ -72,3 +72,21 @@ def test_whole_name_tokens_and_fact_split_are_their_own_entries(tmp_path):
     # Syllable pieces by default; whole names let BPE merge them (fewer tokens per name).
     assert tokens_per_name(whole) < tokens_per_name(pieces)
     assert load_world(by_fact.world_dir).corpus == load_world(pieces.world_dir).corpus
+
+
+def test_an_edited_template_is_a_new_entry(tmp_path, monkeypatch):
+    # The key holds the world's wording, not only the arguments: a reworded sentence must not
+    # reuse a world (and tokenizer) written in the old one.
+    from memsearcher_jax.data import synthetic
+
+    before = world_cache.prepare_world(str(tmp_path), seed=3, num_entities=20)
+    person = dict(synthetic.ONE_HOP["person"])
+    question, query, _ = person["works_for"]
+    person["works_for"] = (question, query, "{s} works for the company called {a}.")
+    monkeypatch.setitem(synthetic.ONE_HOP, "person", person)
+    after = world_cache.prepare_world(str(tmp_path), seed=3, num_entities=20)
+    assert after.root != before.root
+    texts = [p["contents"] for p in load_world(after.world_dir).corpus]
+    assert any("works for the company called" in t for t in texts)
+    assert not any("works for the company called" in t for t in (p["contents"] for p in
+                                                                 load_world(before.world_dir).corpus))

@@ -27,6 +27,7 @@ asks N questions of one split at once ("q1; q2; ..."); the answer lists N answer
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -169,6 +170,15 @@ def template_texts() -> list[str]:
     texts = [t.format(s="", a="") for rels in ONE_HOP.values() for tpl in rels.values() for t in tpl]
     texts += [t[3].format(s="") for t in TWO_HOP]
     return texts
+
+
+def wording_fingerprint() -> str:
+    """A hash of everything that words the world: the templates, the passages' sentence order, the
+    value lists and name shapes. Caches of generated worlds key on it, so an edited template never
+    reuses a world written in the old wording."""
+    wording = [ONE_HOP, PASSAGE_ORDER, TWO_HOP, ALIAS_SUFFIX, SUFFIXES, ONSETS, VOWELS, CODAS,
+               OCCUPATIONS, COLOURS, PRODUCTS, LANDMARKS, BIRTH_YEARS, YEARS]
+    return hashlib.sha256(json.dumps(wording, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _aliases(value: str, value_type: str) -> list[str]:

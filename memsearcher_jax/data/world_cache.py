@@ -4,7 +4,8 @@
     paths.corpus, paths.train, paths.heldout, paths.tokenizer_dir
 
 The cache entry is keyed by every argument that changes its content (seed, sizes, vocab size,
-the extra tokenizer texts), so different settings never share an entry. It is written to a
+the extra tokenizer texts) and by the world's wording (`synthetic.wording_fingerprint`: templates,
+sentence order, value lists), so different settings or an edited template never share an entry. It is written to a
 temporary directory and renamed into place, so a crash or a concurrent writer never leaves a
 half-written entry: a directory under its final name is always complete.
 """
@@ -20,11 +21,11 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
-from memsearcher_jax.data.synthetic import generate_world, save_world
+from memsearcher_jax.data.synthetic import generate_world, save_world, wording_fingerprint
 from memsearcher_jax.data.tokenizer import train_tokenizer
 from memsearcher_jax.data.vocab import MANIFEST, ReadingVocab, vocab_fingerprint
 
-CACHE_FORMAT = 1  # bump when generator or tokenizer output changes for the same arguments
+CACHE_FORMAT = 2  # bump when generator or tokenizer code changes its output for the same arguments and wording
 
 # Agent-format text the tokenizer should always compress well, whatever prompts the caller passes.
 FORMAT_TEXTS = (
@@ -58,7 +59,8 @@ def _paths(root: str) -> WorldPaths:
 def cache_key(seed: int, num_entities: int, num_countries: int, heldout_fraction: float, vocab_size: int,
               extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False,
               vocab_dir: str | None = None) -> str:
-    key = [CACHE_FORMAT, seed, num_entities, num_countries, heldout_fraction, vocab_size, list(extra_texts)]
+    key = [CACHE_FORMAT, wording_fingerprint(), seed, num_entities, num_countries, heldout_fraction, vocab_size,
+           list(extra_texts)]
     if heldout_by != "entity" or whole_names:  # default keys stay what they were: existing caches still hit
         key += [heldout_by, whole_names]
     if vocab_dir:
