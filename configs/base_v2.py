@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.vocab = ml_collections.ConfigDict()
     c.vocab.seed = 0                 # names of the pools (pretrain / reserved) come from this seed
     c.vocab.bpe_size = 640           # BPE entries besides names, values and agent tags
+    c.vocab.wording = "v1"           # the world's sentences (synthetic.WORDINGS); worlds built for the base use it
 
     c.model = ml_collections.ConfigDict()
     c.model.hidden_size = 128

@@ -47,6 +47,7 @@ from memsearcher_jax.data.curriculum import (
     pair_probe_items,
     probe_items,
 )
+from memsearcher_jax.data.synthetic import WORDINGS
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import MANIFEST as VOCAB_MANIFEST, NAME_TYPES, ReadingVocab, build_vocab
 from memsearcher_jax.errors import UserInputError
@@ -384,8 +385,9 @@ def check_vocab_settings(vocab_dir: str, cfg: ml_collections.ConfigDict) -> None
         return
     with open(path, encoding="utf-8") as f:
         built = json.load(f)
+    built.setdefault("wording", "v1")  # manifests before wordings were recorded
     wrong = [f"vocab.{k}={cfg.vocab[k]} but {vocab_dir} was built with {k}={built.get(k)}"
-             for k in ("seed", "bpe_size") if k in cfg.vocab and built.get(k) != cfg.vocab[k]]
+             for k in ("seed", "bpe_size", "wording") if k in cfg.vocab and built.get(k) != cfg.vocab[k]]
     if wrong:
         raise UserInputError("; ".join(wrong) + ": resume with the settings it was built with, or start over "
                              "with --fresh (removes that run's checkpoints, logs and vocabulary) or another "
@@ -402,6 +404,8 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
         problems.append(f"train.data_workers must be an integer >= 0 (0: one thread), got {t.data_workers}")
     if t.learning_rate <= 0:
         problems.append(f"train.learning_rate must be > 0, got {t.learning_rate}")
+    if cfg.vocab.get("wording", "v1") not in WORDINGS:
+        problems.append(f"vocab.wording must be one of {', '.join(WORDINGS)}, got {cfg.vocab.wording!r}")
     if not 0 <= t.get("decay_steps", 0) <= t.steps:
         problems.append(f"train.decay_steps must be in [0, train.steps={t.steps}] (0: train.steps), "
                         f"got {t.decay_steps}")
@@ -633,7 +637,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     out, export_dir = _prepare_run(cfg, resume)
     vocab_dir = os.path.join(out, "vocab")
     if not ReadingVocab.exists(vocab_dir):
-        build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size)
+        build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size, wording=cfg.vocab.get("wording", "v1"))
     vocab = ReadingVocab.load(vocab_dir)
     tokenizer = load_tokenizer(vocab_dir)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")

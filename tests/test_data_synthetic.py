@@ -174,3 +174,31 @@ def test_question_split_holds_out_questions_not_facts():
     assert covered > 0.5
     assert {r["hops"] for r in by_q.heldout} == {1, 2}
     assert generate_world(seed=0, heldout_by="question").heldout == by_q.heldout  # seeded
+
+
+def test_wording_v2_rewords_two_sentences_and_nothing_else():
+    from memsearcher_jax.data.synthetic import ONE_HOP, REWORDED, one_hop_templates
+
+    v1, v2 = generate_world(3, num_entities=40, wording="v1"), generate_world(3, num_entities=40, wording="v2")
+    assert v1.entities == v2.entities
+    assert [(r["question"], r["golden_answers"], r["queries"]) for r in v1.train + v1.heldout] == \
+        [(r["question"], r["golden_answers"], r["queries"]) for r in v2.train + v2.heldout]
+    for old, new in zip(v1.corpus, v2.corpus):
+        name = old["contents"].split("\n")[0]
+        e = v1.entities[name]
+        expected = old["contents"]
+        for (etype, rel), sentence in REWORDED["v2"].items():
+            if e["type"] == etype:
+                was = one_hop_templates("v1")[etype][rel][2].format(s=name, a=e[rel])
+                assert was in expected
+                expected = expected.replace(was, sentence.format(s=name, a=e[rel]))
+        assert new["contents"] == expected
+    assert sum("works for the company called" in p["contents"] for p in v2.corpus) == \
+        sum(e["type"] == "person" for e in v2.entities.values())
+    assert any("makes the product called" in p["contents"] for p in v2.corpus)
+    # A 2-hop question's facts are the reworded sentences too.
+    wf = next(r for r in v2.train + v2.heldout if r["relation"].startswith("works_for/"))
+    assert "works for the company called" in wf["facts"][0]
+    assert one_hop_templates("v1") == ONE_HOP
+    with pytest.raises(ValueError, match=r"wording 'v9'.*v1, v2"):
+        generate_world(3, num_entities=40, wording="v9")

@@ -55,6 +55,34 @@ def test_vocab_is_deterministic_and_pools_are_disjoint(vocab_dir, tmp_path):
     assert not any(a != b and b.lower().startswith(a.lower()) for a in words[:300] for b in words)
 
 
+def test_a_vocab_records_its_wording_and_every_world_built_for_it_follows(vocab_dir, tmp_path):
+    """A base reads one wording of the world (synthetic.WORDINGS); its vocabulary records it, and the
+    curriculum, the probes and the world cache (the main job's world) write their sentences in it."""
+    from memsearcher_jax.data import world_cache
+    from memsearcher_jax.data.curriculum import pair_probe_items
+    from memsearcher_jax.data.synthetic import load_world
+
+    v2_dir = str(tmp_path / "v2")
+    v2 = build_vocab(v2_dir, seed=0, wording="v2")
+    v1 = ReadingVocab.load(vocab_dir)
+    assert (v1.wording, v2.wording) == ("v1", "v2")
+    assert "wording" not in json.load(open(os.path.join(vocab_dir, "reading_vocab.json")))  # v1 bytes unchanged
+    assert v2.names == v1.names and v2.ids == v1.ids  # the same names and values; merges over other templates
+    called = "works for the company called"
+    for d, vocab in ((vocab_dir, v1), (v2_dir, v2)):
+        tok = load_tokenizer(d)
+        builder = PromptBuilder(tok, default_top_n=2, style="compact")
+        curriculum = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=(("long", 1.0),), long_passages=(8, 8)))
+        text = [tok.decode(r.prompt_ids + r.response_ids) for r in curriculum.rows_for_step(0, 4)]
+        text += [tok.decode(ids) for ids, _, _ in pair_probe_items(vocab, builder, 8)]
+        text += [tok.decode(ids) for ids, _, _ in probe_items(vocab, builder, 8, n_passages=8)]
+        assert all("works for" not in t or (called in t) == (vocab.wording == "v2") for t in text)
+        assert any(called in t for t in text) == (vocab.wording == "v2")
+        paths = world_cache.prepare_world(str(tmp_path / "cache"), seed=1, num_entities=30, vocab_dir=d)
+        corpus = " ".join(p["contents"] for p in load_world(paths.world_dir).corpus)
+        assert "works for" in corpus and (called in corpus) == (vocab.wording == "v2")
+
+
 def test_names_and_values_are_one_token_wherever_they_stand(parts):
     vocab, tok, _ = parts
     name, value = vocab.names["person"]["reserved"][3], "1968"
@@ -647,6 +675,7 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     settings than its directory's vocabulary is refused. All before anything is built."""
     from memsearcher_jax import pretrain
     from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.experiment import TrainConfigError
 
     monkeypatch.setattr(pretrain, "_init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
@@ -671,6 +700,13 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     (run / "vocab" / "reading_vocab.json").write_text(json.dumps({"seed": 0, "bpe_size": 640}))
     cfg.vocab.seed = 1
     with pytest.raises(UserInputError, match=r"vocab\.seed=1 but .* built with seed=0"):
+        pretrain.run_pretrain(cfg)
+    cfg.vocab.seed = 0  # a vocabulary from before wordings were recorded is v1
+    cfg.vocab.wording = "v2"
+    with pytest.raises(UserInputError, match=r"vocab\.wording=v2 but .* built with wording=v1"):
+        pretrain.run_pretrain(cfg)
+    cfg.vocab.wording = "v7"
+    with pytest.raises(TrainConfigError, match=r"vocab\.wording must be one of v1, v2, got 'v7'"):
         pretrain.run_pretrain(cfg)
 
 

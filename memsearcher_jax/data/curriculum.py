@@ -302,7 +302,8 @@ class Curriculum:
     def _world_rows(self, rng: random.Random) -> list[Row]:
         cfg = self.config
         seed = rng.randrange(2 ** 31)
-        world = generate_world(seed, num_entities=cfg.world_entities, heldout_fraction=0.0, names=self.names)
+        world = generate_world(seed, num_entities=cfg.world_entities, heldout_fraction=0.0, names=self.names,
+                               wording=self.vocab.wording)
         kinds = rng.choices(self.kinds, self.weights, k=cfg.rows_per_world)
         rows: list[Row] = []
         for kind in kinds:
@@ -408,7 +409,7 @@ def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int =
     items = []
     while len(items) < n:
         world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
-                               names=names)
+                               names=names, wording=vocab.wording)
         subjects = sorted({r["subject"] for r in world.train if r["hops"] == 1})
         for _ in range(8):
             subject = rng.choice(subjects)
@@ -453,7 +454,7 @@ def pair_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: 
     items: list[tuple[list[int], int, str]] = []
     while len(items) < 2 * n:
         world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
-                               names=names)
+                               names=names, wording=vocab.wording)
         one_hop = {(r["subject"], r["relation"]): r for r in world.train if r["hops"] == 1}
         passage_of = {_title(p): p for p in world.corpus}
         for _ in range(8):
@@ -502,7 +503,7 @@ def multi_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed:
     items = []
     while len(items) < n:
         world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
-                               names=names)
+                               names=names, wording=vocab.wording)
         one_hop = {}
         for r in world.train:
             if r["hops"] == 1:

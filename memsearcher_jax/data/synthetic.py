@@ -75,6 +75,26 @@ ONE_HOP = {
         "product": ("What does {s} make?", "{s} makes", "{s} makes {a}."),
     },
 }
+# Wordings of the world. "v1" is ONE_HOP as above, the world every base up to reading_v3 read. "v2"
+# names the works_for and product values after "... called": in v1 their value sits one or two
+# tokens after the subject, and no base bound works_for that way (docs/experiments.md, 2026-11-27).
+# A reading base records its wording in its vocabulary (`data.vocab`); worlds built for it use it.
+WORDINGS = ("v1", "v2")
+REWORDED = {"v2": {("person", "works_for"): "{s} works for the company called {a}.",
+                   ("company", "product"): "{s} makes the product called {a}."}}
+
+
+def one_hop_templates(wording: str = "v1") -> dict[str, dict[str, tuple[str, str, str]]]:
+    """ONE_HOP in a wording (WORDINGS): the same relations, questions and queries; some sentences differ."""
+    if wording not in WORDINGS:
+        raise ValueError(f"unknown world wording {wording!r}; expected one of {', '.join(WORDINGS)}")
+    table = {etype: dict(relations) for etype, relations in ONE_HOP.items()}
+    for (etype, relation), sentence in REWORDED.get(wording, {}).items():
+        question, query, _ = table[etype][relation]
+        table[etype][relation] = (question, query, sentence)
+    return table
+
+
 # Passage sentence order per type (fixed: lower entropy for a tiny model).
 PASSAGE_ORDER = {
     "person": ("born_year", "born_in", "works_for", "occupation", "colour"),
@@ -151,10 +171,10 @@ def split_name(name: str) -> list[str]:
     return [name[:2], name[2:]] if len(name) == 5 else [name[:2], name[2:4], name[4:]]
 
 
-def template_words() -> set[str]:
+def template_words(wording: str = "v1") -> set[str]:
     """Every word of the templates and attribute values (lower case): names must avoid them."""
     words: set[str] = set()
-    texts = [t for rels in ONE_HOP.values() for tpl in rels.values() for t in tpl]
+    texts = [t for rels in one_hop_templates(wording).values() for tpl in rels.values() for t in tpl]
     texts += [t[3] for t in TWO_HOP]
     texts += list(OCCUPATIONS + COLOURS + PRODUCTS + LANDMARKS)
     for t in texts:
@@ -164,21 +184,21 @@ def template_words() -> set[str]:
     return words
 
 
-def template_texts() -> list[str]:
+def template_texts(wording: str = "v1") -> list[str]:
     """Every question, query and sentence template with its blanks left empty: the text around
     names and values (for training a tokenizer's merges)."""
-    texts = [t.format(s="", a="") for rels in ONE_HOP.values() for tpl in rels.values() for t in tpl]
+    texts = [t.format(s="", a="") for rels in one_hop_templates(wording).values() for tpl in rels.values() for t in tpl]
     texts += [t[3].format(s="") for t in TWO_HOP]
     return texts
 
 
-def wording_fingerprint() -> str:
+def wording_fingerprint(wording: str = "v1") -> str:
     """A hash of everything that words the world: the templates, the passages' sentence order, the
     value lists and name shapes. Caches of generated worlds key on it, so an edited template never
     reuses a world written in the old wording."""
-    wording = [ONE_HOP, PASSAGE_ORDER, TWO_HOP, ALIAS_SUFFIX, SUFFIXES, ONSETS, VOWELS, CODAS,
+    texts = [one_hop_templates(wording), PASSAGE_ORDER, TWO_HOP, ALIAS_SUFFIX, SUFFIXES, ONSETS, VOWELS, CODAS,
                OCCUPATIONS, COLOURS, PRODUCTS, LANDMARKS, BIRTH_YEARS, YEARS]
-    return hashlib.sha256(json.dumps(wording, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _aliases(value: str, value_type: str) -> list[str]:
@@ -201,6 +221,7 @@ def generate_world(
     heldout_fraction: float = 0.15,
     heldout_by: str = "entity",
     names: dict[str, list[str]] | None = None,
+    wording: str = "v1",
 ) -> World:
     """Build a world deterministically from `seed`.
 
@@ -219,7 +240,9 @@ def generate_world(
     names: optional candidate names per type ("person", "city", "company", "country"), e.g. a
     reading vocabulary's reserved pool (`data.vocab`); the world samples its entities from them
     instead of making up new ones.
+    wording: the sentences' wording (WORDINGS); a reading base's vocabulary says which it read.
     """
+    templates = one_hop_templates(wording)
     if num_entities < 6:
         raise ValueError(f"num_entities={num_entities}: need at least 6 (2 people, 2 cities, 2 companies)")
     if heldout_by not in HELDOUT_BY:
@@ -230,14 +253,15 @@ def generate_world(
     n_company = max(2, round(0.25 * num_entities))
     n_person = max(n_company, num_entities - n_city - n_company)  # every company needs a founder
     drawn = _draw_names(rng, {"country": num_countries, "city": n_city, "company": n_company, "person": n_person},
-                        names)
+                        names, wording)
     countries, cities, companies, people = (drawn[k] for k in ("country", "city", "company", "person"))
     ent = _make_entities(rng, countries, cities, companies, people)
-    corpus, pid = _passages(ent, cities + companies + people)
+    corpus, pid = _passages(ent, cities + companies + people, templates)
     heldout_group = _heldout_entities(rng, (people, cities, companies), heldout_fraction)
-    rows = [(name in heldout_group, row) for name, row in _one_hop_rows(ent, people + cities + companies, pid)]
+    rows = [(name in heldout_group, row)
+            for name, row in _one_hop_rows(ent, people + cities + companies, pid, templates)]
     rows += [(name in heldout_group or mid in heldout_group, row)
-             for name, mid, row in _two_hop_rows(ent, people, companies, pid, corpus)]
+             for name, mid, row in _two_hop_rows(ent, people, companies, pid, corpus, templates)]
     if heldout_by == "fact":
         rows = _split_by_fact(rows, seed, heldout_fraction)
     elif heldout_by == "question":
@@ -253,10 +277,11 @@ def generate_world(
     return World(seed=seed, entities=ent, corpus=corpus, train=train, heldout=heldout)
 
 
-def _draw_names(rng: random.Random, counts: dict[str, int], names: dict[str, list[str]] | None) -> dict[str, list[str]]:
+def _draw_names(rng: random.Random, counts: dict[str, int], names: dict[str, list[str]] | None,
+                wording: str = "v1") -> dict[str, list[str]]:
     """`counts[kind]` names per kind: made up (avoiding template words), or sampled from `names`."""
     if names is None:
-        taken = template_words()
+        taken = template_words(wording)
         return {kind: [make_name(rng, kind, taken) for _ in range(n)] for kind, n in counts.items()}
     short = {k: (n, len(names.get(k, ()))) for k, n in counts.items() if n > len(names.get(k, ()))}
     if short:
@@ -284,14 +309,15 @@ def _make_entities(rng: random.Random, countries: list[str], cities: list[str], 
     return ent
 
 
-def _passages(ent: dict[str, dict[str, Any]], subjects: list[str]) -> tuple[list[dict[str, str]], dict[str, str]]:
+def _passages(ent: dict[str, dict[str, Any]], subjects: list[str],
+              templates: dict) -> tuple[list[dict[str, str]], dict[str, str]]:
     """One passage per non-country entity (ids are strings like the wiki-18 corpus), and each
     entity's passage id."""
     corpus: list[dict[str, str]] = []
     pid: dict[str, str] = {}
     for name in subjects:
         e = ent[name]
-        sents = [ONE_HOP[e["type"]][rel][2].format(s=name, a=e[rel]) for rel in PASSAGE_ORDER[e["type"]]]
+        sents = [templates[e["type"]][rel][2].format(s=name, a=e[rel]) for rel in PASSAGE_ORDER[e["type"]]]
         pid[name] = str(len(corpus))
         corpus.append({"id": pid[name], "contents": name + "\n" + " ".join(sents)})
     return corpus, pid
@@ -306,12 +332,12 @@ def _heldout_entities(rng: random.Random, groups: tuple[list[str], ...], fractio
     return held
 
 
-def _one_hop_rows(ent: dict[str, dict[str, Any]], subjects: list[str], pid: dict[str, str]):
+def _one_hop_rows(ent: dict[str, dict[str, Any]], subjects: list[str], pid: dict[str, str], templates: dict):
     """(subject, question row) for every relation of every subject."""
     rows = []
     for name in subjects:
         e = ent[name]
-        for rel, (q, query, sent) in ONE_HOP[e["type"]].items():
+        for rel, (q, query, sent) in templates[e["type"]].items():
             rows.append((name, {
                 "question": q.format(s=name), "golden_answers": _aliases(e[rel], VALUE_TYPE.get(rel, "")),
                 "hops": 1, "gold_passage_ids": [pid[name]], "intermediate": "", "subject": name,
@@ -321,7 +347,7 @@ def _one_hop_rows(ent: dict[str, dict[str, Any]], subjects: list[str], pid: dict
 
 
 def _two_hop_rows(ent: dict[str, dict[str, Any]], people: list[str], companies: list[str], pid: dict[str, str],
-                  corpus: list[dict[str, str]]):
+                  corpus: list[dict[str, str]], templates: dict):
     """(subject, bridge entity, question row) for every 2-hop chain that does not leak its answer."""
     rows = []
     for stype, bridge, rel2, qtpl in TWO_HOP:
@@ -338,9 +364,9 @@ def _two_hop_rows(ent: dict[str, dict[str, Any]], people: list[str], companies: 
                 "question": question, "golden_answers": _aliases(answer, VALUE_TYPE.get(rel2, "")),
                 "hops": 2, "gold_passage_ids": [pid[name], pid[mid]], "intermediate": mid, "subject": name,
                 "relation": f"{bridge}/{rel2}",
-                "facts": [ONE_HOP[stype][bridge][2].format(s=name, a=mid),
-                          ONE_HOP[mtype][rel2][2].format(s=mid, a=answer)],
-                "queries": [ONE_HOP[stype][bridge][1].format(s=name), ONE_HOP[mtype][rel2][1].format(s=mid)],
+                "facts": [templates[stype][bridge][2].format(s=name, a=mid),
+                          templates[mtype][rel2][2].format(s=mid, a=answer)],
+                "queries": [templates[stype][bridge][1].format(s=name), templates[mtype][rel2][1].format(s=mid)],
             }))
     return rows
 

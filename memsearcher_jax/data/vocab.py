@@ -65,6 +65,7 @@ class ReadingVocab:
     names: dict[str, dict[str, list[str]]]   # type -> {"pretrain": [...], "reserved": [...]}
     values: dict[str, list[str]]             # kind -> [...]
     ids: dict[str, int]                      # every name and value -> its token id
+    wording: str = "v1"                      # the world's wording it was built for (synthetic.WORDINGS)
 
     def pool(self, kind: str) -> dict[str, list[str]]:
         """Names per type from one pool ("pretrain" or "reserved")."""
@@ -82,16 +83,17 @@ class ReadingVocab:
             m = json.load(f)
         if m.get("format") != FORMAT_VERSION:
             raise ValueError(f"{path}: format {m.get('format')!r}, this version reads {FORMAT_VERSION}")
-        return cls(tokenizer_dir=directory, names=m["names"], values=m["values"], ids=m["ids"])
+        return cls(tokenizer_dir=directory, names=m["names"], values=m["values"], ids=m["ids"],
+                   wording=m.get("wording", "v1"))
 
     @staticmethod
     def exists(directory: str) -> bool:
         return os.path.isfile(os.path.join(directory, MANIFEST))
 
 
-def _name_pools(seed: int) -> dict[str, dict[str, list[str]]]:
+def _name_pools(seed: int, wording: str = "v1") -> dict[str, dict[str, list[str]]]:
     rng = random.Random(seed)
-    taken = template_words()
+    taken = template_words(wording)
     made: list[str] = []
     pools = {}
     for kind in NAME_TYPES:
@@ -121,24 +123,26 @@ FORMAT_LINES = (
 )
 
 
-def _merge_texts() -> list[str]:
+def _merge_texts(wording: str = "v1") -> list[str]:
     prompts = [memsearcher_system_prompt(n) + react_system_prompt(n) for n in (2, 3, 5)]
     prompts += [COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION, MEMORY_UPDATE_INSTRUCTION]
     # Templates and format lines weigh more than the long system prompts: they are most of the text.
-    return template_texts() * 20 + list(FORMAT_LINES) * 20 + prompts
+    return template_texts(wording) * 20 + list(FORMAT_LINES) * 20 + prompts
 
 
-def build_vocab(out_dir: str, seed: int = 0, bpe_size: int = 640) -> ReadingVocab:
+def build_vocab(out_dir: str, seed: int = 0, bpe_size: int = 640, wording: str = "v1") -> ReadingVocab:
     """Build the reading tokenizer deterministically from `seed` and write it to out_dir.
 
     bpe_size: entries of the BPE part (bytes, special tokens, merges); names, values and agent
     tags come on top as added tokens.
+    wording: the world's wording (synthetic.WORDINGS) whose templates the merges are learnt on; it
+    is recorded, and every world built for this vocabulary is written in it.
     """
-    names = _name_pools(seed)
+    names = _name_pools(seed, wording)
     tok, trainer = build_untrained(bpe_size + len(AGENT_TAGS))
     # Merges are learnt on the templates and prompts, with names and values left out (they are
     # whole tokens anyway): the BPE budget goes to the words around them.
-    tok.train_from_iterator(_merge_texts(), trainer=trainer)
+    tok.train_from_iterator(_merge_texts(wording), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in AGENT_TAGS])
     words = [n for kind in NAME_TYPES for pool in ("pretrain", "reserved") for n in names[kind][pool]]
     words += [v for vs in VALUE_KINDS.values() for v in vs]
@@ -151,6 +155,8 @@ def build_vocab(out_dir: str, seed: int = 0, bpe_size: int = 640) -> ReadingVoca
         raise RuntimeError(f"build_vocab: {len(missing)} words did not become tokens, e.g. {missing[:5]}")
     manifest = {"format": FORMAT_VERSION, "seed": seed, "bpe_size": bpe_size, "names": names,
                 "values": {k: list(v) for k, v in VALUE_KINDS.items()}, "ids": ids}
+    if wording != "v1":  # a v1 manifest stays byte for byte what it was (its fingerprint keys world caches)
+        manifest["wording"] = wording
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=0)
     return ReadingVocab.load(out_dir)

@@ -59,7 +59,8 @@ def _paths(root: str) -> WorldPaths:
 def cache_key(seed: int, num_entities: int, num_countries: int, heldout_fraction: float, vocab_size: int,
               extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False,
               vocab_dir: str | None = None) -> str:
-    key = [CACHE_FORMAT, wording_fingerprint(), seed, num_entities, num_countries, heldout_fraction, vocab_size,
+    wording = ReadingVocab.load(vocab_dir).wording if vocab_dir else "v1"
+    key = [CACHE_FORMAT, wording_fingerprint(wording), seed, num_entities, num_countries, heldout_fraction, vocab_size,
            list(extra_texts)]
     if heldout_by != "entity" or whole_names:  # default keys stay what they were: existing caches still hit
         key += [heldout_by, whole_names]
@@ -73,9 +74,10 @@ def _build(tmp: str, seed: int, num_entities: int, num_countries: int, heldout_f
            extra_texts: Sequence[str], heldout_by: str = "entity", whole_names: bool = False,
            vocab_dir: str | None = None) -> None:
     paths = _paths(tmp)
-    names = ReadingVocab.load(vocab_dir).pool("reserved") if vocab_dir else None
+    vocab = ReadingVocab.load(vocab_dir) if vocab_dir else None
     world = generate_world(seed, num_entities=num_entities, num_countries=num_countries,
-                           heldout_fraction=heldout_fraction, heldout_by=heldout_by, names=names)
+                           heldout_fraction=heldout_fraction, heldout_by=heldout_by,
+                           names=vocab.pool("reserved") if vocab else None, wording=vocab.wording if vocab else "v1")
     save_world(world, paths.world_dir)
     if vocab_dir:  # the reading vocabulary's tokenizer, as it is: names and values are whole tokens
         os.makedirs(paths.tokenizer_dir)

@@ -1,0 +1,36 @@
+"""The reading base, seventh recipe (reading_v7 once it ships): base_v3's model and phases on a
+world whose works_for and product sentences put their value further from the subject, with a
+phase 1 that binds works_for.
+
+    memsearcher-jax pretrain --config configs/base_v7.py --config.train.output_dir=runs/base_v7
+
+Resumes an interrupted run from its last checkpoint (every 100 steps); from an empty output_dir it
+rebuilds the vocabulary, the init and every row from the seeds (rows depend on (seed, step) only).
+
+What changes from configs/base_v3.py, and why (docs/experiments.md, 2026-11-27 and 2026-11-28):
+- The world in wording "v2" (`vocab.wording`; data/synthetic.py `REWORDED`): "{s} works for the
+  company called {a}." (v1: "{s} works for {a}.") and "{s} makes the product called {a}." (v1:
+  "{s} makes {a}."). reading_v3 never bound works_for (its answer is a pick between the employers in
+  the context); the reworded works_for sentence bound on two small seeds and in base_v6 (93-97% of
+  pairs). product was the one relation base_v6 left unbound through step 3500 (0-4% of pairs): its
+  sentence had the shape the old works_for sentence had (subject first, value two tokens on), so it
+  gets the same rewording (not tested alone). The base's vocabulary records the wording, and every
+  world built for the base (the main job's included) is written in it.
+- Phase 1 as the arm that bound works_for at this width (w256): 1200 steps at batch 32, warm-up
+  200, the cosine at its floor (1e-4) from step 1201, so phase 2 runs at the floor. base_v5 kept
+  base_v3's phase 1 (2000 steps at batch 64 near the peak rate) and bound no works_for pair.
+"""
+import base_v3  # beside this file (the config loader puts its folder on sys.path)
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = base_v3.get_config()
+    c.vocab.wording = "v2"
+    c.first_phase.steps = 1200
+    c.first_phase.batch_size = 32
+    c.train.warmup = 200
+    c.train.decay_steps = 1201
+    c.train.save_every = 100
+    c.train.output_dir = "runs/base_v7"
+    return c
