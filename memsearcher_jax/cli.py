@@ -59,8 +59,13 @@ def _train(cfg, args):
 
 
 def _pretrain(cfg, args):
-    from memsearcher_jax.pretrain import run_pretrain
+    from memsearcher_jax.pretrain import probe_checkpoint, probe_table, run_pretrain
 
+    if args.probe_step is not None:
+        if args.fresh:
+            raise UserInputError("--probe-step reads a run's checkpoint and --fresh starts the run over: pass one")
+        print(probe_table(probe_checkpoint(cfg, args.probe_step, args.probe_items)))
+        return
     run_pretrain(cfg, resume=not args.fresh, argv=args.command_argv)
 
 
@@ -135,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ml-collections config file (default: configs/base_v3.py, which made the shipped "
                         "base, reading_v3: ~11 minutes on one H200 GPU, about a day on a 2-core CPU; "
                         f"configs/base_v2.py is 4x smaller). {_OVERRIDE_HELP}")
+    p.add_argument("--probe-step", type=int, default=None, metavar="STEP",
+                   help="instead of training: read checkpoint STEP of the run in train.output_dir (0: its "
+                        "latest) and print its reading by relation at 2, 8 and 16 passages and on binding "
+                        "pairs, on items neither the progress nor the final probe uses; writes nothing, so the "
+                        "run may still be training (default: train)")
+    p.add_argument("--probe-items", type=int, default=256,
+                   help="with --probe-step: items per context length, and pairs (default: 256)")
     _run_args(p, cmd_pretrain)
 
     p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",

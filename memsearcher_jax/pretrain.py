@@ -214,8 +214,13 @@ def pair_probe(base_dir: str, n: int = 256, seed: int = 4040) -> dict:
     relation read from the question's relation alone, whoever it names, scores ~0 here while
     reading about half of its single questions right (docs/experiments.md, tenth session)."""
     builder = probe_builder(base_dir)
-    items = pair_probe_items(ReadingVocab.load(base_dir), builder, n, seed=seed)
-    result = reading_probe(from_pretrained(base_dir), items, builder.pad_id)
+    return pair_report(from_pretrained(base_dir), ReadingVocab.load(base_dir), builder, n, seed)
+
+
+def pair_report(model: Qwen2, vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int) -> dict:
+    """`pair_hits` of a model on n `pair_probe_items` pairs."""
+    items = pair_probe_items(vocab, builder, n, seed=seed)
+    result = reading_probe(model, items, builder.pad_id)
     return pair_hits(unpack_hits(result["hits"], len(items)), [rel for _, _, rel in items])
 
 
@@ -225,6 +230,9 @@ def pair_probe(base_dir: str, n: int = 256, seed: int = 4040) -> dict:
 PROBE_PASSAGES = (2, 8, 16)
 MULTI_PASSAGES = 4
 FINAL_SEED = 500_000
+# Checks of a run's checkpoints (`probe_checkpoint`) draw from seed + CHECK_SEED + ...: items neither
+# the progress probe nor the final probe uses, so looking at them never chooses the shipped figure's items.
+CHECK_SEED = 250_000
 # Sets reported beside the lengths: multi-objective items, and 2-passage items whose other passage is
 # about an entity of the subject's type (binding: matching the relation alone scores 50%).
 SIDE_SETS = ("multi", "binding")
@@ -630,6 +638,65 @@ def _prepare_run(cfg: ml_collections.ConfigDict, resume: bool) -> tuple[str, str
     return out, export_dir
 
 
+def _trainer(cfg: ml_collections.ConfigDict, vocab_dir: str) -> tuple[ReadingVocab, PromptBuilder, SFTTrainer]:
+    """The run's vocabulary, its prompt builder, and the trainer over the initial model."""
+    vocab = ReadingVocab.load(vocab_dir)
+    tokenizer = load_tokenizer(vocab_dir)
+    builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
+    model, tied = _init_model(cfg, vocab, builder, len(tokenizer))
+    return vocab, builder, SFTTrainer(model, sft_config(cfg.train), tied_rows=tied or None, optim=_optim(cfg))
+
+
+def checkpoint_model(cfg: ml_collections.ConfigDict, step: int = 0) -> tuple[int, ReadingVocab, PromptBuilder, Qwen2]:
+    """(step, vocabulary, prompt builder, model) of checkpoint `step` (0: the latest) of the run in
+    train.output_dir. Reads the params and nothing else, and writes nothing, so the run may still
+    be training."""
+    validate_pretrain(cfg)
+    out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
+    vocab_dir, ckpt_dir = os.path.join(out, "vocab"), os.path.join(out, "checkpoints")
+    # Finished checkpoints only: orbax writes a step under a temporary name and renames it when done.
+    steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
+    if not ReadingVocab.exists(vocab_dir) or not steps:
+        raise UserInputError(f"train.output_dir={out} holds no pretraining checkpoint (no vocab/ or no "
+                             "checkpoints/STEP): point it at a pretraining run")
+    step = step or steps[-1]
+    if step not in steps:
+        raise UserInputError(f"{ckpt_dir} has no checkpoint {step}; it has {', '.join(map(str, steps))}")
+    check_vocab_settings(vocab_dir, cfg)
+    vocab, builder, trainer = _trainer(cfg, vocab_dir)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trainer.params)
+    # A bare checkpointer on the params item: a CheckpointManager here could tidy the running run's files.
+    trainer.params = ocp.StandardCheckpointer().restore(os.path.join(ckpt_dir, str(step), "params"), abstract)
+    return step, vocab, builder, trainer.model()
+
+
+def probe_checkpoint(cfg: ml_collections.ConfigDict, step: int = 0, n: int = 256) -> dict:
+    """`checkpoint_model` on `probe_report`'s sets and on binding pairs (`pair_report`), n items a set
+    and n pairs, from seed + CHECK_SEED: items neither the progress nor the final probe uses."""
+    step, vocab, builder, model = checkpoint_model(cfg, step)
+    seed = cfg.train.seed + CHECK_SEED
+    report = probe_report(model, probe_sets(vocab, builder, n, seed=seed), builder.pad_id)
+    return {"step": step, **report, "pairs": pair_report(model, vocab, builder, n, seed=seed + 97)}
+
+
+def probe_table(report: dict) -> str:
+    """`probe_checkpoint`'s report as a markdown table: a row per relation, a column per context
+    length and one for binding pairs (% right), then the overall row and the side sets."""
+    lengths = sorted(report["by_length"], key=int)
+    pairs = report["pairs"]["by_relation"]
+    relations = sorted({r for k in lengths for r in report["by_length"][k]["by_relation"]} | set(pairs))
+    pct = lambda x: "" if x is None else f"{100 * x:.1f}"
+    lines = [f"| relation | {' | '.join(f'{k} passages' for k in lengths)} | pairs (both right) |",
+             "|---|" + "---:|" * (len(lengths) + 1)]
+    for r in relations:
+        cells = [pct(report["by_length"][k]["by_relation"].get(r)) for k in lengths] + [pct(pairs.get(r))]
+        lines.append(f"| {r} | {' | '.join(cells)} |")
+    cells = [pct(report["by_length"][k]["accuracy"]) for k in lengths] + [pct(report["pairs"]["both"])]
+    lines.append(f"| **all** | {' | '.join(cells)} |")
+    side = ", ".join(f"{k} {pct(report[k]['accuracy'])}" for k in SIDE_SETS if k in report)
+    return "\n".join(lines) + f"\n\nstep {report['step']}; {side}"
+
+
 def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list[str] | None = None) -> dict:
     """Train (or resume) the reading base and export it; returns the summary dict."""
     validate_pretrain(cfg)
@@ -638,12 +705,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     vocab_dir = os.path.join(out, "vocab")
     if not ReadingVocab.exists(vocab_dir):
         build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size, wording=cfg.vocab.get("wording", "v1"))
-    vocab = ReadingVocab.load(vocab_dir)
-    tokenizer = load_tokenizer(vocab_dir)
-    builder = PromptBuilder(tokenizer, default_top_n=cfg.curriculum.top_n, style="compact")
-    model, tied = _init_model(cfg, vocab, builder, len(tokenizer))
-    sft_cfg = sft_config(t)
-    trainer = SFTTrainer(model, sft_cfg, tied_rows=tied or None, optim=_optim(cfg))
+    vocab, builder, trainer = _trainer(cfg, vocab_dir)
     # Progress only; the final sets are never looked at here.
     sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")

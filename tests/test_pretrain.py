@@ -614,18 +614,25 @@ def test_tied_rows_keep_their_differences():
 
 
 @pytest.mark.slow
+def _user_files(root) -> dict:
+    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(root) for f in files}
+
+
 def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     from memsearcher_jax.pretrain import BASE_MANIFEST, run_pretrain
 
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), [
+    overrides = [
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
+        ("model.positional_heads", "((1,),)"),  # one positional head in the one layer left
         ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
         ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
         ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
         ("train.min_len", "512"), ("train.decay_steps", "0"), ("third_phase.start", "3"),
-        ("train.output_dir", str(tmp_path / "run"))])
-    cfg.model.positional_heads = ((1,),)  # one positional head in the one layer left
+        ("train.output_dir", str(tmp_path / "run"))]
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), overrides)
+    assert cfg.model.positional_heads == ((1,),)
     first = run_pretrain(cfg)
     printed = capsys.readouterr().out
     assert "step 1/4 loss" in printed and "step 3/4 loss" in printed and "s/step" in printed  # the heartbeat
@@ -658,6 +665,31 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert [h["step"] for h in manifest["history"]] == [2, 4, 6] and all(h["seconds"] > 0 for h in manifest["history"])
     assert manifest["pretraining"]["seconds"] == pytest.approx(sum(h["seconds"] for h in manifest["history"]))
     assert manifest["pretraining"]["machine"]["cores"] >= 1 and manifest["pretraining"]["machine"]["cpu"]
+
+    # Any kept checkpoint can be read and probed without touching the run: the model is that step's
+    # (the export, bf16, is step 6's weights rounded), and the report covers every length and pairs.
+    from memsearcher_jax.cli import main
+    from memsearcher_jax.models import from_pretrained
+    from memsearcher_jax.pretrain import checkpoint_model, probe_checkpoint
+    before = _user_files(tmp_path / "run")
+    step, _, _, at6 = checkpoint_model(cfg)
+    _, _, _, at4 = checkpoint_model(cfg, 4)
+    exported = np.asarray(from_pretrained(str(base)).layers.q_kernel[...])
+    assert step == 6 and np.allclose(np.asarray(at6.layers.q_kernel[...]), exported, atol=1e-2)
+    assert not np.allclose(np.asarray(at4.layers.q_kernel[...]), np.asarray(at6.layers.q_kernel[...]))
+    report = probe_checkpoint(cfg, 4, n=4)
+    assert report["step"] == 4 and set(report["by_length"]) == {"2", "8", "16"} and report["pairs"]["n"] == 4
+    capsys.readouterr()
+    argv = ["pretrain", "--config", os.path.join(ROOT, "configs", "base_v2.py"),
+            *(f"--config.{key}={value}" for key, value in overrides)]
+    assert main(argv + ["--probe-step", "6", "--probe-items", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "| works_for |" in table and "| **all** |" in table and "step 6; multi" in table
+    assert main(argv + ["--probe-step", "5"]) == 2
+    assert "has no checkpoint 5; it has 4, 6" in capsys.readouterr().err
+    assert main(argv + ["--probe-step", "6", "--fresh"]) == 2
+    assert "pass one" in capsys.readouterr().err
+    assert _user_files(tmp_path / "run") == before  # probing wrote nothing, --fresh with it removed nothing
 
     # --fresh starts over in the same directory: the earlier run's checkpoints, log and export are
     # gone (a later resume must not pick up its step 6), and nothing else is touched.
