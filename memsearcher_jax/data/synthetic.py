@@ -196,9 +196,9 @@ def wording_fingerprint(wording: str = "v1") -> str:
     """A hash of everything that words the world: the templates, the passages' sentence order, the
     value lists and name shapes. Caches of generated worlds key on it, so an edited template never
     reuses a world written in the old wording."""
-    texts = [one_hop_templates(wording), PASSAGE_ORDER, TWO_HOP, ALIAS_SUFFIX, SUFFIXES, ONSETS, VOWELS, CODAS,
-               OCCUPATIONS, COLOURS, PRODUCTS, LANDMARKS, BIRTH_YEARS, YEARS]
-    return hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()[:16]
+    parts = [one_hop_templates(wording), PASSAGE_ORDER, TWO_HOP, ALIAS_SUFFIX, SUFFIXES, ONSETS, VOWELS, CODAS,
+             OCCUPATIONS, COLOURS, PRODUCTS, LANDMARKS, BIRTH_YEARS, YEARS]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _aliases(value: str, value_type: str) -> list[str]:
