@@ -113,23 +113,8 @@ def cmd_plan(args) -> int:
     return plan_main(_load(args), args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="memsearcher-jax",
-        description="Train LLM search agents with multi-context GRPO (MemSearcher) in JAX. On a multi-host pod "
-                    f"or cluster every host runs `memsearcher-jax {MULTIHOST_FLAG} train ...` (joins the job first).",
-        epilog=_OVERRIDE_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    p = sub.add_parser("train", help="run GRPO training (resumes from the latest checkpoint in train.output_dir)",
-                       description="Run multi-context GRPO. With configs/default.py: start from the shipped reading "
-                                   "base, build the synthetic world, warm-start on a flawed demonstrator, evaluate "
-                                   "held-out EM, train with GRPO, evaluate again, plot the learning curve. "
-                                   + _OVERRIDE_HELP)
-    _config_arg(p)
-    _run_args(p, cmd_train)
-
+def _add_pretrain(sub) -> None:
+    """The `pretrain` command: train the reading base, or read one checkpoint of a run (--probe-step)."""
     p = sub.add_parser("pretrain", help="pretrain the reading base model (resumes from train.output_dir)",
                        description="Build the reading vocabulary, pretrain a tiny model on the reading curriculum "
                                    "(binding drills, cloze questions over up to 16 passages, associative recall, "
@@ -148,6 +133,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-items", type=int, default=256,
                    help="with --probe-step: items per context length, and pairs (default: 256)")
     _run_args(p, cmd_pretrain)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memsearcher-jax",
+        description="Train LLM search agents with multi-context GRPO (MemSearcher) in JAX. On a multi-host pod "
+                    f"or cluster every host runs `memsearcher-jax {MULTIHOST_FLAG} train ...` (joins the job first).",
+        epilog=_OVERRIDE_HELP)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("train", help="run GRPO training (resumes from the latest checkpoint in train.output_dir)",
+                       description="Run multi-context GRPO. With configs/default.py: start from the shipped reading "
+                                   "base, build the synthetic world, warm-start on a flawed demonstrator, evaluate "
+                                   "held-out EM, train with GRPO, evaluate again, plot the learning curve. "
+                                   + _OVERRIDE_HELP)
+    _config_arg(p)
+    _run_args(p, cmd_train)
+
+    _add_pretrain(sub)
 
     p = sub.add_parser("eval", help="greedy evaluation: EM/F1 per benchmark, per-turn context lengths, JSONL",
                        description="Evaluate a checkpoint or a Hugging Face model directory greedily "
