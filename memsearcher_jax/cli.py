@@ -113,6 +113,17 @@ def cmd_plan(args) -> int:
     return plan_main(_load(args), args)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of --probe-items: a whole number >= 1 (an empty probe has no accuracy)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _add_pretrain(sub) -> None:
     """The `pretrain` command: train the reading base, or read one checkpoint of a run (--probe-step)."""
     p = sub.add_parser("pretrain", help="pretrain the reading base model (resumes from train.output_dir)",
@@ -130,7 +141,7 @@ def _add_pretrain(sub) -> None:
                         "latest) and print its reading by relation at 2, 8 and 16 passages and on binding "
                         "pairs, on items neither the progress nor the final probe uses; writes nothing, so the "
                         "run may still be training (default: train)")
-    p.add_argument("--probe-items", type=int, default=256,
+    p.add_argument("--probe-items", type=_positive_int, default=256,
                    help="with --probe-step: items per context length, and pairs (default: 256)")
     _run_args(p, cmd_pretrain)
 

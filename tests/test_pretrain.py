@@ -688,6 +688,9 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert "has no checkpoint 5; it has 4, 6" in capsys.readouterr().err
     assert main(argv + ["--probe-step", "6", "--fresh"]) == 2
     assert "pass one" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's usage error, before anything is loaded
+        main(argv + ["--probe-step", "6", "--probe-items", "0"])
+    assert "--probe-items: must be >= 1, got 0" in capsys.readouterr().err
     assert _user_files(tmp_path / "run") == before  # probing wrote nothing, --fresh with it removed nothing
 
     # --fresh starts over in the same directory: the earlier run's checkpoints, log and export are

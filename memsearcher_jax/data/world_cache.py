@@ -5,8 +5,8 @@
 
 The cache entry is keyed by every argument that changes its content (seed, sizes, vocab size,
 the extra tokenizer texts) and by the world's wording (`synthetic.wording_fingerprint`: templates,
-sentence order, value lists), so different settings or an edited template never share an entry. It is written to a
-temporary directory and renamed into place, so a crash or a concurrent writer never leaves a
+sentence order, value lists), so different settings or an edited template never share an entry.
+It is written to a temporary directory and renamed into place, so a crash or a concurrent writer never leaves a
 half-written entry: a directory under its final name is always complete.
 """
 from __future__ import annotations
