@@ -1,4 +1,4 @@
-"""The reading base shipped in the package (reading_v3, the default's): its files match its manifest,
+"""The reading base shipped in the package (`bases.DEFAULT_BASE`, the default's): its files match its manifest,
 the manifest says how it was made and what it gave the main job, and its reading figures are what
 the stored weights give on items no pretraining step saw."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from memsearcher_jax.bases import DEFAULT_BASE, READING_V3
+from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.pretrain import BASE_MANIFEST, SIDE_SETS, base_probe, final_probe_sets, reading_probe, unpack_hits
@@ -29,12 +29,12 @@ def pool_ids(vocab, kind: str) -> set[int]:
 
 @pytest.fixture(scope="module")
 def manifest():
-    with open(os.path.join(READING_V3, BASE_MANIFEST), encoding="utf-8") as f:
+    with open(os.path.join(DEFAULT_BASE, BASE_MANIFEST), encoding="utf-8") as f:
         return json.load(f)
 
 
 def test_files_match_the_manifest(manifest):
-    base = READING_V3
+    base = DEFAULT_BASE
     for name, meta in manifest["files"].items():
         path = os.path.join(base, name)
         data = open(path, "rb").read()
@@ -48,12 +48,11 @@ def test_files_match_the_manifest(manifest):
 
 def test_the_shipped_base_stays_small_and_is_the_default():
     """The one planned exception to "no big files in git": the shipped bases at most ~10 MB."""
-    root = os.path.dirname(READING_V3)
+    root = os.path.dirname(DEFAULT_BASE)
     total = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
     assert total < 10 * 2 ** 20
-    assert DEFAULT_BASE == READING_V3
     assert sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)) and n != "__pycache__") == [
-        "reading_v3"]
+        os.path.basename(DEFAULT_BASE)]  # one base shipped, the default's: the old one is removed
 
 
 def test_the_manifest_records_how_the_base_was_made(manifest):
@@ -96,12 +95,12 @@ def test_the_final_probe_is_what_the_stored_weights_read(manifest):
     """The manifest's per-item results on the final items (reserved names only; seeds no progress
     probe used) add up to its figures by length, relation and set; the bf16 weights give exactly
     those results on a sample of every set; and the figures clear the floors."""
-    vocab = ReadingVocab.load(READING_V3)
+    vocab = ReadingVocab.load(DEFAULT_BASE)
     assert vocab.pool("reserved")["person"] and not pool_ids(vocab, "reserved") & pool_ids(vocab, "pretrain")
     recorded = manifest["reading_probe"]
     seed = manifest["config"]["train"]["seed"]
-    builder, sets = final_probe_sets(READING_V3, recorded["by_length"]["2"]["n"], seed)
-    model = from_pretrained(READING_V3)
+    builder, sets = final_probe_sets(DEFAULT_BASE, recorded["by_length"]["2"]["n"], seed)
+    model = from_pretrained(DEFAULT_BASE)
     figures_of = lambda name: recorded[name] if name in SIDE_SETS else recorded["by_length"][name]
     for k, (name, items) in enumerate(sets.items()):
         figures = figures_of(name)
@@ -119,5 +118,5 @@ def test_the_final_probe_is_what_the_stored_weights_read(manifest):
     per_relation = [a for r in recorded["by_length"].values() for a in r["by_relation"].values()]
     assert recorded["worst_relation"] == min(per_relation)
     # The progress figure is kept beside it, measured on other items.
-    progress = base_probe(READING_V3, n=manifest["progress_probe"]["n"], seed=seed)
+    progress = base_probe(DEFAULT_BASE, n=manifest["progress_probe"]["n"], seed=seed)
     assert progress["accuracy"] == pytest.approx(manifest["progress_probe"]["accuracy"], abs=1e-9)
