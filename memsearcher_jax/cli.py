@@ -96,32 +96,29 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _positive_gib(text: str) -> float:
-    """argparse type of --device-memory-gib: a number > 0 (0 would divide by zero in the plan)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def _number_arg(kind, ok, expected: str, bound: str):
+    """An argparse type: `kind(text)`, refused with `must be {bound}` unless `ok(value)`."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+    return convert
+
+
+# --device-memory-gib: 0 would divide by zero in the plan (NaN is refused too); --probe-items: an
+# empty probe has no accuracy.
+_positive_gib = _number_arg(float, lambda v: v > 0, "a number of GiB", "> 0")
+_positive_int = _number_arg(int, lambda v: v >= 1, "a whole number", ">= 1")
 
 
 def cmd_plan(args) -> int:
     from memsearcher_jax.planner import main as plan_main
 
     return plan_main(_load(args), args)
-
-
-def _positive_int(text: str) -> int:
-    """argparse type of --probe-items: a whole number >= 1 (an empty probe has no accuracy)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def _add_pretrain(sub) -> None:
