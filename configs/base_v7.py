@@ -19,6 +19,10 @@ What changes from configs/base_v3.py, and why (docs/experiments.md, 2026-11-27 a
 - Phase 1 as the arm that bound works_for at this width (w256): 1200 steps at batch 32, warm-up
   200, the cosine at its floor (1e-4) from step 1201, so phase 2 runs at the floor. base_v5 kept
   base_v3's phase 1 (2000 steps at batch 64 near the peak rate) and bound no works_for pair.
+- A final probe of 1024 items a set (base_v3: 512), set at step 7000 before any final item was read: at
+  512 a relation has ~45 questions a length, so one miss moves it ~2 points and the "90% on every
+  relation" target would be decided by noise (docs/experiments.md, 2026-11-28 twentieth session).
+  Only the exported base's probe reads it; the weights do not depend on it.
 """
 import base_v3  # beside this file (the config loader puts its folder on sys.path)
 import ml_collections
@@ -32,5 +36,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.warmup = 200
     c.train.decay_steps = 1201
     c.train.save_every = 100
+    c.train.final_probe_items = 1024
     c.train.output_dir = "runs/base_v7"
     return c
