@@ -268,8 +268,13 @@ def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
 # Curriculum settings a phase may set besides its mix weights (the rest come from cfg.curriculum).
 PHASE_SETTINGS = ("name_copy", "cloze_passages", "cloze_questions", "long_passages", "bind_entities", "recall_pairs",
                   "repeat_tokens", "demo_workflows", "demo_objectives")
-# A third phase's keys that are not curriculum settings: when it starts, and its own learning rate.
+# A later phase's keys that are not curriculum settings: when it starts, and its own learning rate.
 THIRD_PHASE_OWN = ("start", "learning_rate")
+# The phases a config may add after phase 2, in order. Each is cfg.curriculum with the settings it
+# names replaced (not the previous phase's: a later phase that names none is phase 2's mix again),
+# from its `start`; a run extended after it ended adds the next one, so its config still reproduces
+# every step from scratch.
+LATER_PHASES = ("third_phase", "fourth_phase", "fifth_phase")
 
 
 def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict,
@@ -291,20 +296,19 @@ def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.Confi
 def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumConfig, int]]:
     """[(first step, curriculum, batch size)]: an optional `first_phase` (its own mix, max_len
     and batch_size, steps 0..first_phase.steps), then cfg.curriculum at train.max_len and
-    train.batch_size, and an optional `third_phase` from its `start` step: cfg.curriculum with the
-    keys it sets (mix weights, PHASE_SETTINGS) replaced, same length and batch (e.g. a recipe change
-    made during a run, recorded so the config still reproduces it from scratch); its `learning_rate`,
-    if set, is a constant rate from its start (`_optim`)."""
+    train.batch_size, and the optional LATER_PHASES (`third_phase`, ...), each from its `start` step:
+    cfg.curriculum with the keys it sets (mix weights, PHASE_SETTINGS) replaced, same length and batch
+    (e.g. a recipe change made during a run, recorded so the config still reproduces it from scratch);
+    a phase's `learning_rate`, if set, is a constant rate from its start (`_optim`)."""
     t, first = cfg.train, cfg.get("first_phase")
     phases = [(0, _curriculum_config(cfg, cfg.curriculum, t.max_len), t.batch_size)]
     if first is not None and first.steps > 0:
         phases = [(0, _curriculum_config(cfg, first, first.max_len), first.get("batch_size", t.batch_size)),
                   (first.steps, phases[0][1], t.batch_size)]
-    third = _third_phase(cfg)
-    if third is not None:
+    for _, later in _later_phases(cfg):
         merged = ml_collections.ConfigDict(cfg.curriculum.to_dict())
-        merged.update({k: v for k, v in third.items() if k not in THIRD_PHASE_OWN})
-        phases.append((third.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
+        merged.update({k: v for k, v in later.items() if k not in THIRD_PHASE_OWN})
+        phases.append((later.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
     return phases
 
 
@@ -357,18 +361,15 @@ def _optim(cfg: ml_collections.ConfigDict) -> OptimConfig:
                        final_lr_fraction=t.final_lr_fraction, later_rates=_later_rates(cfg))
 
 
-def _third_phase(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
-    """The config's `third_phase`, if it has one that starts (start > 0); else None."""
-    third = cfg.get("third_phase")
-    return third if third is not None and third.get("start", 0) > 0 else None
+def _later_phases(cfg: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
+    """[(key, phase)] of the config's LATER_PHASES that start (start > 0), in order."""
+    return [(key, cfg[key]) for key in LATER_PHASES if cfg.get(key) is not None and cfg[key].get("start", 0) > 0]
 
 
 def _later_rates(cfg: ml_collections.ConfigDict) -> tuple[tuple[int, float], ...]:
-    """A third phase's own constant learning rate, from its start (none: the schedule goes on)."""
-    third = _third_phase(cfg)
-    if third is None or not third.get("learning_rate", 0):
-        return ()
-    return ((int(third.start), float(third.learning_rate)),)
+    """Each later phase's own constant learning rate, from its start (a phase without one keeps the
+    rate before it: the schedule, or the previous phase's constant)."""
+    return tuple((int(p.start), float(p.learning_rate)) for _, p in _later_phases(cfg) if p.get("learning_rate", 0))
 
 
 def check_base_export_dir(export_dir: str, out: str) -> None:
@@ -435,18 +436,20 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     first = cfg.get("first_phase")
     if first is not None and not 0 <= first.steps < t.steps:
         problems.append(f"first_phase.steps must be in [0, train.steps={t.steps}), got {first.steps}")
-    third = _third_phase(cfg)
-    if third is not None:
-        begins = first.steps if first is not None else 0
-        if not begins < third.start < t.steps:
-            problems.append(f"third_phase.start must be in ({begins}, train.steps={t.steps}), got {third.start}")
-        unknown = sorted(set(third.keys()) - {*THIRD_PHASE_OWN, *PHASE_SETTINGS, *KINDS})
+    begins = first.steps if first is not None else 0
+    if _later_phases(cfg) and _later_phases(cfg)[0][0] != LATER_PHASES[0]:
+        problems.append(f"{_later_phases(cfg)[0][0]} needs the phases before it: third_phase.start is not set")
+    for key, later in _later_phases(cfg):
+        if not begins < later.start < t.steps:
+            problems.append(f"{key}.start must be in ({begins}, train.steps={t.steps}), got {later.start}")
+        begins = max(begins, later.start)
+        unknown = sorted(set(later.keys()) - {*THIRD_PHASE_OWN, *PHASE_SETTINGS, *KINDS})
         if unknown:
-            problems.append(f"third_phase sets {unknown}: only start, learning_rate, the mix weights {KINDS} "
+            problems.append(f"{key} sets {unknown}: only start, learning_rate, the mix weights {KINDS} "
                             f"and {PHASE_SETTINGS}")
-        if "learning_rate" in third and not third.learning_rate > 0:
-            problems.append(f"third_phase.learning_rate must be > 0 (leave it out to go on with the schedule), "
-                            f"got {third.learning_rate}")
+        if "learning_rate" in later and not later.learning_rate > 0:
+            problems.append(f"{key}.learning_rate must be > 0 (leave it out to keep the rate before it), "
+                            f"got {later.learning_rate}")
     if problems:
         raise TrainConfigError("invalid pretraining config:\n  - " + "\n  - ".join(problems))
     phase_configs(cfg)  # raises ValueError naming the field

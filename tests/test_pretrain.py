@@ -434,6 +434,40 @@ def test_a_third_phase_learning_rate_holds_from_its_start_only():
     assert "learning_rate" not in dict(phase_configs(cfg)[-1][1].mix)
 
 
+def test_phases_added_after_a_run_ended_leave_every_earlier_step_as_it_ran():
+    """fourth_phase and fifth_phase (base_v7's, added at step 9600): each is the curriculum with
+    what it names replaced (a phase naming nothing is phase 2's mix again), at its own rate from its
+    start; every step before step 9600 keeps the mix and rate it had, so the config reproduces the run;
+    phases out of order, or one without the phases before it, are refused."""
+    from memsearcher_jax.pretrain import _optim, phase_configs, phase_records, validate_pretrain
+    cfg = load_config(os.path.join(ROOT, "configs", "base_v7.py"))
+    validate_pretrain(cfg)
+    ran = load_config(os.path.join(ROOT, "configs", "base_v7.py"))
+    del ran["fourth_phase"], ran["fifth_phase"]
+    ran.train.steps = 9600                                   # the run as it first ended
+    phases, before = phase_configs(cfg), phase_configs(ran)
+    assert phases[:3] == before and [p[0] for p in phases] == [0, 1200, 9000, 9600, 10200]
+    assert phases[3][1] == phases[1][1] and phases[4][1] == phases[2][1]   # phase 2's mix, then phase 3's
+    lr, lr_ran = _optim(cfg).schedule_fn(), _optim(ran).schedule_fn()
+    for step in (0, 199, 1200, 5000, 8999, 9000, 9599):
+        assert float(lr(step)) == float(lr_ran(step))
+    assert float(lr(9599)) == pytest.approx(3e-4)
+    assert float(lr(9600)) == float(lr(10200)) == float(lr(cfg.train.steps)) == pytest.approx(1e-4)
+    assert [r["steps"] for r in phase_records(cfg)][-2:] == ["9600-10200", "10200-10600"]
+    cfg.fifth_phase.start = 9500                             # before the fourth
+    with pytest.raises(ValueError, match=r"fifth_phase.start must be in \(9600"):
+        validate_pretrain(cfg)
+    cfg.fifth_phase.start = 10200
+    cfg.fifth_phase.lr = 1.0
+    with pytest.raises(ValueError, match="fifth_phase sets"):
+        validate_pretrain(cfg)
+    del cfg.fifth_phase["lr"]
+    cfg.third_phase.start = 0                                # a fourth phase with no third
+    with pytest.raises(ValueError, match="fourth_phase needs the phases before it"):
+        validate_pretrain(cfg)
+
+
+
 def test_an_extended_run_keeps_its_schedule_and_phases():
     """train.decay_steps fixes where the cosine ends: raising train.steps past it changes no
     learning rate before it (the floor holds after), so the extended config reproduces the run."""
