@@ -27,8 +27,9 @@ What changes from configs/base_v3.py, and why (docs/experiments.md, 2026-11-27 a
   session). Phase 3 (base_v3's: ~86% agent episodes at a constant 3e-4, three times the rate phase 2
   ran at) cost reading_v3 1.6 points; here it took the reading over all lengths from 96.5% (step 9000)
   to 74.4% on the final probe (born_in 27% at 16 passages). So a fourth phase is phase 2 again at
-  phase 2's rate (1e-4), from the weights phase 3 left, and a fifth phase is phase 3's mix at that
-  same rate. The config keeps phase 3 as it ran, so it reproduces every step from scratch.
+  phase 2's rate (1e-4), from the weights phase 3 left (400 steps: the progress probe was back at
+  step 9000's by step 9800-10000), and a fifth phase is phase 3's mix at that same rate (400 steps).
+  The config keeps phase 3 as it ran, so it reproduces every step from scratch.
 """
 import base_v3  # beside this file (the config loader puts its folder on sys.path)
 import ml_collections
@@ -45,8 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.final_probe_items = 1024
     c.fourth_phase = ml_collections.ConfigDict({"start": 9600, "learning_rate": 1e-4})  # phase 2's mix and rate
     c.fifth_phase = ml_collections.ConfigDict(c.third_phase.to_dict())                  # phase 3's mix at 1e-4
-    c.fifth_phase.start = 10200
+    c.fifth_phase.start = 10000
     c.fifth_phase.learning_rate = 1e-4
-    c.train.steps = 10600
+    c.train.steps = 10400
     c.train.output_dir = "runs/base_v7"
     return c

@@ -446,18 +446,18 @@ def test_phases_added_after_a_run_ended_leave_every_earlier_step_as_it_ran():
     del ran["fourth_phase"], ran["fifth_phase"]
     ran.train.steps = 9600                                   # the run as it first ended
     phases, before = phase_configs(cfg), phase_configs(ran)
-    assert phases[:3] == before and [p[0] for p in phases] == [0, 1200, 9000, 9600, 10200]
+    assert phases[:3] == before and [p[0] for p in phases] == [0, 1200, 9000, 9600, 10000]
     assert phases[3][1] == phases[1][1] and phases[4][1] == phases[2][1]   # phase 2's mix, then phase 3's
     lr, lr_ran = _optim(cfg).schedule_fn(), _optim(ran).schedule_fn()
     for step in (0, 199, 1200, 5000, 8999, 9000, 9599):
         assert float(lr(step)) == float(lr_ran(step))
     assert float(lr(9599)) == pytest.approx(3e-4)
-    assert float(lr(9600)) == float(lr(10200)) == float(lr(cfg.train.steps)) == pytest.approx(1e-4)
-    assert [r["steps"] for r in phase_records(cfg)][-2:] == ["9600-10200", "10200-10600"]
+    assert float(lr(9600)) == float(lr(10000)) == float(lr(cfg.train.steps)) == pytest.approx(1e-4)
+    assert [r["steps"] for r in phase_records(cfg)][-2:] == ["9600-10000", "10000-10400"]
     cfg.fifth_phase.start = 9500                             # before the fourth
     with pytest.raises(ValueError, match=r"fifth_phase.start must be in \(9600"):
         validate_pretrain(cfg)
-    cfg.fifth_phase.start = 10200
+    cfg.fifth_phase.start = 10000
     cfg.fifth_phase.lr = 1.0
     with pytest.raises(ValueError, match="fifth_phase sets"):
         validate_pretrain(cfg)
