@@ -269,7 +269,7 @@ def probe_report(model: Qwen2, sets: dict, pad_id: int) -> dict:
 PHASE_SETTINGS = ("name_copy", "cloze_passages", "cloze_questions", "long_passages", "bind_entities", "recall_pairs",
                   "repeat_tokens", "demo_workflows", "demo_objectives")
 # A later phase's keys that are not curriculum settings: when it starts, and its own learning rate.
-THIRD_PHASE_OWN = ("start", "learning_rate")
+LATER_PHASE_OWN = ("start", "learning_rate")
 # The phases a config may add after phase 2, in order. Each is cfg.curriculum with the settings it
 # names replaced (not the previous phase's: a later phase that names none is phase 2's mix again),
 # from its `start`; a run extended after it ended adds the next one, so its config still reproduces
@@ -307,7 +307,7 @@ def phase_configs(cfg: ml_collections.ConfigDict) -> list[tuple[int, CurriculumC
                   (first.steps, phases[0][1], t.batch_size)]
     for _, later in _later_phases(cfg):
         merged = ml_collections.ConfigDict(cfg.curriculum.to_dict())
-        merged.update({k: v for k, v in later.items() if k not in THIRD_PHASE_OWN})
+        merged.update({k: v for k, v in later.items() if k not in LATER_PHASE_OWN})
         phases.append((later.start, _curriculum_config(cfg, merged, t.max_len), t.batch_size))
     return phases
 
@@ -436,14 +436,14 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     first = cfg.get("first_phase")
     if first is not None and not 0 <= first.steps < t.steps:
         problems.append(f"first_phase.steps must be in [0, train.steps={t.steps}), got {first.steps}")
-    begins = first.steps if first is not None else 0
-    if _later_phases(cfg) and _later_phases(cfg)[0][0] != LATER_PHASES[0]:
-        problems.append(f"{_later_phases(cfg)[0][0]} needs the phases before it: third_phase.start is not set")
-    for key, later in _later_phases(cfg):
+    begins, later_phases = (first.steps if first is not None else 0), _later_phases(cfg)
+    if later_phases and later_phases[0][0] != LATER_PHASES[0]:
+        problems.append(f"{later_phases[0][0]} needs the phases before it: third_phase.start is not set")
+    for key, later in later_phases:
         if not begins < later.start < t.steps:
             problems.append(f"{key}.start must be in ({begins}, train.steps={t.steps}), got {later.start}")
         begins = max(begins, later.start)
-        unknown = sorted(set(later.keys()) - {*THIRD_PHASE_OWN, *PHASE_SETTINGS, *KINDS})
+        unknown = sorted(set(later.keys()) - {*LATER_PHASE_OWN, *PHASE_SETTINGS, *KINDS})
         if unknown:
             problems.append(f"{key} sets {unknown}: only start, learning_rate, the mix weights {KINDS} "
                             f"and {PHASE_SETTINGS}")
