@@ -467,7 +467,6 @@ def test_phases_added_after_a_run_ended_leave_every_earlier_step_as_it_ran():
         validate_pretrain(cfg)
 
 
-
 def test_an_extended_run_keeps_its_schedule_and_phases():
     """train.decay_steps fixes where the cosine ends: raising train.steps past it changes no
     learning rate before it (the floor holds after), so the extended config reproduces the run."""
