@@ -85,8 +85,9 @@ def test_the_manifest_records_what_the_base_gives_the_main_job(manifest):
 
 
 # The slow test recomputes every SAMPLE_EVERY-th final item exactly (the manifest keeps each item's
-# result): any change to the weights, the items or the probe flips some of them; all 2,560 items
-# took ~190 s of the suite on 2 cores; every 8th (64 per set, 320 in all) ~25 s.
+# result): any change to the weights, the items or the probe flips some of them. reading_v3's 2,560
+# items took ~190 s of the suite on 2 cores, every 8th ~25 s; reading_v7 has 1024 a set (5,120), and
+# every 16th (64 per set, 320 in all) keeps the ~25 s.
 SAMPLE_EVERY = 16
 
 
