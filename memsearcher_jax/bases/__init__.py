@@ -9,7 +9,7 @@
 
 Earlier bases, removed (git history keeps them): `reading_tiny` (`git show e9ea9fe:configs/base_tiny.py`),
 `reading_v2` (4 x 128, `configs/base_v2.py`; removed 2026-11-26) and `reading_v3` (`configs/base_v3.py`,
-the same model on wording "v1", which never bound works_for; removed 2026-11-28). docs/experiments.md
+the same model on wording "v1", which never bound works_for; removed 2026-11-29). docs/experiments.md
 has the comparisons.
 
 `DEFAULT_BASE` is the one the embedded default starts from; code and tests that mean "the
