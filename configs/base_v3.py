@@ -1,4 +1,4 @@
-"""The reading base, third version (`memsearcher_jax/bases/reading_v3`, shipped, the default's):
+"""The reading base, third version (reading_v3, shipped until 2026-11-29; reading_v7 replaced it):
 base_v2's curriculum on a model twice as wide, trained on an accelerator on ~4x as many rows.
 
     memsearcher-jax pretrain --config configs/base_v3.py --config.train.output_dir=runs/base_v3

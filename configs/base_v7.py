@@ -1,6 +1,6 @@
-"""The reading base, seventh recipe (reading_v7 once it ships): base_v3's model and phases on a
-world whose works_for and product sentences put their value further from the subject, with a
-phase 1 that binds works_for.
+"""The reading base, seventh recipe (`memsearcher_jax/bases/reading_v7`, shipped, the default's):
+base_v3's model and phases on a world whose works_for and product sentences put their value further
+from the subject, with a phase 1 that binds works_for.
 
     memsearcher-jax pretrain --config configs/base_v7.py --config.train.output_dir=runs/base_v7
 

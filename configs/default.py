@@ -148,10 +148,11 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     # The base (4 x 256, reading_v3's size and now reading_v7's) is twice as wide as reading_v2 (~3x the
-    # CPU time per GRPO step) and learns faster per step: 8 steps instead of reading_v2's 30 keep the
-    # job as fast (docs/experiments.md, 2026-11-26, sixth session). The warm start keeps its 150 steps: after 60 one seed's policy
-    # never sampled a search, and GRPO had nothing to reinforce. From reading_v7, 10 steps: seed 2 was
-    # still climbing at step 8 (training EM 85%, held-out 71%; docs/experiments.md, 2026-11-29).
+    # CPU time per GRPO step) and learns faster per step: 8 steps instead of reading_v2's 30 kept the
+    # job as fast (docs/experiments.md, 2026-11-26, sixth session). The warm start keeps its 150 steps:
+    # after 60 one seed's policy never sampled a search, and GRPO had nothing to reinforce. From
+    # reading_v7, 10 steps: seed 2 was still climbing at step 8 (training EM 85%, held-out 71%), and the
+    # job stays 4% slower than reading_tiny's (docs/experiments.md, 2026-11-29).
     c.train.steps = 10
     c.train.seed = 0
     c.train.output_dir = "runs/default"
