@@ -127,6 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.output_dir = "runs/base_v2"
     c.train.export_dir = ""          # where the finished base is written ("": output_dir/base)
     c.train.save_every = 100
+    c.train.keep_period = 0          # also keep every keep_period-th checkpoint (0: only the last two)
     c.train.probe_every = 250
     c.train.probe_items = 256        # per progress set (2, 8, 16 passages, multi)
     c.train.final_probe_items = 512  # per final set, measured once on the exported bf16 weights

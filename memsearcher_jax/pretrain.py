@@ -274,7 +274,7 @@ LATER_PHASE_OWN = ("start", "learning_rate")
 # names replaced (not the previous phase's: a later phase that names none is phase 2's mix again),
 # from its `start`; a run extended after it ended adds the next one, so its config still reproduces
 # every step from scratch.
-LATER_PHASES = ("third_phase", "fourth_phase", "fifth_phase")
+LATER_PHASES = ("third_phase", "fourth_phase", "fifth_phase", "sixth_phase")
 
 
 def _curriculum_config(cfg: ml_collections.ConfigDict, mix: ml_collections.ConfigDict,
@@ -409,6 +409,9 @@ def validate_pretrain(cfg: ml_collections.ConfigDict) -> None:
     for key in ("steps", "batch_size", "save_every", "probe_every", "probe_items"):
         if t[key] < 1:
             problems.append(f"train.{key} must be >= 1, got {t[key]}")
+    if not (isinstance(t.get("keep_period", 0), int) and t.get("keep_period", 0) >= 0):
+        problems.append(f"train.keep_period must be an integer >= 0 (0: keep only the last two checkpoints), "
+                        f"got {t.keep_period}")
     if not (isinstance(t.get("data_workers", 0), int) and t.get("data_workers", 0) >= 0):
         problems.append(f"train.data_workers must be an integer >= 0 (0: one thread), got {t.data_workers}")
     if t.learning_rate <= 0:
@@ -714,8 +717,10 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
     copy = copy_probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 3000)
 
+    # The last two checkpoints, and every keep_period-th one (a phase boundary to start from again).
     manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"),
-                                    options=ocp.CheckpointManagerOptions(max_to_keep=2))
+                                    options=ocp.CheckpointManagerOptions(max_to_keep=2,
+                                                                         keep_period=t.get("keep_period", 0) or None))
     step = _restore(manager, trainer, cfg, vocab) if resume else 0
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
     workers = t.get("data_workers", 0)

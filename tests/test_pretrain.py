@@ -467,6 +467,25 @@ def test_phases_added_after_a_run_ended_leave_every_earlier_step_as_it_ran():
         validate_pretrain(cfg)
 
 
+def test_base_v8_is_base_v7_and_then_a_sixth_phase():
+    """configs/base_v8.py (an experiment started from base_v7's checkpoint 10400): every step before
+    10400 has base_v7's mix and rate, so the copied checkpoint is the step its config would reach;
+    then phase 2's mix at 5e-5, with the phase's first checkpoint kept (keep_period)."""
+    from memsearcher_jax.pretrain import _optim, phase_configs, validate_pretrain
+    v7, v8 = (load_config(os.path.join(ROOT, "configs", f"{name}.py")) for name in ("base_v7", "base_v8"))
+    validate_pretrain(v8)
+    p7, p8 = phase_configs(v7), phase_configs(v8)
+    assert p8[:5] == p7 and p8[5][0] == 10400 and p8[5][1] == p8[1][1]   # phase 2's mix
+    lr7, lr8 = _optim(v7).schedule_fn(), _optim(v8).schedule_fn()
+    for step in (0, 1200, 8999, 9000, 9600, 10000, 10399):
+        assert float(lr8(step)) == float(lr7(step))
+    assert float(lr8(10400)) == float(lr8(v8.train.steps)) == pytest.approx(5e-5)
+    assert 10400 % v8.train.keep_period == 0
+    v8.train.keep_period = -1
+    with pytest.raises(ValueError, match="train.keep_period must be an integer >= 0"):
+        validate_pretrain(v8)
+
+
 def test_an_extended_run_keeps_its_schedule_and_phases():
     """train.decay_steps fixes where the cosine ends: raising train.steps past it changes no
     learning rate before it (the floor holds after), so the extended config reproduces the run."""
@@ -663,7 +682,7 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
         ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
         ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
         ("train.min_len", "512"), ("train.decay_steps", "0"), ("third_phase.start", "3"),
-        ("train.output_dir", str(tmp_path / "run"))]
+        ("train.keep_period", "2"), ("train.output_dir", str(tmp_path / "run"))]
     cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), overrides)
     assert cfg.model.positional_heads == ((1,),)
     first = run_pretrain(cfg)
@@ -678,6 +697,8 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     run_pretrain(cfg)  # resumes at step 4
     logged = [json.loads(x)["step"] for x in open(tmp_path / "run" / "logs" / "metrics.jsonl")]
     assert logged == [2, 4, 6]
+    # The last two checkpoints, and every keep_period-th one besides (max_to_keep alone leaves 4 and 6).
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["2", "4", "6"]
     base = tmp_path / "run" / "base"
     manifest = json.loads((base / BASE_MANIFEST).read_text())
     assert manifest["tensors"]["model.embed_tokens.weight"][1] == 32
@@ -718,7 +739,7 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert "| 2 passages | 8 passages | 16 passages | pairs (both right) |" in table
     assert "| works_for |" in table and "| **all** |" in table and "step 6; multi" in table
     assert main(argv + ["--probe-step", "5"]) == 2
-    assert "has no checkpoint 5; it has 4, 6" in capsys.readouterr().err
+    assert "has no checkpoint 5; it has 2, 4, 6" in capsys.readouterr().err
     assert main(argv + ["--probe-step", "6", "--fresh"]) == 2
     assert "pass one" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's usage error, before anything is loaded
