@@ -4,7 +4,7 @@ Runs end to end on a 2-core CPU. It starts from the shipped reading base
 (memsearcher_jax/bases/reading_v7, pretrained with configs/base_v7.py), builds a world whose
 entities take names the base never saw (its reserved pool; cached), a BM25 index over the
 world's passages, a short supervised warm start on a deliberately flawed demonstrator (it
-answers without searching 60% of the time), then multi-context GRPO, and reports
+answers without searching half of the time), then multi-context GRPO, and reports
 held-out EM before and after GRPO with the learning curve.
 
     memsearcher-jax train --config configs/default.py [--config.train.steps=40 ...]
