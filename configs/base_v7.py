@@ -1,4 +1,5 @@
-"""The reading base, seventh recipe (`memsearcher_jax/bases/reading_v7`, shipped, the default's):
+"""The reading base, seventh recipe (reading_v7, shipped 2026-11-29 until reading_v8,
+configs/base_v8.py, which is this run and one phase more, replaced it the same day):
 base_v3's model and phases on a world whose works_for and product sentences put their value further
 from the subject, with a phase 1 that binds works_for.
 

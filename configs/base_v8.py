@@ -1,5 +1,6 @@
-"""Experiment, not shipped: reading_v7 (configs/base_v7.py, 10400 steps) and a sixth phase that reads
-again after the agent episodes: phase 2's mix at half phase 2's rate (5e-5), steps 10400-10800.
+"""The reading base, eighth recipe (`memsearcher_jax/bases/reading_v8`, shipped, the default's):
+reading_v7 (configs/base_v7.py, 10400 steps) and a sixth phase that reads again after the agent
+episodes: phase 2's mix at half phase 2's rate (5e-5), steps 10400-10800.
 
     memsearcher-jax pretrain --config configs/base_v8.py --config.train.output_dir=runs/base_v8
 

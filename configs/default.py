@@ -1,7 +1,7 @@
 """The embedded default: a tiny Qwen2-architecture agent on a synthetic multi-hop world.
 
 Runs end to end on a 2-core CPU. It starts from the shipped reading base
-(memsearcher_jax/bases/reading_v7, pretrained with configs/base_v7.py), builds a world whose
+(memsearcher_jax/bases/reading_v8, pretrained with configs/base_v8.py), builds a world whose
 entities take names the base never saw (its reserved pool; cached), a BM25 index over the
 world's passages, a short supervised warm start on a deliberately flawed demonstrator (it
 answers without searching half of the time), then multi-context GRPO, and reports
@@ -147,7 +147,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.final_lr_fraction = 0.1  # cosine: the learning rate at the last step, as a fraction of the peak
 
     c.train = ml_collections.ConfigDict()
-    # The base (4 x 256, reading_v3's size and now reading_v7's) is twice as wide as reading_v2 (~3x the
+    # The base (4 x 256, reading_v3's size and now reading_v8's) is twice as wide as reading_v2 (~3x the
     # CPU time per GRPO step) and learns faster per step: 8 steps instead of reading_v2's 30 kept the
     # job as fast (docs/experiments.md, 2026-11-26, sixth session). The warm start keeps its 150 steps:
     # after 60 one seed's policy never sampled a search, and GRPO had nothing to reinforce. From

@@ -129,9 +129,9 @@ def _add_pretrain(sub) -> None:
                                    "correct agent episodes in every workflow's format over random worlds), "
                                    "report the reading probe on names it never saw, and export the base as a "
                                    "Hugging Face directory. " + _OVERRIDE_HELP)
-    p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_v7.py"),
-                   help="ml-collections config file (default: configs/base_v7.py, which made the shipped "
-                        "base, reading_v7: ~12 hours on a 2-core CPU; "
+    p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_v8.py"),
+                   help="ml-collections config file (default: configs/base_v8.py, which made the shipped "
+                        "base, reading_v8: ~13 hours on a 2-core CPU; "
                         f"configs/base_v2.py is 4x smaller). {_OVERRIDE_HELP}")
     p.add_argument("--probe-step", type=int, default=None, metavar="STEP",
                    help="instead of training: read checkpoint STEP of the run in train.output_dir (0: its "
