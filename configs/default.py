@@ -152,7 +152,8 @@ def get_config() -> ml_collections.ConfigDict:
     # job as fast (docs/experiments.md, 2026-11-26, sixth session). The warm start keeps its 150 steps:
     # after 60 one seed's policy never sampled a search, and GRPO had nothing to reinforce. From
     # reading_v7, 10 steps: seed 2 was still climbing at step 8 (training EM 85%, held-out 71%), and the
-    # job stays 4% slower than reading_tiny's (docs/experiments.md, 2026-11-29).
+    # job stays within +25% of reading_tiny's (+4.3% from reading_v7, +10.3% from reading_v8 in a later
+    # run of the same bench; docs/experiments.md, 2026-11-29).
     c.train.steps = 10
     c.train.seed = 0
     c.train.output_dir = "runs/default"

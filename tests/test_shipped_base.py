@@ -16,10 +16,11 @@ from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.pretrain import BASE_MANIFEST, SIDE_SETS, base_probe, final_probe_sets, reading_probe, unpack_hits
 
-# What reading_v7 must read at least on its final probe (measured 2026-11-28, 1024 items a set: 98.9% /
-# 94.9% / 88.3% at 2 / 8 / 16 passages, binding 97.9%). The issue's 95% at 8 passages is missed by 0.1
-# point, and its 90% on every relation at 8 passages on two (works_for 86.2%, born_in 88.4%).
-FLOORS = {"2": 0.97, "8": 0.93, "binding": 0.96}
+# What reading_v8 must read at least on its final probe (measured 2026-11-29, 1024 items a set: 99.6% /
+# 97.5% / 93.7% at 2 / 8 / 16 passages, binding 98.4%; every relation >= 98.3% at 2 passages and >= 92.2%
+# at 8). Issue 24's targets: 95% overall and 90% on every relation, at 2 and at 8 passages.
+FLOORS = {"2": 0.99, "8": 0.97, "binding": 0.98}
+RELATION_FLOOR = {"2": 0.90, "8": 0.90}   # every relation, at these lengths
 
 
 def pool_ids(vocab, kind: str) -> set[int]:
@@ -86,7 +87,7 @@ def test_the_manifest_records_what_the_base_gives_the_main_job(manifest):
 
 # The slow test recomputes every SAMPLE_EVERY-th final item exactly (the manifest keeps each item's
 # result): any change to the weights, the items or the probe flips some of them. reading_v3's 2,560
-# items took ~190 s of the suite on 2 cores, every 8th ~25 s; reading_v7 has 1024 a set (5,120), and
+# items took ~190 s of the suite on 2 cores, every 8th ~25 s; reading_v7 and v8 have 1024 a set (5,120), and
 # every 16th (64 per set, 320 in all) keeps the ~25 s.
 SAMPLE_EVERY = 16
 
@@ -116,6 +117,9 @@ def test_the_final_probe_is_what_the_stored_weights_read(manifest):
         assert unpack_hits(got["hits"], len(items[sample])).tolist() == hits[sample].tolist(), name
     for key, floor in FLOORS.items():
         assert figures_of(key)["accuracy"] >= floor, (key, figures_of(key)["accuracy"])
+    for length, floor in RELATION_FLOOR.items():
+        by_relation = recorded["by_length"][length]["by_relation"]
+        assert min(by_relation.values()) >= floor, (length, by_relation)
     per_relation = [a for r in recorded["by_length"].values() for a in r["by_relation"].values()]
     assert recorded["worst_relation"] == min(per_relation)
     # The progress figure is kept beside it, measured on other items.
