@@ -18,6 +18,7 @@ from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
     Setup,
@@ -68,18 +69,34 @@ def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None =
                      max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len)
 
 
+def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:
+    """With `sft.tie_embedding_rows`: the reading vocabulary's name rows (a group per type) and value
+    rows (a group per kind), which SFT then moves together, as pretraining did. Untied, SFT on
+    demonstrations about training entities moves those names' rows alone, and a held-out name
+    (never asked about in training) no longer looks like them (docs/experiments.md, 2026-11-29)."""
+    if not cfg.sft.get("tie_embedding_rows", False):
+        return None
+    if not ReadingVocab.exists(setup.tokenizer_dir):
+        raise UserInputError(f"sft.tie_embedding_rows=True needs a reading vocabulary (reading_vocab.json) in the "
+                             f"tokenizer directory {setup.tokenizer_dir}: only a reading base has name and value "
+                             "rows to tie; set it to False for other models")
+    vocab = ReadingVocab.load(setup.tokenizer_dir)
+    return name_groups(vocab) + value_groups(vocab)
+
+
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
     """Supervised warm start on scripted demonstrations; cached as a HF model dir in out_dir."""
     if os.path.exists(os.path.join(out_dir, "config.json")):
         _log(f"warm start: reusing {out_dir}")
         return out_dir
+    tied_rows = embedding_row_groups(cfg, setup)
     demos = flawed_demonstrations(cfg, setup)
     stats = demo_stats(demos)
     _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
          f"{cfg.sft.steps} SFT steps")
     policy = load_policy(cfg, setup, lora=False)  # SFT trains every weight; GRPO adds adapters after
     policy, history = sft_train(policy, demo_conversations(demos), _sft_config(cfg, cfg.sft.steps),
-                                pad_id=setup.builder.pad_id)
+                                pad_id=setup.builder.pad_id, tied_rows=tied_rows)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
     return out_dir
@@ -96,7 +113,7 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
     optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
     model, history = sft_train(policy, demo_conversations(demos), sft_cfg, setup.builder.pad_id, optim=optim,
-                               seconds=seconds)
+                               seconds=seconds, tied_rows=embedding_row_groups(cfg, setup))
     return model, len(history)
 
 

@@ -49,7 +49,7 @@ from memsearcher_jax.data.curriculum import (
 )
 from memsearcher_jax.data.synthetic import WORDINGS
 from memsearcher_jax.data.tokenizer import load_tokenizer
-from memsearcher_jax.data.vocab import MANIFEST as VOCAB_MANIFEST, NAME_TYPES, ReadingVocab, build_vocab
+from memsearcher_jax.data.vocab import MANIFEST as VOCAB_MANIFEST, ReadingVocab, build_vocab, name_groups, value_groups
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import TrainConfigError
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
@@ -73,17 +73,6 @@ def base_model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: i
                        tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=pad_id,
                        eos_token_id=eos_id, remat=bool(m.get("remat", False)),
                        train_query_block=int(m.get("train_query_block", 0)))
-
-
-def name_groups(vocab: ReadingVocab) -> list[list[int]]:
-    """Token ids of every name, one group per type (pretrain and reserved pools together)."""
-    return [[vocab.ids[n] for pool in ("pretrain", "reserved") for n in vocab.names[kind][pool]]
-            for kind in NAME_TYPES]
-
-
-def value_groups(vocab: ReadingVocab) -> list[list[int]]:
-    """Token ids of the attribute values, one group per kind (years, occupations, ...)."""
-    return [[vocab.ids[v] for v in values] for values in vocab.values.values()]
 
 
 def set_codes(embed: np.ndarray, groups: list[list[int]], seed: int) -> np.ndarray:

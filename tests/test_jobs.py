@@ -98,7 +98,8 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
     setup = build_setup(cfg)
     seen = []
     monkeypatch.setattr(jobs, "sft_train",
-                        lambda model, convs, config, pad_id: (seen.extend(convs) or model, [{"loss": 0.0}]))
+                        lambda model, convs, config, pad_id, tied_rows=None: (seen.extend(convs) or model,
+                                                                                [{"loss": 0.0}]))
     out = jobs.warm_start(cfg, setup, str(tmp_path / "ws"))
     assert os.path.isfile(os.path.join(out, "config.json"))
     rows = setup.train_questions[:30]
@@ -116,3 +117,42 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
     jobs.warm_start(cfg, setup, str(tmp_path / "ws2"))
     two_hop = [(conv, row) for conv, row in zip(seen, rows) if row["hops"] == 2]
     assert two_hop and all("<tool_call>" not in b.decode(conv.response_ids) for conv, _ in two_hop)
+
+
+def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypatch):
+    """sft.tie_embedding_rows: the warm start gets the reading vocabulary's name groups (a type's
+    names, training and held-out entities alike) and value groups; off, it gets none; on a model
+    without a reading vocabulary it is refused with the key's name before any training."""
+    from memsearcher_jax import jobs
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
+    from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.experiment import build_setup
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"), [("world.cache_dir", str(tmp_path / "w"))])
+    cfg.sft.update(steps=1, num_demos=10)
+    setup = build_setup(cfg)
+    got = []
+    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
+                        (got.append(tied_rows) or model, [{"loss": 0.0}]))
+    assert cfg.sft.tie_embedding_rows is False  # the default, until the learning bench has run with it
+    jobs.warm_start(cfg, setup, str(tmp_path / "off"))
+    cfg.sft.tie_embedding_rows = True
+    jobs.warm_start(cfg, setup, str(tmp_path / "on"))
+    assert got[0] is None
+    vocab = ReadingVocab.load(setup.tokenizer_dir)
+    groups = got[1]
+    assert groups == name_groups(vocab) + value_groups(vocab)
+    group_of = {i: g for g, ids in enumerate(groups) for i in ids}
+    people = set(vocab.names["person"]["reserved"])
+    train_person = next(r["subject"] for r in setup.train_questions if r["subject"] in people)
+    held_person = next(r["subject"] for r in setup.eval_questions if r["subject"] in people)
+    assert train_person != held_person
+    assert group_of[vocab.ids[train_person]] == group_of[vocab.ids[held_person]]
+
+    plain = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
+    plain.sft.tie_embedding_rows = True
+    with pytest.raises(UserInputError, match="sft.tie_embedding_rows"):
+        jobs.warm_start(plain, build_setup(plain), str(tmp_path / "plain"))
+    assert not os.path.exists(tmp_path / "plain")
+

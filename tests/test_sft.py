@@ -152,6 +152,24 @@ def test_sft_train_stops_on_the_clock_and_takes_the_optimizer_it_is_given():
     assert [h["step"] for h in some] == [0, 1, 2] and not any(h["skipped"] for h in some)
 
 
+
+def test_sft_train_moves_tied_embedding_rows_together():
+    # jobs.warm_start with sft.tie_embedding_rows: a group's rows (a type's names) get one update, so a
+    # name the demonstrations never show (100) moves with the ones they do (70, 71); untied they part.
+    rng = np.random.default_rng(3)
+    convs = [Conversation(prompt_ids=rng.integers(10, 60, 8).tolist(), response_ids=[70, 71, 2], loss_mask=[1, 1, 1])
+             for _ in range(8)]
+    cfg = SFTConfig(steps=3, batch_size=4, lr=1e-2, warmup=0, min_len=16, max_len=32, progress=False)
+    before = np.asarray(_model(128).embed[...])
+    tied, _ = sft_train(_model(128), convs, cfg, tied_rows=[[70, 71, 100]])
+    untied, _ = sft_train(_model(128), convs, cfg)
+    moved, moved_alone = (np.asarray(m.embed[...]) - before for m in (tied, untied))
+    assert np.abs(moved[70]).max() > 1e-4
+    np.testing.assert_allclose(moved[71], moved[70], atol=1e-6)
+    np.testing.assert_allclose(moved[100], moved[70], atol=1e-6)
+    assert np.abs(moved_alone[100] - moved_alone[70]).max() > 1e-4
+
+
 STEPS = 30
 
 

@@ -171,3 +171,12 @@ def vocab_fingerprint(directory: str) -> str:
     return h.hexdigest()[:12]
 
 
+def name_groups(vocab: ReadingVocab) -> list[list[int]]:
+    """Token ids of every name, one group per type (pretrain and reserved pools together)."""
+    return [[vocab.ids[n] for pool in ("pretrain", "reserved") for n in vocab.names[kind][pool]]
+            for kind in NAME_TYPES]
+
+
+def value_groups(vocab: ReadingVocab) -> list[list[int]]:
+    """Token ids of the attribute values, one group per kind (years, occupations, ...)."""
+    return [[vocab.ids[v] for v in values] for values in vocab.values.values()]

@@ -384,18 +384,19 @@ def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Ge
 
 
 def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0,
-              optim: OptimConfig | None = None, seconds: float | None = None):
+              optim: OptimConfig | None = None, seconds: float | None = None, tied_rows=None):
     """Train `model` on the conversations; returns (trained model, per-step history dicts).
 
     Batches are drawn by reshuffling the rows each epoch (seeded), grouped by length so a batch
     (padded to the bucket of its longest row) wastes little on padding. optim: the optimizer's
     settings (default: `optim_config(config)`); seconds: stop once this much wall clock has
-    passed (config.steps still bounds the run).
+    passed (config.steps still bounds the run); tied_rows: groups of embedding rows that move
+    together (`SFTTrainer`).
     """
     rows = build_rows(conversations, pad_id, config.max_len)
     if rows.weights.sum() == 0:
         raise ValueError("sft_train: the conversations have no loss-masked tokens")
-    trainer = SFTTrainer(model, config, optim=optim)
+    trainer = SFTTrainer(model, config, tied_rows=tied_rows, optim=optim)
     rng = np.random.default_rng(config.seed)
     t0 = time.perf_counter()
     n, bs = len(rows.lengths), config.batch_size
