@@ -90,11 +90,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.min_len = 128              # rows pad to quarter-octave buckets from here (sampling.buckets.bucket)
     c.sft.num_demos = 600
     # Name and value embedding rows move together per type in SFT, as in pretraining (the reading base's
-    # names are a shared vector per type + a fixed code each). Off: the warm start moves the training
+    # names are a shared vector per type + a fixed code each). "auto": where the model has a reading
+    # vocabulary (the shipped bases), True / False to force. Untied, the warm start moves the training
     # entities' rows alone and the agent searches for a training name on 26% of seed 0's held-out
-    # questions; on, seed 0 gave 11 -> 98 (docs/experiments.md, 2026-11-29). Off until the learning bench
-    # has run with it.
-    c.sft.tie_embedding_rows = False
+    # questions; tied, the learning bench's mean gain is 77.7 against 63.0 (docs/lab/2026-11-29-tied-warm-start.md).
+    c.sft.tie_embedding_rows = "auto"
     # The demonstrator's deliberate flaws (share of demos; at most one flaw per demo).
     # Answering early is the demonstrator's habit (half of its demos), so the warm-started policy
     # mostly answers without searching: a mistake SFT copies and only reward can correct. At 0.6 the

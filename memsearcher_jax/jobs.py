@@ -69,17 +69,33 @@ def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None =
                      max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len)
 
 
+TIE_MODES = ("auto", "true", "false")
+
+
+def tie_mode(cfg: ml_collections.ConfigDict) -> str:
+    """`sft.tie_embedding_rows` as "auto", "true" or "false" (a bool or its spelling is accepted)."""
+    value = cfg.sft.get("tie_embedding_rows", "auto")
+    mode = str(value).strip().lower()
+    if mode not in TIE_MODES:
+        raise UserInputError(f"sft.tie_embedding_rows={value!r}: expected auto (tie where the model has a reading "
+                             "vocabulary), True or False")
+    return mode
+
+
 def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:
-    """With `sft.tie_embedding_rows`: the reading vocabulary's name rows (a group per type) and value
-    rows (a group per kind), which SFT then moves together, as pretraining did. Untied, SFT on
-    demonstrations about training entities moves those names' rows alone, and a held-out name
-    (never asked about in training) no longer looks like them (docs/experiments.md, 2026-11-29)."""
-    if not cfg.sft.get("tie_embedding_rows", False):
+    """The reading vocabulary's name rows (a group per type) and value rows (a group per kind), which
+    SFT then moves together, as pretraining did; None when `sft.tie_embedding_rows` is off, or "auto"
+    on a model without a reading vocabulary (a real checkpoint, a random init). Untied, SFT on
+    demonstrations about training entities moves those names' rows alone, and a held-out name (never
+    asked about in training) no longer looks like them (docs/lab/2026-11-29-tied-warm-start.md)."""
+    mode = tie_mode(cfg)
+    has_vocab = ReadingVocab.exists(setup.tokenizer_dir)
+    if mode == "false" or (mode == "auto" and not has_vocab):
         return None
-    if not ReadingVocab.exists(setup.tokenizer_dir):
+    if not has_vocab:
         raise UserInputError(f"sft.tie_embedding_rows=True needs a reading vocabulary (reading_vocab.json) in the "
                              f"tokenizer directory {setup.tokenizer_dir}: only a reading base has name and value "
-                             "rows to tie; set it to False for other models")
+                             "rows to tie; set it to auto or False for other models")
     vocab = ReadingVocab.load(setup.tokenizer_dir)
     return name_groups(vocab) + value_groups(vocab)
 

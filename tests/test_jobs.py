@@ -121,8 +121,9 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
 
 def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypatch):
     """sft.tie_embedding_rows: the warm start gets the reading vocabulary's name groups (a type's
-    names, training and held-out entities alike) and value groups; off, it gets none; on a model
-    without a reading vocabulary it is refused with the key's name before any training."""
+    names, training and held-out entities alike) and value groups; off, it gets none; "auto" (the
+    default) ties on a reading base and not on a model without a reading vocabulary, where True is
+    refused with the key's name before any training; any other value is refused."""
     from memsearcher_jax import jobs
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
@@ -135,13 +136,16 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
     got = []
     monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
                         (got.append(tied_rows) or model, [{"loss": 0.0}]))
-    assert cfg.sft.tie_embedding_rows is False  # the default, until the learning bench has run with it
+    assert cfg.sft.tie_embedding_rows == "auto"  # the default
+    jobs.warm_start(cfg, setup, str(tmp_path / "auto"))
+    cfg.sft.tie_embedding_rows = "False"  # as --config.sft.tie_embedding_rows=False gives it
     jobs.warm_start(cfg, setup, str(tmp_path / "off"))
-    cfg.sft.tie_embedding_rows = True
+    cfg.sft.tie_embedding_rows = "True"
     jobs.warm_start(cfg, setup, str(tmp_path / "on"))
-    assert got[0] is None
+    assert got[1] is None
     vocab = ReadingVocab.load(setup.tokenizer_dir)
-    groups = got[1]
+    assert got[0] == got[2]
+    groups = got[2]
     assert groups == name_groups(vocab) + value_groups(vocab)
     group_of = {i: g for g, ids in enumerate(groups) for i in ids}
     people = set(vocab.names["person"]["reserved"])
@@ -151,8 +155,13 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
     assert group_of[vocab.ids[train_person]] == group_of[vocab.ids[held_person]]
 
     plain = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
-    plain.sft.tie_embedding_rows = True
+    plain_setup = build_setup(plain)
+    assert jobs.embedding_row_groups(plain, plain_setup) is None  # auto: nothing to tie on this model
+    plain.sft.tie_embedding_rows = "True"
     with pytest.raises(UserInputError, match="sft.tie_embedding_rows"):
-        jobs.warm_start(plain, build_setup(plain), str(tmp_path / "plain"))
+        jobs.warm_start(plain, plain_setup, str(tmp_path / "plain"))
     assert not os.path.exists(tmp_path / "plain")
+    plain.sft.tie_embedding_rows = "sometimes"
+    with pytest.raises(UserInputError, match="sft.tie_embedding_rows='sometimes'"):
+        jobs.embedding_row_groups(plain, plain_setup)
 
