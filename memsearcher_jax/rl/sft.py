@@ -384,14 +384,15 @@ def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Ge
 
 
 def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0,
-              optim: OptimConfig | None = None, seconds: float | None = None, tied_rows=None):
+              optim: OptimConfig | None = None, seconds: float | None = None, tied_rows=None,
+              min_steps: int = 0):
     """Train `model` on the conversations; returns (trained model, per-step history dicts).
 
     Batches are drawn by reshuffling the rows each epoch (seeded), grouped by length so a batch
     (padded to the bucket of its longest row) wastes little on padding. optim: the optimizer's
     settings (default: `optim_config(config)`); seconds: stop once this much wall clock has
-    passed (config.steps still bounds the run); tied_rows: groups of embedding rows that move
-    together (`SFTTrainer`).
+    passed (config.steps still bounds the run), but not before `min_steps` steps; tied_rows: groups
+    of embedding rows that move together (`SFTTrainer`).
     """
     rows = build_rows(conversations, pad_id, config.max_len)
     if rows.weights.sum() == 0:
@@ -406,7 +407,7 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     if config.progress:
         bar = tqdm(total=config.steps, desc="sft", leave=False)
     for step in range(config.steps):
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
+        if seconds is not None and step >= min_steps and time.perf_counter() - t0 >= seconds:
             break
         if pos + bs > n:
             order, pos = length_grouped_order(rows.lengths, bs, rng), 0

@@ -1,0 +1,56 @@
+"""The RFT control (memsearcher_jax/rft.py): it samples GRPO's number of rollouts from the warm
+start and fine-tunes on the successful ones only."""
+from __future__ import annotations
+
+import pytest
+
+from memsearcher_jax.qa_metrics import RewardResult
+from tests.test_train_step import _config
+
+
+def parity_reward(assistant_blocks, ended_with_eos, golds) -> RewardResult:
+    """A reward plugin that splits a random model's episodes about in half, by content: 1.0 when the
+    last block has an even number of characters, else 0.5."""
+    ok = len(assistant_blocks[-1]) % 2 == 0 if assistant_blocks else False
+    return RewardResult(reward=1.0 if ok else 0.5, em=float(ok), f1=float(ok), format_ok=True, answer=None)
+
+
+def test_kept_trajectories_needs_the_threshold_and_the_format():
+    from memsearcher_jax.rft import kept_trajectories
+
+    results = [RewardResult(1.0, 1.0, 1.0, True, "a"), RewardResult(0.99, 0.0, 0.99, True, "b"),
+               RewardResult(1.0, 1.0, 1.0, False, "c"), RewardResult(0.1, 0.0, 0.0, True, "d")]
+    assert kept_trajectories("wxyz", results) == ["w"]
+    assert kept_trajectories("wxyz", results, min_reward=0.1) == ["w", "x", "z"]
+
+
+@pytest.mark.slow
+def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch):
+    from memsearcher_jax import rft
+    from memsearcher_jax.experiment import build_setup, load_policy
+    from memsearcher_jax.models import save_pretrained
+
+    cfg = _config(tmp_path, "rft", [("train.steps", "2"), ("rl.reward_fn", "tests.test_rft:parity_reward")])
+    setup = build_setup(cfg)
+    model_dir = str(tmp_path / "warm")
+    save_pretrained(load_policy(cfg, setup, lora=False), model_dir, tokenizer_dir=setup.tokenizer_dir)
+    sampled, trained = [], []
+    real_sample = rft.sample_rollouts
+    monkeypatch.setattr(rft, "sample_rollouts", lambda *a: sampled.extend(real_sample(*a)) or sampled)
+
+    def fake_sft(model, convs, config, pad_id, optim=None, seconds=None, tied_rows=None, min_steps=0):
+        trained.extend(convs)
+        return model, [{"loss": 0.0}] * min_steps
+
+    monkeypatch.setattr(rft, "sft_train", fake_sft)
+    got = rft.rft_control(cfg, setup, model_dir, seconds=0.0)
+    trajs = [(t, r) for ts, rs in sampled for t, r in zip(ts, rs)]
+    assert len(trajs) == got.sampled == 2 * cfg.rl.batch_questions * cfg.rl.group_size
+    good = [t for t, r in trajs if r.reward >= 1.0]
+    assert 0 < len(good) < len(trajs), "the parity reward should keep some episodes and drop others"
+    want = [id(c) for t in good for c in t.conversations]
+    assert [id(c) for c in trained] == want
+    assert got.kept == len(good) and got.rows == len(want)
+    assert got.steps == -(-len(want) // cfg.sft.batch_size)  # at least one pass over the kept rows
+    # the two steps asked different questions (GRPO's data order)
+    assert {t.question for t in sampled[0][0]} != {t.question for t in sampled[1][0]}
