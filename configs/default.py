@@ -73,6 +73,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.eval_max_turns = 6
     c.agent.prompt_style = "compact"  # few-token system prompt; the recipe uses "full"
     c.agent.tool = "wikipedia_search"  # the search tool by registered name (memsearcher_jax/agent/tools.py)
+    c.agent.multi_answer_prompt = "auto"  # state the N-answer format ("a1; a2") in every system prompt: auto
+                                     # where the task asks several questions (world or demo objectives > 1)
     c.agent.tool_schema = ""         # or a JSON function schema of your own: {"name", "description", "parameters"}
     c.agent.stop_token_ids = ()      # ids a generation ends on besides <|im_end|> (empty: the tokenizer's
                                      # eos and the model dir's generation_config eos_token_id list)

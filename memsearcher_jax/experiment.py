@@ -82,7 +82,8 @@ COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "o
                    OptimConfig: ("total_steps", "later_rates"),
                    LoopConfig: ("output_dir", "sampling_dtype")}
 # Keys of those sections that no dataclass takes: read here, by name.
-KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids"), "rl": ("reward_fn",),
+KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids", "multi_answer_prompt"),
+                  "rl": ("reward_fn",),
                   "train": ("eval_questions", "eval_per_set", "compilation_cache_dir")}
 
 
@@ -245,6 +246,18 @@ def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
     return counts
 
 
+def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
+    """Whether the system prompts state the N-answer format (`agent.multi_answer_prompt`): "auto"
+    states it when the task asks several questions at once, in the world (world.objectives) or in
+    the warm start's demonstrations (sft.demo_objectives); True / False force it."""
+    value = str(cfg.agent.get("multi_answer_prompt", "auto")).strip().lower()
+    if value == "auto":
+        return cfg.world.objectives > 1 or max(demo_objective_counts(cfg)) > 1
+    if value in ("true", "false"):
+        return value == "true"
+    raise ValueError(f"agent.multi_answer_prompt={cfg.agent.multi_answer_prompt!r}: expected auto, True or False")
+
+
 def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
     """The first `sft.num_demos` training questions the demonstrator scripts: the training set
     as GRPO sees it, or (sft.demo_objectives) equal shares at each objective count, interleaved
@@ -316,7 +329,8 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     tokenizer = load_tokenizer(os.path.expanduser(tok_dir))
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
                             stop_ids=stop_token_ids(cfg, tokenizer),
-                            tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema))
+                            tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema),
+                            multi_answer=multi_answer_prompt(cfg))
     if world_paths is not None:
         n = cfg.world.objectives
         train_q = join_objectives(read_jsonl(world_paths.train), n, seed=cfg.world.seed)

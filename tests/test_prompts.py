@@ -208,3 +208,53 @@ def test_mem1_and_memory_ops_prompts_equal_their_rendered_text(tok, style):
     assert enc(tok, pb.decode(obs)) == obs and "<ops>" in pb.decode(obs)
     if style == "full":
         assert len(mem1_context(pb, "q", [], [])) < 400 and len(memory_ops_context(pb, "q", [], [])) < 400
+
+
+@pytest.mark.parametrize("style", ["full", "compact"])
+def test_multi_answer_rule_is_in_every_workflows_system_prompt_when_asked(tok, style):
+    """With multi_answer, the system prompt of every workflow (memsearcher, react, mem1, memory_ops)
+    states the N-answer format; without it, the contexts are the ones the default always had."""
+    from memsearcher_jax.agent.prompts import COMPACT_MULTI_ANSWER_RULE, MULTI_ANSWER_RULE
+    from memsearcher_jax.agent.workflows.mem1 import mem1_context
+    from memsearcher_jax.agent.workflows.memory_ops import memory_ops_context
+
+    rule = MULTI_ANSWER_RULE if style == "full" else COMPACT_MULTI_ANSWER_RULE
+    q = "Where was Lopa born?; When was Tarvel founded?"
+
+    def contexts(b):
+        return {"memsearcher": b.memsearcher_context(q, "m"), "react": b.react_context(q),
+                "mem1": mem1_context(b, q, [], []), "memory_ops": memory_ops_context(b, q, [(1, "x")], [])}
+
+    plain, multi = PromptBuilder(tok, style=style), PromptBuilder(tok, style=style, multi_answer=True)
+    for name, ids in contexts(multi).items():
+        text = multi.decode(ids)
+        system = text.split("<|im_start|>user")[0]
+        assert rule in system, name
+        assert "\\boxed{a1; a2}" in system or "\\boxed{answer 1; answer 2; ...}" in system
+    for name, ids in contexts(plain).items():
+        assert rule not in plain.decode(ids), name
+    # The rule is added, nothing else changes: the user part and what follows are the same ids.
+    m, p = contexts(multi)["memsearcher"], contexts(plain)["memsearcher"]
+    user_at = lambda ids: max(i for i, t in enumerate(ids) if t == IM_START and i < len(ids) - 3 and
+                              ids[i + 1:i + 2] == enc(tok, "user"))
+    assert m[user_at(m):] == p[user_at(p):]
+
+
+def test_multi_answer_prompt_auto_follows_the_task():
+    import os
+
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import multi_answer_prompt
+
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
+    assert cfg.agent.multi_answer_prompt == "auto" and not multi_answer_prompt(cfg)  # the default: one question
+    cfg.sft.demo_objectives = "1,2"
+    assert multi_answer_prompt(cfg)
+    cfg.sft.demo_objectives = ""
+    cfg.world.objectives = 4
+    assert multi_answer_prompt(cfg)
+    cfg.agent.multi_answer_prompt = "False"
+    assert not multi_answer_prompt(cfg)
+    cfg.agent.multi_answer_prompt = "maybe"
+    with pytest.raises(ValueError, match="agent.multi_answer_prompt='maybe'"):
+        multi_answer_prompt(cfg)

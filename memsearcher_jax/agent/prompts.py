@@ -68,6 +68,14 @@ def react_system_prompt(default_top_n: int = 5, tool: SearchTool = DEFAULT_TOOL)
     )
 
 
+# The N-answer format of multi-objective questions (MEM1's task), added to every workflow's system
+# prompt when the task has them (`PromptBuilder(multi_answer=True)`): the reward scores the boxed
+# answer's ";"-separated parts against the questions in order, so the prompt must say so.
+MULTI_ANSWER_RULE = ("The question may hold several questions separated by \"; \": answer every one in a single "
+                     "\\boxed{answer 1; answer 2; ...}, in the order they are asked.")
+COMPACT_MULTI_ANSWER_RULE = "Several questions q1; q2: answer \\boxed{a1; a2}."
+
+
 MEMORY_UPDATE_INSTRUCTION = (
     "Read the search results above. Update your memory with what helps answer the question "
     "and return the full updated memory inside <memory> </memory>."
@@ -109,16 +117,18 @@ class PromptBuilder:
     stop_ids: the ids a generation ends on. `<|im_end|>` always; add the model's own
     end-of-sequence ids (Qwen2.5-Instruct's generation_config lists `<|endoftext|>` too): a
     response that ends on any of them is ended, and nothing after it is generated or trained.
+    multi_answer: every system prompt also states the N-answer format (`MULTI_ANSWER_RULE`).
     """
 
     def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full", stop_ids=(),
-                 tool: SearchTool = DEFAULT_TOOL):
+                 tool: SearchTool = DEFAULT_TOOL, multi_answer: bool = False):
         if style not in PROMPT_STYLES:
             raise ValueError(f"prompt style {style!r}; expected one of {PROMPT_STYLES}")
         self.tokenizer = tokenizer
         self.default_top_n = default_top_n
         self.style = style
         self.tool = tool
+        self.multi_answer = multi_answer
         self.im_start_id = self._single_id(IM_START)
         self.eos_id = self._single_id(IM_END)  # the end-of-turn token generation stops on
         self.pad_id = self._single_id(ENDOFTEXT)
@@ -136,8 +146,8 @@ class PromptBuilder:
             (memsearcher_system_prompt(default_top_n, tool), react_system_prompt(default_top_n, tool),
              MEMORY_UPDATE_INSTRUCTION)
             if style == "full" else (compact_system_prompt(tool),) * 2 + (COMPACT_UPDATE_INSTRUCTION,))
-        self._mem_system = [s, *self.encode("system\n" + mem_sys), e, *nl]
-        self._react_system = [s, *self.encode("system\n" + react_sys), e, *nl]
+        self._mem_system = [s, *self.encode("system\n" + self.with_answer_rule(mem_sys)), e, *nl]
+        self._react_system = [s, *self.encode("system\n" + self.with_answer_rule(react_sys)), e, *nl]
         self._user_header = [s, *self.encode("user\n")]
         self._turn_end_newline = [e, *nl]
         self._assistant_header = [s, *self.encode("assistant\n")]
@@ -183,11 +193,19 @@ class PromptBuilder:
         return ids
 
     # ------------------------------------------------------------------ generic pieces (any workflow)
+    def with_answer_rule(self, system: str) -> str:
+        """`system`, followed by the N-answer format when the builder states it (multi_answer)."""
+        if not self.multi_answer:
+            return system
+        rule = MULTI_ANSWER_RULE if self.style == "full" else COMPACT_MULTI_ANSWER_RULE
+        return f"{system}\n{rule}" if self.style == "full" else f"{system} {rule}"
+
     def system_ids(self, system: str) -> list[int]:
-        """`<|im_start|>system\\n{system}<|im_end|>\\n`, tokenized once per distinct text."""
+        """`<|im_start|>system\\n{system}<|im_end|>\\n` (with the answer rule, if any), tokenized once per
+        distinct text."""
         if system not in self._system_cache:
-            self._system_cache[system] = [self.im_start_id, *self.encode("system\n" + system), self.eos_id,
-                                          *self._newline]
+            self._system_cache[system] = [self.im_start_id, *self.encode("system\n" + self.with_answer_rule(system)),
+                                          self.eos_id, *self._newline]
         return self._system_cache[system]
 
     def chat_context(self, system: str, user: str) -> list[int]:
