@@ -364,3 +364,32 @@ def test_a_vague_search_that_does_not_fit_is_dropped(world, two_objective_rows):
                                 config=DemoConfig(vague_query_rate=1.0, wrong_answer_rate=0, early_answer_rate=0,
                                                   max_turns=6))
     assert all(d.flaw == "vague_query" for d in roomy)
+
+
+@pytest.mark.parametrize("early_two_hop", ["first_hop", "no_search"])
+def test_several_objective_demos_search_every_objective_before_answering(world, early_two_hop):
+    """With several objectives the demonstrator never answers one question and guesses the rest:
+    every objective is searched (its first fact comes back in an observation); an
+    early answer stops a 2-hop objective after its first hop and boxes the bridge entity; a row of
+    1-hop objectives gets a wrong answer instead. Single questions keep their early guesses."""
+    from memsearcher_jax.data.synthetic import join_objectives
+
+    rows, builder, retriever = world
+    cfg = DemoConfig(vague_query_rate=0.2, wrong_answer_rate=0.1, early_answer_rate=0.6, early_two_hop=early_two_hop,
+                     max_turns=10)
+    for n in (2, 3):
+        demos = make_demonstrations(join_objectives(rows[:60], n, seed=1), builder, retriever, seed=2, config=cfg)
+        early = [d for d in demos if d.flaw == "early_answer"]
+        assert early and any(d.flaw == "wrong_answer" for d in demos)
+        for d in demos:
+            assert check_demonstration(d, builder) == [], (d.row["question"], d.flaw)
+            seen = " ".join(builder.decode([t for t, m in zip(c.response_ids, c.loss_mask) if m == 0])
+                            for c in d.conversations)
+            for o in d.row["objectives"]:  # searched: its first fact came back in an observation
+                assert o["facts"][0] in seen, (d.flaw, o["question"])
+        for d in early:
+            stopped = [(o, a) for o, a in zip(d.row["objectives"], d.answers) if a != o["golden_answers"][0]]
+            assert len(stopped) == 1 and stopped[0][0]["hops"] == 2 and stopped[0][1] == stopped[0][0]["intermediate"]
+            assert d.act_kinds.count(ActKind.TOOL_CALLS) == sum(o["hops"] for o in d.row["objectives"]) - 1
+    singles = make_demonstrations(rows[:60], builder, retriever, seed=2, config=cfg)
+    assert any(d.flaw == "early_answer" and d.act_kinds == [ActKind.ANSWER] for d in singles)

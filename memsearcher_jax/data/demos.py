@@ -29,7 +29,9 @@ drawn at random, so GRPO has something to improve):
     wrong_answer  every hop is searched but the boxed answer is wrong
     early_answer  answers (wrongly) before every hop is found: 1-hop with no search at all,
                   2-hop right after the first hop (boxing the bridge entity), or with
-                  `early_two_hop="no_search"` with no search at all, as on 1-hop questions
+                  `early_two_hop="no_search"` with no search at all, as on 1-hop questions.
+                  With several objectives every objective is searched: the flaw stops a 2-hop
+                  objective after its first hop (a row without one gets a wrong answer instead)
 """
 from __future__ import annotations
 
@@ -339,6 +341,17 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
         flaw = None  # no room for the recovery search (only with several objectives: 1 takes <= 4 turns)
     # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
     target = rng.randrange(len(objs)) if flaw and len(objs) > 1 else len(objs) - 1
+    several = len(objs) > 1
+    if flaw == "early_answer" and several:
+        # With several objectives every one is searched before the answer: answering early stops a
+        # 2-hop objective after its first hop (boxing the bridge entity), never skips an objective
+        # (a policy that imitated that answers the questions it did not search with guesses). A
+        # row of 1-hop objectives has no hop to stop short of: its flaw is a wrong answer instead.
+        two_hop = [k for k, o in enumerate(objs) if int(o["hops"]) == 2]
+        if two_hop:
+            target = two_hop[target % len(two_hop)]
+        else:
+            flaw = "wrong_answer"
     found: list[str] = []       # supporting sentences in memory, in search order
     kinds: list[ActKind] = []
     memories: list[str] = []
@@ -354,7 +367,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
         facts, hop = list(o["facts"]), 0
         hops = int(o["hops"])
         if flaw == "early_answer" and oi == target:  # stops one hop short, or before any search
-            hops = hops - 1 if cfg.early_two_hop == "first_hop" else 0
+            hops = hops - 1 if cfg.early_two_hop == "first_hop" or several else 0
         vague_pending = flaw == "vague_query" and oi == target
         while hop < hops:
             conv = next_turn()
@@ -377,8 +390,8 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             memory = " ".join(found + [note] if note else found)
             tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
-    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, cfg.early_two_hop == "first_hop")
-               for oi, o in enumerate(objs)]
+    bridge = cfg.early_two_hop == "first_hop" or several
+    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, bridge) for oi, o in enumerate(objs)]
     answer = "; ".join(answers)
     conv = next_turn()
     tb.act(conv, THINK_ANSWER if found else THINK_GUESS, f"\\boxed{{{answer}}}")
