@@ -33,6 +33,8 @@ import argparse
 import gc
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 
@@ -51,10 +53,11 @@ from memsearcher_jax.experiment import (
     with_objectives,
 )
 from memsearcher_jax.jobs import restore_policy, train_job
-from memsearcher_jax.models import from_pretrained
+from memsearcher_jax.models import from_pretrained, save_pretrained
+from memsearcher_jax.rft import rft_control
 
 WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
-OBJECTIVES = (1, 2, 4, 8)
+OBJECTIVES = (1, 2, 4, 8, 16)
 BUDGETS = (16, 32, 64, 128)
 # --quick: every table in a small version. The warm start and GRPO keep enough steps that the
 # trained memsearcher answers (the default's 150 SFT / 30 GRPO steps of 16 x 5 reach held-out EM
@@ -69,6 +72,7 @@ QUICK_BUDGETS = (16, 64)
 # shipped base's position limit (max_position_embeddings 4096; it was pretrained on rows of <= 512
 # tokens, so longer react contexts also test whether it reads past that).
 CONTEXT_ROOM = 4096
+MODEL_DIRS = {"warm_start": "warmstart", "rft": "rft"}  # the models kept as HF directories in OUT/<workflow>/
 SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens", "peak_tokens_max",
            "tokens_per_question")
 
@@ -83,10 +87,12 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
     cfg.agent.workflow = workflow
     cfg.world.objectives = train_objectives
     if not cfg.sft.demo_objectives and train_objectives > 1:
-        # The warm start also shows single questions (an instruct LLM, MEM1's start, answers those
-        # already): a base shown only pairs answers every question with two answers (EM 0 at 1).
-        cfg.sft.demo_objectives = f"1,{train_objectives}"
-    cfg.agent.max_turns = max(cfg.agent.max_turns, 2 * train_objectives + 1)
+        # The warm start shows 1 to max(4, N) questions at once in equal shares: single questions (an
+        # instruct LLM, MEM1's start, answers those already: a base shown only pairs answers every
+        # question with two answers, EM 0 at 1), and more than the training count, so that the
+        # format and the habit of searching every question reach the counts evaluated.
+        cfg.sft.demo_objectives = ",".join(str(k) for k in range(1, max(4, train_objectives) + 1))
+    cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(train_objectives))
     cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
     cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)
     cfg.train.output_dir = out_dir
@@ -97,10 +103,16 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
     return cfg
 
 
+def turns_for(objectives: int) -> int:
+    """Turns an episode of N objectives gets: a search per hop (2-hop questions need two), the
+    answer, and one turn to spare for a search that found nothing: 2N + 2."""
+    return 2 * objectives + 2
+
+
 def eval_config(cfg: ml_collections.ConfigDict, objectives: int, memory_budget: int | None = None):
     out = ml_collections.ConfigDict(cfg.to_dict())
     out.world.objectives = objectives
-    out.agent.eval_max_turns = max(cfg.agent.eval_max_turns, 2 * objectives + 2)
+    out.agent.eval_max_turns = max(cfg.agent.eval_max_turns, turns_for(objectives) + 1)
     if memory_budget is not None:
         out.agent.memory_budget = memory_budget
     return out
@@ -140,8 +152,8 @@ class ModelEvaluator:
 
     def sampler(self, which: str):
         if which not in self.samplers:
-            if which == "warm_start":
-                model = from_pretrained(os.path.join(self.cfg.train.output_dir, "warmstart"),
+            if which in ("warm_start", "rft"):  # HF directories: the warm start, the RFT control
+                model = from_pretrained(os.path.join(self.cfg.train.output_dir, MODEL_DIRS[which]),
                                         dtype=self.cfg.model.dtype, param_dtype=self.cfg.model.param_dtype)
             else:
                 model, _ = restore_policy(self.cfg.train.output_dir)
@@ -172,7 +184,20 @@ def timed_train(cfg) -> dict:
     return {**summary, "job_seconds": time.perf_counter() - t0, "grpo_step_seconds": step_seconds}
 
 
-def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, name: str | None = None) -> dict:
+def timed_rft(cfg, grpo_seconds: float) -> dict:
+    """The RFT control (memsearcher_jax/rft.py) from the warm start, for at least GRPO's time; the
+    model is saved in OUT/<workflow>/rft/ (a HF directory) for the evaluations."""
+    setup = build_setup(cfg)
+    got = rft_control(cfg, setup, os.path.join(cfg.train.output_dir, "warmstart"), grpo_seconds)
+    save_pretrained(got.model, os.path.join(cfg.train.output_dir, "rft"), tokenizer_dir=setup.tokenizer_dir)
+    print(f"  {cfg.agent.workflow} RFT: kept {got.kept} of {got.sampled} trajectories ({got.rows} rows), "
+          f"{got.steps} steps; sampling {got.sample_seconds / 60:.1f} min, "
+          f"fine-tuning {got.train_seconds / 60:.1f} min", flush=True)
+    return got.summary()
+
+
+def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, name: str | None = None,
+                 rft: bool = False) -> dict:
     """Warm start + GRPO by the default job, then the held-out evaluations of both models; every
     phase is read back from OUT/phases/<name>/ when an earlier run finished it, and an
     unfinished GRPO resumes from its last checkpoint (train_job's own resume)."""
@@ -189,6 +214,13 @@ def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, nam
                                              lambda n=n: evaluator("warm_start", n)) for n in warm_objectives}
     result["grpo"] = {n: run_phase(phase_path(out, name, f"grpo@{n}"), lambda n=n: evaluator("grpo", n))
                       for n in objectives}
+    if rft and cfg.sft.steps > 0:
+        # Same rollout count as GRPO, at least its minutes (sampling included): RL against supervised
+        # training on the policy's own successful episodes.
+        seconds = (summary.get("grpo_step_seconds") or summary["grpo_seconds"])
+        result["rft_run"] = run_phase(phase_path(out, name, "rft"), lambda: timed_rft(cfg, seconds))
+        result["rft"] = {n: run_phase(phase_path(out, name, f"rft@{n}"), lambda n=n: evaluator("rft", n))
+                         for n in sorted({1, 2, cfg.world.objectives})}
     return result
 
 
@@ -234,7 +266,7 @@ def table1(results: dict, train_objectives: int = 2) -> str:
     lines = [f"| workflow | model | EM @1 | F1 @1 | EM @2 | F1 @2 | peak tokens @{n} | tokens / question @{n} | "
              "GRPO minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for w, r in results.items():
-        for label, key in (("GRPO", "grpo"), ("warm start only", "warm_start")):
+        for label, key in (("GRPO", "grpo"), ("RFT (same rollouts)", "rft"), ("warm start only", "warm_start")):
             if key not in r:
                 continue
             m = r[key]
@@ -281,6 +313,8 @@ def tables_markdown(report: dict) -> str:
     """Every table with its caption, the date and the command (what tables.md holds)."""
     res, n = report["workflows"], report["train_objectives"]
     parts = [f"# Workflow tables ({report['date']})", "", f"Command: `{report['command']}`", "",
+             f"Seed {report.get('seed', 0)}; base {report.get('base', '?')}; commit {report.get('git_commit', '?')}"
+             f"{' (with uncommitted changes)' if report.get('git_dirty') else ''}.", "",
              f"Trained on {n} objectives; {report['eval_questions']} held-out questions per evaluation (greedy).", "",
              "## Table 1: accuracy and context per workflow", "", table1(res, n), "",
              f"## Table 2: prompt tokens per act call by turn, mean / max (n = episodes), at {n} objectives", "",
@@ -312,6 +346,11 @@ def parse_args(argv):
                     help=f"memory budgets of Table 4, '' for none (default {','.join(map(str, BUDGETS))}; --quick "
                          f"{','.join(map(str, QUICK_BUDGETS))})")
     ap.add_argument("--budget-training", action="store_true", help="Table 4: train one memsearcher per budget")
+    ap.add_argument("--seeds", default="0",
+                    help="comma-separated seeds (world and training: world.seed and train.seed); with several, each "
+                         "runs into OUT/seed<S>/ and Table 1 gives the mean and spread over them (default 0)")
+    ap.add_argument("--no-rft", action="store_true",
+                    help="skip Table 1's RFT control (rejection-sampling fine-tuning on GRPO's number of rollouts)")
     ap.add_argument("--eval-questions", type=int, default=None,
                     help=f"held-out questions per evaluation (default: train.eval_questions; --quick "
                          f"{QUICK_EVAL_QUESTIONS})")
@@ -379,28 +418,84 @@ def first_difference(a, b, where: str = "") -> str | None:
     return None if a == b else f"{where.rstrip('.')}: {a!r} -> {b!r}"
 
 
+def provenance(base: ml_collections.ConfigDict, argv, seed: int) -> dict:
+    """What a results.json must say about where it came from: the seed, the base model, the git
+    commit (and whether the tree had uncommitted changes) and the command."""
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"seed": seed, "base": os.path.basename(os.path.normpath(str(base.model.source))),
+            "git_commit": git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(git("status", "--porcelain")),
+            "command": "python bench/paper_tables.py " + " ".join(argv)}
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, overrides = parse_args(argv)
-    base = load_config(args.config, overrides)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    reports = {}
+    for seed in seeds:
+        base = load_config(args.config, overrides)
+        base.world.seed = base.train.seed = seed
+        # One seed: OUT itself (as before seeds existed); several: OUT/seed<S>/ each.
+        out = os.path.abspath(args.out) if len(seeds) == 1 else os.path.join(os.path.abspath(args.out), f"seed{seed}")
+        reports[seed] = run_seed(base, args, argv, seed, out)
+    if len(seeds) > 1:
+        combined = {"seeds": seeds, "by_seed": reports, **provenance(base, argv, seeds[0])}
+        combined.pop("seed")
+        with open(os.path.join(os.path.abspath(args.out), "results.json"), "w", encoding="utf-8") as f:
+            json.dump(combined, f, indent=1)
+        text = seeds_table1(reports)
+        with open(os.path.join(os.path.abspath(args.out), "table1_seeds.md"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        print("\n" + text, flush=True)
+    return 0
+
+
+def seeds_table1(reports: dict) -> str:
+    """Table 1's EM columns over seeds: mean and spread (min-max) per workflow and model."""
+    seeds = sorted(reports)
+    first = reports[seeds[0]]
+    n = first["train_objectives"]
+    lines = [f"Seeds {', '.join(map(str, seeds))}: mean (min-max) of held-out EM per objective.", "",
+             f"| workflow | model | EM @1 | EM @2 | EM @{n} |" if n != 2 else "| workflow | model | EM @1 | EM @2 |",
+             "|---|---|---:|---:|" + ("---:|" if n != 2 else "")]
+    cols = (1, 2) if n == 2 else (1, 2, n)
+    for w in first["workflows"]:
+        for label, key in (("GRPO", "grpo"), ("RFT (same rollouts)", "rft"), ("warm start only", "warm_start")):
+            cells = []
+            for k in cols:
+                vals = [_get(reports[s]["workflows"].get(w, {}), key, k, "em") for s in seeds]
+                vals = [100 * v for v in vals if v is not None]
+                cells.append(f"{statistics.mean(vals):.1f} ({min(vals):.1f}-{max(vals):.1f})" if vals else "—")
+            if any(c != "—" for c in cells):
+                lines.append(f"| {w} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -> dict:
+    """Every table for one seed, into `out` (resumable: see the module docstring)."""
     workflows = [w for w in args.workflows.split(",") if w]
     objectives = tuple(int(n) for n in args.objectives.split(",") if n)
     budgets = tuple(int(b) for b in args.budgets.split(",") if b)
     eval_q = args.eval_questions or (QUICK_EVAL_QUESTIONS if args.quick else base.train.eval_questions)
-    out = os.path.abspath(args.out)
     cfgs = {w: workflow_config(base, w, os.path.join(out, w), args.train_objectives) for w in workflows}
     for cfg in cfgs.values():  # every workflow's config is checked before anything trains
         validate(cfg)
         for n in objectives:
             validate(eval_config(cfg, n), training=False)
     check_settings(out, {**settings_of(base, args), "eval_questions": eval_q})
-    report = {"date": time.strftime("%Y-%m-%d"), "command": "python bench/paper_tables.py " + " ".join(argv),
+    report = {"date": time.strftime("%Y-%m-%d"), **provenance(base, argv, seed),
               "train_objectives": args.train_objectives, "objectives": list(objectives), "eval_questions": eval_q,
               "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {}}
     t0 = time.perf_counter()
     for w, cfg in cfgs.items():
         print(f"=== {w}: warm start, GRPO, evaluation", flush=True)
-        report["workflows"][w] = run_workflow(cfg, objectives, out, ModelEvaluator(cfg, eval_q))
+        report["workflows"][w] = run_workflow(cfg, objectives, out, ModelEvaluator(cfg, eval_q), rft=not args.no_rft)
         write_report(report, out)
         release_memory()  # the next workflow's programs and models: one workflow's at a time in memory
     if budgets and ("memsearcher" in cfgs or args.budget_training):
@@ -412,7 +507,7 @@ def main(argv=None) -> int:
     print("\n" + tables_markdown(report), flush=True)
     print(f"this command's wall time: {(time.perf_counter() - t0) / 60:.1f} min (phases done earlier skipped)",
           flush=True)
-    return 0
+    return report
 
 
 def write_report(report: dict, out: str) -> None:

@@ -27,6 +27,7 @@ from memsearcher_jax.experiment import (
     build_setup,
     build_trainer,
     compilation_cache,
+    demo_objective_counts,
     demo_questions,
     eval_questions,
     eval_runner,
@@ -58,8 +59,11 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
     rows = demo_questions(cfg, setup)
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
                                      "early_two_hop", "react_share") if k in cfg.sft}
+    # A script of N objectives needs up to 2N + 2 turns (a search per hop and a recovery search); the
+    # demonstrations may show more objectives than the training episodes ask (sft.demo_objectives).
+    turns = max(4, cfg.agent.max_turns, 2 * max(demo_objective_counts(cfg)) + 2)
     return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,
-                               config=DemoConfig(max_turns=max(4, cfg.agent.max_turns), top_n=cfg.agent.default_top_n,
+                               config=DemoConfig(max_turns=turns, top_n=cfg.agent.default_top_n,
                                                  workflow=cfg.agent.workflow, **rates))
 
 

@@ -52,9 +52,10 @@ def test_table2_by_turn_cells_and_missing_turns():
 
 def test_table3_every_objective_count_missing_is_a_dash():
     lines = pt.table3(RESULTS).splitlines()
-    assert lines[0] == "| workflow | EM @1 | peak @1 | EM @2 | peak @2 | EM @4 | peak @4 | EM @8 | peak @8 |"
-    assert lines[2] == "| memsearcher | 80.0 | 170 | 70.0 | 180 | 50.0 | 190 | 40.0 | 200 |"
-    assert lines[3] == "| react | 78.0 | 330 | 66.0 | 500 | 30.0 | 900 | — | — |"
+    assert lines[0] == ("| workflow | EM @1 | peak @1 | EM @2 | peak @2 | EM @4 | peak @4 | EM @8 | peak @8 | EM @16 | "
+                        "peak @16 |")
+    assert lines[2] == "| memsearcher | 80.0 | 170 | 70.0 | 180 | 50.0 | 190 | 40.0 | 200 | — | — |"
+    assert lines[3] == "| react | 78.0 | 330 | 66.0 | 500 | 30.0 | 900 | — | — | — | — |"
 
 
 def test_table4_sorted_by_budget():
@@ -81,14 +82,15 @@ def test_workflow_config_gives_room_for_the_objectives():
     base = load_config(os.path.join(ROOT, "configs/default.py"))
     cfg = pt.workflow_config(base, "react", "/tmp/x/react", 2, memory_budget=32)
     assert (cfg.agent.workflow, cfg.world.objectives, cfg.agent.memory_budget) == ("react", 2, 32)
-    assert cfg.agent.max_turns == max(base.agent.max_turns, 5) and cfg.train.eval_questions == 0
+    assert cfg.agent.max_turns == max(base.agent.max_turns, 6) and cfg.train.eval_questions == 0  # 2N+2
     # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
     assert cfg.agent.max_context_tokens == cfg.agent.max_response_tokens == 4096 > base.agent.max_context_tokens
     assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
-    assert cfg.sft.demo_objectives == "1,2" and base.sft.demo_objectives == ""  # the warm start shows singles too
+    # the warm start shows singles and up to 4 questions at once
+    assert cfg.sft.demo_objectives == "1,2,3,4" and base.sft.demo_objectives == ""
     assert pt.workflow_config(base, "react", "/tmp/x/react", 1).sft.demo_objectives == ""
     ecfg = pt.eval_config(cfg, 8)
-    assert ecfg.world.objectives == 8 and ecfg.agent.eval_max_turns == 18
+    assert ecfg.world.objectives == 8 and ecfg.agent.eval_max_turns == 19
 
 
 def test_quick_overrides_yield_to_the_command_line():
@@ -96,7 +98,7 @@ def test_quick_overrides_yield_to_the_command_line():
     assert args.quick and ("sft.steps", str(pt.QUICK["sft.steps"])) in overrides
     assert (args.objectives, args.budgets) == ("1,2,8", "16,64")
     full, _ = pt.parse_args(["--budgets", ""])
-    assert (full.objectives, full.budgets) == ("1,2,4,8", "")
+    assert (full.objectives, full.budgets) == ("1,2,4,8,16", "")
     assert overrides.index(("train.steps", "5")) > overrides.index(("train.steps", str(pt.QUICK["train.steps"])))
 
 
@@ -154,6 +156,11 @@ class FakeJob:
         assert resume is True  # an unfinished GRPO resumes from its checkpoint
         self._record(("train", cfg.agent.workflow))
         return {"grpo_seconds": 120.0}
+
+    def rft(self, cfg, seconds):
+        self._record(("rft", cfg.agent.workflow))
+        assert seconds == 120.0  # at least GRPO's time
+        return {"sampled": 8, "kept": 2}
 
     def evaluator(self, workflow):
         def evaluate(which, n, memory_budget=None):
@@ -223,14 +230,17 @@ def test_budget_sweep_phases_resume(tmp_path):
 def test_main_resumes_the_same_command_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
     job = FakeJob()
     monkeypatch.setattr(pt, "train_job", job.train)
+    monkeypatch.setattr(pt, "timed_rft", job.rft)
     monkeypatch.setattr(pt, "ModelEvaluator", lambda cfg, q: job.evaluator(cfg.agent.workflow))
     argv = ["--workflows", "memsearcher,react", "--objectives", "1,2", "--budgets", "16", "--out", str(tmp_path),
             "--eval-questions", "4"]
     assert pt.main(argv) == 0
     assert ("train", "memsearcher") in job.calls and ("train", "react") in job.calls
+    assert ("rft", "react") in job.calls and ("react", "rft", 2) in job.calls  # Table 1's RFT row
     assert ("memsearcher", "grpo", 2, 16) in job.calls
     md = (tmp_path / "tables.md").read_text()
-    assert "| react | GRPO | 50.0 |" in md and "| 16 | 50.0 |" in md
+    assert "| react | GRPO | 50.0 |" in md and "| 16 | 50.0 |" in md and "| react | RFT (same rollouts) | 10.0 |" in md
+    assert "Seed 0; base reading_v8; commit " in md
     job.calls.clear()
     assert pt.main(argv) == 0 and job.calls == []
     assert (tmp_path / "tables.md").read_text().split("\n", 1)[1] == md.split("\n", 1)[1]
@@ -284,3 +294,25 @@ def test_budget_training_trains_one_run_per_budget_each_resumable(tmp_path, monk
     job.calls.clear()
     pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
     assert job.calls == []
+
+
+def test_seeds_run_apart_and_table1_gives_mean_and_spread(tmp_path, monkeypatch):
+    """--seeds 0,1: each seed (world and training) runs into OUT/seed<S>/ with its own results.json
+    (seed, base, git commit, command); OUT/results.json and table1_seeds.md combine them."""
+    job, seen = FakeJob(), []
+    monkeypatch.setattr(pt, "train_job", lambda cfg, resume: seen.append((cfg.world.seed, cfg.train.seed))
+                        or job.train(cfg, resume))
+    monkeypatch.setattr(pt, "timed_rft", job.rft)
+    monkeypatch.setattr(pt, "ModelEvaluator", lambda cfg, q: job.evaluator(cfg.agent.workflow))
+    argv = ["--workflows", "react", "--objectives", "1,2", "--budgets", "", "--out", str(tmp_path), "--seeds", "0,1"]
+    assert pt.main(argv) == 0
+    assert seen == [(0, 0), (1, 1)]
+    for s in (0, 1):
+        got = json.loads((tmp_path / f"seed{s}" / "results.json").read_text())
+        assert got["seed"] == s and got["base"] == "reading_v8" and len(got["git_commit"]) == 40
+        assert got["command"] == "python bench/paper_tables.py " + " ".join(argv)
+    combined = json.loads((tmp_path / "results.json").read_text())
+    assert combined["seeds"] == [0, 1] and set(combined["by_seed"]) == {"0", "1"}
+    table = (tmp_path / "table1_seeds.md").read_text()
+    assert "| react | GRPO | 50.0 (50.0-50.0) | 50.0 (50.0-50.0) |" in table
+    assert "| react | warm start only | 10.0 (10.0-10.0) |" in table
