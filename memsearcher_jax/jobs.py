@@ -73,7 +73,7 @@ def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[l
     """With `sft.tie_embedding_rows`: the reading vocabulary's name rows (a group per type) and value
     rows (a group per kind), which SFT then moves together, as pretraining did. Untied, SFT on
     demonstrations about training entities moves those names' rows alone, and a held-out name
-    (never asked about in training) no longer looks like them (docs/experiments.md, 2026-11-29)."""
+    (never asked about in training) no longer looks like them (docs/lab/2026-11-29-reading-v8-ships.md)."""
     if not cfg.sft.get("tie_embedding_rows", False):
         return None
     if not ReadingVocab.exists(setup.tokenizer_dir):
