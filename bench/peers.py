@@ -36,7 +36,7 @@ Rows:
   Our learner alone holds five parameter-sized f32 arrays (params, reference, AdamW's two
   moments, the gradient sum: ~10 GB at 0.5B) before activations; where that does not fit,
   --layers N keeps the shape's widths and vocabulary with N layers (the rows say so).
-- whole GRPO step: not run; Tunix's loop could run on CPU (see the README section), but it is
+- whole GRPO step: not run; Tunix's loop could run on CPU (docs/benchmarks.md, "Against Tunix"), but it is
   rollout + reference log-probs + this update, each measured here, and it needs the actor,
   its AdamW state, the reference and the rollout model in memory at once.
 

@@ -95,13 +95,13 @@ def get_config() -> ml_collections.ConfigDict:
     # names are a shared vector per type + a fixed code each). "auto": where the model has a reading
     # vocabulary (the shipped bases), True / False to force. Untied, the warm start moves the training
     # entities' rows alone and the agent searches for a training name on 26% of seed 0's held-out
-    # questions; tied, the learning bench's mean gain is 77.7 against 63.0 (docs/lab/2026-11-29-tied-warm-start.md).
+    # questions; tied, the learning bench's mean gain is 77.7 against 63.0 (docs/lab/2026-11-29-reading-v8-ships.md).
     c.sft.tie_embedding_rows = "auto"
     # The demonstrator's deliberate flaws (share of demos; at most one flaw per demo).
     # Answering early is the demonstrator's habit (half of its demos), so the warm-started policy
     # mostly answers without searching: a mistake SFT copies and only reward can correct. At 0.6 the
     # warm start from reading_v7 sampled a search on 5% of seed 2's trajectories and GRPO gained +5;
-    # at 0.5 it gained +53 (docs/experiments.md, 2026-11-29).
+    # at 0.5 it gained +53 (docs/lab/2026-11-29-demonstrator-at-half-reading-v7-ships.md).
     c.sft.vague_query_rate = 0.1     # a vague or wrong-entity first search, then a recovery search
     c.sft.wrong_answer_rate = 0.05   # every hop searched, the boxed answer wrong
     c.sft.early_answer_rate = 0.5    # answers before every hop is found (here: before any search)
@@ -109,7 +109,8 @@ def get_config() -> ml_collections.ConfigDict:
     # How an early 2-hop answer stops: "no_search" guesses before any search, as on 1-hop questions, so
     # every demo that searches a 2-hop question finishes both hops; "first_hop" stops after the first
     # hop and boxes the bridge entity (the warm-started policy then almost never tries a second
-    # search, and whether GRPO finds it within 30 steps varies by seed: docs/experiments.md 2026-11-26).
+    # search, and whether GRPO finds it within 30 steps varies by seed:
+    # docs/lab/2026-11-26-why-seed-2-learns-slowly.md).
     c.sft.early_two_hop = "no_search"
     c.sft.react_share = 0.0          # share of demos recorded in the ReAct format (bench/context.py uses 0.5)
     # Objective counts of the demonstrations, equal shares (e.g. "1,2": half single questions, half
@@ -157,11 +158,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     # The base (4 x 256, reading_v3's size and now reading_v8's) is twice as wide as reading_v2 (~3x the
     # CPU time per GRPO step) and learns faster per step: 8 steps instead of reading_v2's 30 kept the
-    # job as fast (docs/experiments.md, 2026-11-26, sixth session). The warm start keeps its 150 steps:
+    # job as fast (docs/lab/2026-11-26-reading-v3-on-a-lent-h200.md). The warm start keeps its 150 steps:
     # after 60 one seed's policy never sampled a search, and GRPO had nothing to reinforce. From
     # reading_v7, 10 steps: seed 2 was still climbing at step 8 (training EM 85%, held-out 71%), and the
     # job stays within +25% of reading_tiny's (+4.3% from reading_v7, +10.3% from reading_v8 in a later
-    # run of the same bench; docs/experiments.md, 2026-11-29).
+    # run of the same bench; docs/lab/2026-11-29-reading-v8-ships.md).
     c.train.steps = 10
     c.train.seed = 0
     c.train.output_dir = "runs/default"

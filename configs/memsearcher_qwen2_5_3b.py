@@ -1,7 +1,7 @@
 """The MemSearcher recipe: Qwen2.5-3B-Instruct, B=256, G=5, 5 turns, 512 tokens per call,
 memory 1024, temperature 1.0, top-p 0.99, lr 1e-6, 2 optimizer steps of 128 questions each.
 
-Needs accelerators (see the README's scale-out page); it cannot run on a CPU.
+Needs accelerators (see docs/scale_out.md); it cannot run on a CPU.
     memsearcher-jax train --config configs/memsearcher_qwen2_5_3b.py \
         --config.model.source=/path/to/Qwen2.5-3B-Instruct --config.data.train_path=/data/nq_hotpotqa_train \
         --config.retrieval.kind=http --config.retrieval.url=http://127.0.0.1:8000

@@ -91,7 +91,7 @@ def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[l
     SFT then moves together, as pretraining did; None when `sft.tie_embedding_rows` is off, or "auto"
     on a model without a reading vocabulary (a real checkpoint, a random init). Untied, SFT on
     demonstrations about training entities moves those names' rows alone, and a held-out name (never
-    asked about in training) no longer looks like them (docs/lab/2026-11-29-tied-warm-start.md)."""
+    asked about in training) no longer looks like them (docs/lab/2026-11-29-reading-v8-ships.md)."""
     mode = tie_mode(cfg)
     has_vocab = ReadingVocab.exists(setup.tokenizer_dir)
     if mode == "false" or (mode == "auto" and not has_vocab):

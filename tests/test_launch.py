@@ -225,7 +225,8 @@ CHUNKS = os.path.join(ROOT, "launch", "pretrain_in_chunks.sh")
 def test_pretrain_in_chunks_refuses_a_work_folder_it_did_not_make(tmp_path):
     """The chunked pretraining script never writes into (or clears) a work folder someone else
     made, and says so before anything is installed or run; without its four arguments it prints
-    its usage. (The whole interrupt-pack-resume cycle was run by hand, 2026-11-27: docs/experiments.md.)"""
+    its usage. (The whole interrupt-pack-resume cycle was run by hand, 2026-11-27:
+    docs/lab/2026-11-27-suite-compilation-cache-works-for-toy.md.)"""
     work = tmp_path / "work"
     work.mkdir()
     (work / "mine.txt").write_text("keep")

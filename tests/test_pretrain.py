@@ -916,7 +916,8 @@ def test_a_failing_row_builder_raises_in_the_trainer_instead_of_hanging():
 def test_base_v4_layer1_heads_start_at_every_subject_to_value_distance(parts):
     """reading_v3 binds a value to its subject only through layer-1 heads, at the distances its init
     started them (5-8); works_for's value sits 4 tokens after its subject and reads 20% at 8 passages
-    (docs/experiments.md, 2026-11-27). base_v4 starts a layer-1 head at every relation's distance.
+    (docs/lab/2026-11-27-main-job-timed-works-for-binding.md). base_v4 starts a layer-1 head at every
+    relation's distance.
     (`parts` is reading_v3's vocabulary: seed 0, wording v1, byte for byte its tokenizer.)"""
     from memsearcher_jax.data.synthetic import ONE_HOP, generate_world
     from memsearcher_jax.pretrain import validate_pretrain

@@ -72,7 +72,8 @@ def test_the_manifest_records_how_the_base_was_made(manifest):
 
 def test_the_manifest_records_what_the_base_gives_the_main_job(manifest):
     """The learning bench per seed (with its date and command) and the main job's time against the
-    base it replaced, measured in one session: the README's figures, kept with the weights."""
+    base it replaced, measured in one session: the figures of docs/results.md and docs/benchmarks.md,
+    kept with the weights."""
     bench = manifest["learning_bench"]
     assert bench["date"][:4] == "2026" and bench["command"].startswith("python bench/learning.py --seeds")
     seeds = bench["seeds"]

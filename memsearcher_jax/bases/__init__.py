@@ -9,10 +9,10 @@
   The embedded default (configs/default.py) starts from it.
 
 Earlier bases, removed (git history keeps them): `reading_tiny` (`git show e9ea9fe:configs/base_tiny.py`),
-`reading_v2` (4 x 128, `configs/base_v2.py`; removed 2026-11-26) and `reading_v3` (`configs/base_v3.py`,
+`reading_v2` (4 x 128, `e0483b8:configs/base_v2.py`; removed 2026-11-26) and `reading_v3` (`e0483b8:configs/base_v3.py`,
 the same model on wording "v1", which never bound works_for; removed 2026-11-29) and `reading_v7`
-(`configs/base_v7.py`, reading_v8's first 10400 steps; removed 2026-11-29). docs/experiments.md
-has the comparisons.
+(`e0483b8:configs/base_v7.py`, reading_v8's first 10400 steps; removed 2026-11-29). The lab notes
+(docs/lab/README.md) have the comparisons; reading_v8/README.md is this base's model card.
 
 `DEFAULT_BASE` is the one the embedded default starts from; code and tests that mean "the
 shipped base" name it, not a directory.

@@ -480,7 +480,7 @@ def copy_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: 
     """The copy (induction) skill alone: repeat drills over `pool` names and the values, each cut
     before one random word of its second copy. Each item: (context ids, that word's id, "copy").
     Reading needs this circuit; a base can reach a middling reading probe without it (the second
-    base: 60% at 2 passages with 6% here, docs/experiments.md 2026-11-25)."""
+    base: 60% at 2 passages with 6% here, docs/lab/2026-11-25-second-base-no-copy-circuit.md)."""
     rng = random.Random(seed)
     pieces = _Pieces(builder)
     words = [w for names in vocab.pool(pool).values() for w in names] + [v for vs in vocab.values.values() for v in vs]

@@ -77,7 +77,8 @@ ONE_HOP = {
 }
 # Wordings of the world. "v1" is ONE_HOP as above, the world every base up to reading_v3 read. "v2"
 # names the works_for and product values after "... called": in v1 their value sits one or two
-# tokens after the subject, and no base bound works_for that way (docs/experiments.md, 2026-11-27).
+# tokens after the subject, and no base bound works_for that way
+# (docs/lab/2026-11-27-works-for-binds-8-tokens-after-subject.md).
 # A reading base records its wording in its vocabulary (`data.vocab`); worlds built for it use it.
 WORDINGS = ("v1", "v2")
 REWORDED = {"v2": {("person", "works_for"): "{s} works for the company called {a}.",

@@ -1,7 +1,7 @@
 """The reading vocabulary: a fixed tokenizer in which every name and every value is one token.
 
 A tiny model learns to copy far faster when what it copies is one token (see
-docs/experiments.md, "reading plateaus"): a 3-token key stayed at chance for 3000 steps, a
+docs/lab/2026-11-23-a-reading-base-pretrained.md): a 3-token key stayed at chance for 3000 steps, a
 1-token key started to learn after ~400. So the base model's tokenizer is built once, from a
 seed, with
 - a small byte-level BPE over the templates and prompts (Qwen's pre-tokenizer and chat markup,
