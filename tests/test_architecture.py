@@ -312,3 +312,34 @@ def test_no_function_a_reader_must_scroll():
     stale = set(LONG_FUNCTIONS_ALLOWED) - set(too_long)
     assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines, drop from LONG_FUNCTIONS_ALLOWED: {stale}"
 
+
+MAX_FILE_LINES = 600
+# Files still over the limit, by name, until they are split. Empty is the goal.
+LONG_FILES_ALLOWED = {
+    # The pretrain package (memsearcher_jax/pretrain/) replaces both; the exclusion goes with them.
+    "memsearcher_jax/pretrain.py",
+    "memsearcher_jax/data/curriculum.py",
+}
+
+
+def long_files(root: str = ROOT, limit: int = MAX_FILE_LINES) -> dict[str, int]:
+    """`path.py` -> lines, for every .py file of memsearcher_jax/ and retrieval/ over `limit` lines."""
+    out = {}
+    for pkg in ("memsearcher_jax", "retrieval"):
+        for dirpath, _, files in os.walk(os.path.join(root, pkg)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    with open(path, encoding="utf-8") as fh:
+                        n = sum(1 for _ in fh)
+                    if n > limit:
+                        out[os.path.relpath(path, root).replace(os.sep, "/")] = n
+    return out
+
+
+def test_no_library_file_a_reader_must_page_through():
+    """No library file over MAX_FILE_LINES lines (split it where it has a seam), but those named
+    in LONG_FILES_ALLOWED."""
+    assert "memsearcher_jax/rl/grpo.py" in long_files(limit=100)  # the walker sees the code
+    too_long = {k: v for k, v in long_files().items() if k not in LONG_FILES_ALLOWED}
+    assert not too_long, f"split these where they have a seam: {too_long}"
