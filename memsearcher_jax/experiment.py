@@ -43,6 +43,7 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.memory_estimates import lora_fields, turn_loop_buckets
 from memsearcher_jax.models import (
     CausalLM,
     ModelConfig,
@@ -54,7 +55,7 @@ from memsearcher_jax.models import (
 )
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
-from memsearcher_jax.planner import check_fits, lora_fields, turn_loop_buckets
+from memsearcher_jax.planner import check_fits
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, sampling_model, score_trajectories
 from memsearcher_jax.rl.losses import LossConfig

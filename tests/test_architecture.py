@@ -1,7 +1,8 @@
 """The house's shape: no import circles, layers that point one way, the method cited in-repo.
 
-Imports are read with `ast` from every file of the library (module level and inside functions:
-a lazy import is still a dependency), so a new circle or a layer pointing back fails here.
+Imports are read with `ast` from every file of the library (module level, inside functions and
+under `if TYPE_CHECKING:`: a lazy or a type-only import is still a dependency), so a new circle
+or a layer pointing back fails here.
 """
 from __future__ import annotations
 
@@ -14,20 +15,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("memsearcher_jax", "retrieval", "launch")
 
 
-def _modules() -> dict[str, str]:
+def _modules(root: str = ROOT, packages=PACKAGES) -> dict[str, str]:
     """dotted module name -> file path, for every .py file of the packages."""
     out = {}
-    for pkg in PACKAGES:
-        for dirpath, _, files in os.walk(os.path.join(ROOT, pkg)):
+    for pkg in packages:
+        for dirpath, _, files in os.walk(os.path.join(root, pkg)):
             for f in files:
                 if f.endswith(".py"):
-                    rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].replace(os.sep, ".")
+                    rel = os.path.relpath(os.path.join(dirpath, f), root)[:-3].replace(os.sep, ".")
                     out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(dirpath, f)
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    mods = _modules()
+def import_graph(root: str = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports. A package's face (`__init__`) is a module like any
+    other: `from pkg import name` leans on it, `from pkg import module` on that module alone (the
+    face runs first in Python, but that holds for every module of a package, so it is no arrow)."""
+    mods = _modules(root, packages)
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
@@ -40,7 +44,7 @@ def import_graph() -> dict[str, set[str]]:
                 if node.level:
                     parts = package.split(".")
                     base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-                names = [f"{base}.{a.name}" for a in node.names] + [base]
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
             for name in names:
                 # the longest known module the name starts with (a package's face counts as itself)
                 while name and name not in mods:
@@ -87,17 +91,34 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_reader_sees_type_only_imports_and_circles_through_a_face(tmp_path):
+    files = {
+        # a <-> b, where b's arrow is for annotations only
+        "pkg/a.py": "from pkg.b import B\n",
+        "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\nB = 1\n",
+        # c -> the face of sub -> sub.d -> c: a circle that runs through a package's __init__
+        "pkg/c.py": "from pkg.sub import D\n",
+        "pkg/sub/__init__.py": "from pkg.sub.d import D\n",
+        "pkg/sub/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import C\nD = 1\n",
+        # the face hands on its own module: `from pkg.sub import d` is an arrow to pkg.sub.d alone
+        "pkg/e.py": "from pkg.sub import d\n",
+        "pkg/__init__.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(str(tmp_path), ("pkg",))
+    assert graph["pkg.b"] == {"pkg.a"} and graph["pkg.e"] == {"pkg.sub.d"}
+    assert sorted(find_cycles(graph)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub", "pkg.sub.d"]]
+
+
 def test_no_import_circles():
-    # Package faces (__init__) that hand names on are excluded: importing a.b runs a/__init__,
-    # which is not a dependency of a.b on a's other modules.
-    graph = {m: {d for d in deps if not _is_face(d)} for m, deps in import_graph().items() if not _is_face(m)}
+    """No circle in the library's imports, counting type-only ones and those through a package's face."""
+    graph = import_graph()
     assert "memsearcher_jax.experiment" in graph["memsearcher_jax.jobs"]  # the reader sees real edges
     assert "memsearcher_jax.agent.rollout" in graph["memsearcher_jax.rl.trainer"]
+    assert "memsearcher_jax.agent.prompts" in graph["memsearcher_jax.agent.workflows.base"]  # type-only
     assert find_cycles(graph) == []
-
-
-def _is_face(mod: str) -> bool:
-    return _modules()[mod].endswith("__init__.py")
 
 
 M = "memsearcher_jax."
@@ -290,3 +311,35 @@ def test_no_function_a_reader_must_scroll():
     assert not unexplained, f"split these into named steps (or allow one with a reason): {unexplained}"
     stale = set(LONG_FUNCTIONS_ALLOWED) - set(too_long)
     assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines, drop from LONG_FUNCTIONS_ALLOWED: {stale}"
+
+
+MAX_FILE_LINES = 600
+# Files still over the limit, by name, until they are split. Empty is the goal.
+LONG_FILES_ALLOWED = {
+    # The pretrain package (memsearcher_jax/pretrain/) replaces both; the exclusion goes with them.
+    "memsearcher_jax/pretrain.py",
+    "memsearcher_jax/data/curriculum.py",
+}
+
+
+def long_files(root: str = ROOT, limit: int = MAX_FILE_LINES) -> dict[str, int]:
+    """`path.py` -> lines, for every .py file of memsearcher_jax/ and retrieval/ over `limit` lines."""
+    out = {}
+    for pkg in ("memsearcher_jax", "retrieval"):
+        for dirpath, _, files in os.walk(os.path.join(root, pkg)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    with open(path, encoding="utf-8") as fh:
+                        n = sum(1 for _ in fh)
+                    if n > limit:
+                        out[os.path.relpath(path, root).replace(os.sep, "/")] = n
+    return out
+
+
+def test_no_library_file_a_reader_must_page_through():
+    """No library file over MAX_FILE_LINES lines (split it where it has a seam), but those named
+    in LONG_FILES_ALLOWED."""
+    assert "memsearcher_jax/rl/grpo.py" in long_files(limit=100)  # the walker sees the code
+    too_long = {k: v for k, v in long_files().items() if k not in LONG_FILES_ALLOWED}
+    assert not too_long, f"split these where they have a seam: {too_long}"

@@ -20,16 +20,27 @@ tests. `agent.workflow=<name>` then selects it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
 
-if TYPE_CHECKING:  # the loop's config and the prompt builder, for annotations only
+if TYPE_CHECKING:  # the prompt builder and the hits, for annotations only
     from memsearcher_jax.agent.prompts import PromptBuilder
-    from memsearcher_jax.agent.rollout import AgentConfig
     from retrieval.base import Hit
 
 _REGISTRY: dict[str, Workflow] = {}
+
+
+class AgentBudgets(Protocol):
+    """What a workflow reads of the agent's config: the loop hands its `AgentConfig`
+    (agent/config.py, which checks its workflow against this registry), the planner the config
+    file's agent section."""
+
+    max_new_tokens: int
+    max_response_tokens: int
+    max_context_tokens: int
+    max_observation_tokens: int
+    memory_budget: int
 
 
 class Workflow:
@@ -39,20 +50,20 @@ class Workflow:
     name: ClassVar[str] = ""
     second_call: ClassVar[bool] = False   # whether a searching turn makes a second generation call
 
-    def carried_tokens(self, cfg) -> int:
+    def carried_tokens(self, cfg: AgentBudgets) -> int:
         """At most how many tokens a turn's context carries beyond the system prompt and the
-        question (the planner's bound on a prompt; cfg: AgentConfig or the config's agent section).
+        question (the planner's bound on a prompt).
         0 when what grows is the response (react)."""
         return 0
 
-    def start(self, t: Trajectory, b: PromptBuilder, cfg: AgentConfig) -> None:
+    def start(self, t: Trajectory, b: PromptBuilder, cfg: AgentBudgets) -> None:
         """Before the first turn."""
 
-    def open_turn(self, t: Trajectory, turn: int, b: PromptBuilder, cfg: AgentConfig) -> None:
+    def open_turn(self, t: Trajectory, turn: int, b: PromptBuilder, cfg: AgentBudgets) -> None:
         """Make `t.final` the conversation this turn's act extends (a new one, or the same)."""
         raise NotImplementedError
 
-    def act_budget(self, t: Trajectory, cfg: AgentConfig) -> int:
+    def act_budget(self, t: Trajectory, cfg: AgentBudgets) -> int:
         """New tokens the act may write; below 1 the episode ends ("response_budget")."""
         conv = t.final
         used = len(conv.prompt_ids) + len(conv.response_ids)
@@ -60,11 +71,11 @@ class Workflow:
                    cfg.max_context_tokens - used)
 
     def observe(self, t: Trajectory, results: Sequence[Sequence[Hit]], b: PromptBuilder,
-                cfg: AgentConfig) -> None:
+                cfg: AgentBudgets) -> None:
         """The search results of this turn's calls (one hit list per call)."""
         raise NotImplementedError
 
-    def after_second(self, t: Trajectory, text: str, b: PromptBuilder, cfg: AgentConfig) -> None:
+    def after_second(self, t: Trajectory, text: str, b: PromptBuilder, cfg: AgentBudgets) -> None:
         """The decoded second call (it ended on a stop token): carry its content or end the episode."""
         raise NotImplementedError(f"workflow {self.name!r} makes no second call")
 

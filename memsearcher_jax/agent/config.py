@@ -1,0 +1,59 @@
+"""The agent's budgets and sampling, and which registered workflow runs (docs/method.md §1).
+
+A plain value: the turn loop (agent/rollout.py) reads it, and hands it to its workflow's hooks.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from memsearcher_jax.agent.workflows import workflow_names
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """Budgets and sampling of the agent. Defaults are the recipe's training values (docs/method.md §1)."""
+
+    workflow: str = "memsearcher"
+    max_turns: int = 5
+    max_new_tokens: int = 512           # per generation call
+    memory_budget: int = 1024           # tokens of m_t (memory_ops: of the whole entry bank)
+    max_response_tokens: int = 8192     # response tokens of one conversation (act + obs + update)
+    max_context_tokens: int = 32768     # prompt + response of one generation call
+    default_top_n: int = 5              # what the prompt tells the model
+    max_top_n: int = 10                 # the recipe's server returns 10 unless asked for fewer
+    missing_top_n: int = 0              # passages for a call without top_n; 0: default_top_n (the
+                                        # prompt's word). The recipe's server gives 10.
+    max_observation_tokens: int = 0     # documents of one observation cut to this many tokens (0: no cap);
+                                        # a cut observation says so, and no longer ends the trajectory
+    sampler_batch_size: int = 0         # rows per sampler call (0: every live row at once); bounds
+                                        # the KV cache, and row seeds keep the samples the same
+    temperature: float = 1.0
+    top_p: float = 0.99
+    top_k: int = 0
+    prompt_style: str = "full"          # "compact": a few-token system prompt for tiny models
+
+    def __post_init__(self):
+        problems = []
+        if self.workflow not in workflow_names():
+            problems.append(f"workflow must be one of the registered workflows {workflow_names()}, "
+                            f"got {self.workflow!r}")
+        for name in ("max_turns", "max_new_tokens", "memory_budget", "max_response_tokens",
+                     "max_context_tokens", "default_top_n", "max_top_n"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.sampler_batch_size < 0:
+            problems.append(f"sampler_batch_size must be >= 0 (0: all rows), got {self.sampler_batch_size}")
+        if self.max_observation_tokens < 0:
+            problems.append(f"max_observation_tokens must be >= 0 (0: no cap), got {self.max_observation_tokens}")
+        if self.missing_top_n < 0:
+            problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
+        if problems:
+            raise ValueError("invalid AgentConfig: " + "; ".join(problems))
+
+    def evaluation(self, max_turns: int = 20) -> AgentConfig:
+        """The recipe's evaluation setting: greedy, up to 20 turns."""
+        return dataclasses.replace(self, temperature=0.0, top_p=1.0, top_k=0, max_turns=max_turns)
