@@ -6,7 +6,9 @@ Per seed (world, demonstrations, rollouts and data order all change with it; the
 is the shipped one): the default job (warm start on the flawed demonstrations, held-out EM,
 GRPO, held-out EM), then the **control**: from the same warm-started model, the same
 wall-clock time of extra supervised training on the same demonstrator's episodes instead of
-GRPO, and held-out EM again. Prints a row per seed and ends with the one line
+GRPO, and held-out EM again; and the **RFT control** (memsearcher_jax/rft.py): GRPO's number of
+rollouts sampled from the same warm start, fine-tuned on the successful ones for at least GRPO's
+minutes. Prints a row per seed and ends with the one line
 `held-out EM: before X after Y gain Z` (averaged over the seeds).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.experiment import build_setup
 from memsearcher_jax.jobs import extra_sft, held_out_em, train_job
+from memsearcher_jax.rft import rft_control
 
 
 def main(argv=None) -> int:
@@ -29,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
     ap.add_argument("--out", default="runs/bench_learning", help="parent output directory")
     ap.add_argument("--no-control", action="store_true", help="skip the extra-SFT control")
+    ap.add_argument("--no-rft", action="store_true", help="skip the RFT control (rejection-sampling fine-tuning)")
     args = ap.parse_args(rest)
     rows = []
     for seed in range(args.seeds):
@@ -47,13 +51,22 @@ def main(argv=None) -> int:
             control = held_out_em(cfg, setup, model)
             print(f"seed {seed} control: {control_steps} extra SFT steps in {summary['grpo_seconds'] / 60:.1f} min, "
                   f"held-out EM {100 * control:.1f}", flush=True)
+        rft = float("nan")
+        if not args.no_rft:
+            setup = build_setup(cfg)
+            got = rft_control(cfg, setup, os.path.join(cfg.train.output_dir, "warmstart"), summary["grpo_seconds"])
+            rft = held_out_em(cfg, setup, got.model)
+            print(f"seed {seed} RFT: kept {got.kept} of {got.sampled} trajectories, {got.steps} steps in "
+                  f"{(got.sample_seconds + got.train_seconds) / 60:.1f} min, held-out EM {100 * rft:.1f}", flush=True)
         rows.append((seed, 100 * summary["em_before"], 100 * summary["em_after"], 100 * control, control_steps,
-                     summary["grpo_seconds"] / 60, minutes))
+                     100 * rft, summary["grpo_seconds"] / 60, minutes))
     print("\n| seed | EM after SFT | EM after GRPO | EM after extra SFT (control) | control steps | "
-          "GRPO minutes | job minutes |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for seed, b, a, c, n, gm, m in rows:
-        print(f"| {seed} | {b:.1f} | {a:.1f} | {c:.1f} | {n} | {gm:.1f} | {m:.1f} |")
+          "EM after RFT (same rollouts) | GRPO minutes | job minutes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for seed, b, a, c, n, r, gm, m in rows:
+        print(f"| {seed} | {b:.1f} | {a:.1f} | {c:.1f} | {n} | {r:.1f} | {gm:.1f} | {m:.1f} |")
+    if not args.no_rft:
+        print(f"GRPO beats RFT on {sum(r[2] > r[5] for r in rows)} of {len(rows)} seeds")
     before = sum(r[1] for r in rows) / len(rows)
     after = sum(r[2] for r in rows) / len(rows)
     if not args.no_control:

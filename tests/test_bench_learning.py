@@ -1,0 +1,35 @@
+"""bench/learning.py: per seed the default job, the extra-SFT control and the RFT control, in one
+table (the jobs stood in for: their own tests are elsewhere)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_learning", os.path.join(ROOT, "bench", "learning.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_learning_bench_reports_rft_beside_the_control(monkeypatch, capsys, tmp_path):
+    bench = _bench()
+    calls = []
+    monkeypatch.setattr(bench, "train_job", lambda cfg, resume: calls.append(("train", cfg.train.seed)) or
+                        {"em_before": 0.1, "em_after": 0.7 + cfg.train.seed / 10, "grpo_seconds": 60.0})
+    monkeypatch.setattr(bench, "build_setup", lambda cfg: "setup")
+    monkeypatch.setattr(bench, "extra_sft", lambda cfg, setup, d, s: ("control", 7))
+    monkeypatch.setattr(bench, "rft_control", lambda cfg, setup, d, s: calls.append(("rft", s)) or types.SimpleNamespace(
+        model="rft", kept=3, sampled=80, steps=5, sample_seconds=30.0, train_seconds=31.0))
+    em = {"control": 0.2, "rft": 0.75}
+    monkeypatch.setattr(bench, "held_out_em", lambda cfg, setup, model: em[model])
+    assert bench.main(["--seeds", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert calls == [("train", 0), ("rft", 60.0), ("train", 1), ("rft", 60.0)]  # RFT gets GRPO's seconds
+    assert "EM after RFT (same rollouts)" in out
+    assert "| 0 | 10.0 | 70.0 | 20.0 | 7 | 75.0 |" in out and "| 1 | 10.0 | 80.0 | 20.0 | 7 | 75.0 |" in out
+    assert "GRPO beats RFT on 1 of 2 seeds" in out and "held-out EM: before 10.0 after 75.0 gain 65.0" in out
