@@ -23,8 +23,8 @@ def test_learning_bench_reports_rft_beside_the_control(monkeypatch, capsys, tmp_
                         {"em_before": 0.1, "em_after": 0.7 + cfg.train.seed / 10, "grpo_seconds": 60.0})
     monkeypatch.setattr(bench, "build_setup", lambda cfg: "setup")
     monkeypatch.setattr(bench, "extra_sft", lambda cfg, setup, d, s: ("control", 7))
-    monkeypatch.setattr(bench, "rft_control", lambda cfg, setup, d, s: calls.append(("rft", s)) or types.SimpleNamespace(
-        model="rft", kept=3, sampled=80, steps=5, sample_seconds=30.0, train_seconds=31.0))
+    rft = types.SimpleNamespace(model="rft", kept=3, sampled=80, steps=5, sample_seconds=30.0, train_seconds=31.0)
+    monkeypatch.setattr(bench, "rft_control", lambda cfg, setup, d, s: calls.append(("rft", s)) or rft)
     em = {"control": 0.2, "rft": 0.75}
     monkeypatch.setattr(bench, "held_out_em", lambda cfg, setup, model: em[model])
     assert bench.main(["--seeds", "2", "--out", str(tmp_path)]) == 0
