@@ -316,3 +316,14 @@ def test_seeds_run_apart_and_table1_gives_mean_and_spread(tmp_path, monkeypatch)
     table = (tmp_path / "table1_seeds.md").read_text()
     assert "| react | GRPO | 50.0 (50.0-50.0) | 50.0 (50.0-50.0) |" in table
     assert "| react | warm start only | 10.0 (10.0-10.0) |" in table
+
+
+def test_eval_gives_each_objective_memory_and_table2_reads_four_objectives():
+    from memsearcher_jax.config_utils import load_config
+
+    cfg = pt.workflow_config(load_config(os.path.join(ROOT, "configs/default.py")), "memsearcher", "/tmp/x/m", 2)
+    assert cfg.agent.memory_budget == 64  # training keeps the config's budget
+    assert [pt.eval_config(cfg, n).agent.memory_budget for n in (1, 2, 4, 8, 16)] == [64, 64, 128, 256, 512]
+    assert pt.eval_config(cfg, 8, memory_budget=16).agent.memory_budget == 16  # Table 4's own budget wins
+    assert pt.table2_objectives({"objectives": [1, 2, 4, 8], "train_objectives": 2}) == 4
+    assert pt.table2_objectives({"objectives": [1, 2], "train_objectives": 2}) == 2
