@@ -325,5 +325,8 @@ def test_eval_gives_each_objective_memory_and_table2_reads_four_objectives():
     assert cfg.agent.memory_budget == 64  # training keeps the config's budget
     assert [pt.eval_config(cfg, n).agent.memory_budget for n in (1, 2, 4, 8, 16)] == [64, 64, 128, 256, 512]
     assert pt.eval_config(cfg, 8, memory_budget=16).agent.memory_budget == 16  # Table 4's own budget wins
-    assert pt.table2_objectives({"objectives": [1, 2, 4, 8], "train_objectives": 2}) == 4
-    assert pt.table2_objectives({"objectives": [1, 2], "train_objectives": 2}) == 2
+    by_turn = [{"turn": 1, "mean": 80.0, "max": 90, "n": 3}]
+    four = {"memsearcher": {"grpo": {2: {"prompt_tokens_by_turn": by_turn}, 4: {"prompt_tokens_by_turn": by_turn}}}}
+    two = {"memsearcher": {"grpo": {2: {"prompt_tokens_by_turn": by_turn}}}}
+    assert pt.table2_objectives({"workflows": four, "train_objectives": 2}) == 4
+    assert pt.table2_objectives({"workflows": two, "train_objectives": 2}) == 2
