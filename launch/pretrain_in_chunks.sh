@@ -4,7 +4,7 @@
 #
 #   launch/pretrain_in_chunks.sh CONFIG LIMIT_S PACK_IN PACK_OUT [--config.KEY=VALUE ...]
 #
-# CONFIG    a pretraining config (configs/base_v4.py)
+# CONFIG    a pretraining config (configs/base_v8.py)
 # LIMIT_S   seconds of training in this call; then it is interrupted (steps since the last
 #           checkpoint, every train.save_every, are done again by the next call)
 # PACK_IN   a folder holding the previous call's run.tar.part-* (missing or empty: a fresh start)

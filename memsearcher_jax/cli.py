@@ -131,8 +131,8 @@ def _add_pretrain(sub) -> None:
                                    "Hugging Face directory. " + _OVERRIDE_HELP)
     p.add_argument("--config", default=os.path.join(os.path.dirname(DEFAULT_CONFIG), "base_v8.py"),
                    help="ml-collections config file (default: configs/base_v8.py, which made the shipped "
-                        "base, reading_v8: ~13 hours on a 2-core CPU; "
-                        f"configs/base_v2.py is 4x smaller). {_OVERRIDE_HELP}")
+                        "base, reading_v8: ~13 hours on a 2-core CPU; its phases are the list cfg.phases, "
+                        f"e.g. --config.phases.0.learning_rate=1e-3). {_OVERRIDE_HELP}")
     p.add_argument("--probe-step", type=int, default=None, metavar="STEP",
                    help="instead of training: read checkpoint STEP of the run in train.output_dir (0: its "
                         "latest) and print its reading by relation at 2, 8 and 16 passages and on binding "

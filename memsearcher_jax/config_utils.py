@@ -122,10 +122,33 @@ def _parse_value(text: str, current: Any, key: str) -> Any:
         return text
 
 
+def _apply_in_list(node, parts: list[str], dotted: str, text: str) -> None:
+    """An override inside a list of dicts (`--config.phases.2.learning_rate=1e-4`): parts[0] an
+    index, then keys of plain dicts down to an existing value."""
+    for part in parts[:-1]:
+        if isinstance(node, (list, tuple)):
+            if not (part.isdigit() and int(part) < len(node)):
+                raise ConfigError(f"--config.{dotted}: {part!r} is not an index of a list of {len(node)}")
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise ConfigError(f"unknown config key --config.{dotted}: no {part!r} there; "
+                              f"keys: {sorted(node) if isinstance(node, dict) else 'none'}")
+    leaf = parts[-1]
+    if not isinstance(node, dict) or leaf not in node or isinstance(node[leaf], (dict, ml_collections.ConfigDict)):
+        where = f"valid keys here: {sorted(node)}" if isinstance(node, dict) else "it names no single value"
+        raise ConfigError(f"unknown config key --config.{dotted}; {where}")
+    node[leaf] = _parse_value(text, node[leaf], dotted)
+
+
 def apply_override(cfg: ml_collections.ConfigDict, dotted: str, text: str) -> None:
     parts = dotted.split(".")
     node = cfg
     for i, part in enumerate(parts[:-1]):
+        if part in node and isinstance(node[part], (list, tuple)) and node[part] and \
+                all(isinstance(x, dict) for x in node[part]):
+            return _apply_in_list(node[part], parts[i + 1:], dotted, text)
         if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
             where = ".".join(parts[:i]) or "<root>"
             sections = sorted(k for k in node.keys() if isinstance(node[k], ml_collections.ConfigDict))

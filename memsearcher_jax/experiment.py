@@ -110,7 +110,7 @@ def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
 
 def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
     # The cosine schedule's length: every optimizer step of the run. later_rates belong to
-    # pretraining phases (pretrain.py), not to GRPO.
+    # pretraining phases (memsearcher_jax/pretrain/), not to GRPO.
     optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps, later_rates=())
     return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg), optim=optim)
 

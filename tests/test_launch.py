@@ -231,10 +231,10 @@ def test_pretrain_in_chunks_refuses_a_work_folder_it_did_not_make(tmp_path):
     work.mkdir()
     (work / "mine.txt").write_text("keep")
     env = dict(os.environ, PRETRAIN_IN_CHUNKS_DIR=str(work), PYTHON="false")
-    res = subprocess.run(["bash", CHUNKS, "configs/base_v4.py", "5", str(tmp_path / "in"), str(tmp_path / "out")],
+    res = subprocess.run(["bash", CHUNKS, "configs/base_v8.py", "5", str(tmp_path / "in"), str(tmp_path / "out")],
                          env=env, capture_output=True, text=True)
     assert res.returncode == 2 and "was not made by this script" in res.stderr
     assert sorted(os.listdir(work)) == ["mine.txt"] and (work / "mine.txt").read_text() == "keep"
     assert not (tmp_path / "out").exists()
-    usage = subprocess.run(["bash", CHUNKS, "configs/base_v4.py"], capture_output=True, text=True)
+    usage = subprocess.run(["bash", CHUNKS, "configs/base_v8.py"], capture_output=True, text=True)
     assert usage.returncode == 2 and "PACK_OUT" in usage.stderr

@@ -12,14 +12,16 @@ from flax import nnx
 
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.config_utils import load_config
-from memsearcher_jax.data.curriculum import Curriculum, CurriculumConfig, PhasedCurriculum, probe_items
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2
+from memsearcher_jax.pretrain.curriculum import Curriculum, CurriculumConfig, PhasedCurriculum
+from memsearcher_jax.pretrain.probes import probe_items
 from memsearcher_jax.rl.learner import tie_row_updates
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE_V8 = os.path.join(ROOT, "configs", "base_v8.py")
 
 
 def pool_ids(vocab, kind: str) -> set[int]:
@@ -59,8 +61,8 @@ def test_a_vocab_records_its_wording_and_every_world_built_for_it_follows(vocab_
     """A base reads one wording of the world (synthetic.WORDINGS); its vocabulary records it, and the
     curriculum, the probes and the world cache (the main job's world) write their sentences in it."""
     from memsearcher_jax.data import world_cache
-    from memsearcher_jax.data.curriculum import pair_probe_items
     from memsearcher_jax.data.synthetic import load_world
+    from memsearcher_jax.pretrain.probes import pair_probe_items
 
     v2_dir = str(tmp_path / "v2")
     v2 = build_vocab(v2_dir, seed=0, wording="v2")
@@ -137,7 +139,7 @@ def test_probe_items_read_reserved_names_from_context(parts):
 
 
 def test_pair_probe_items_ask_one_context_about_each_of_its_two_entities(parts):
-    from memsearcher_jax.data.curriculum import pair_probe_items
+    from memsearcher_jax.pretrain.probes import pair_probe_items
 
     vocab, _, builder = parts
     reserved = pool_ids(vocab, "reserved")
@@ -243,7 +245,7 @@ def test_demo_episodes_come_in_equal_shares_of_every_workflow_and_objective_coun
     """With several demo formats, every (workflow, objectives) pair is recorded equally often
     (per world, in turn from a random start), multi-objective episodes ask distinct questions
     joined in one `<question>`, and each conversation is tagged with its pair."""
-    from memsearcher_jax.data import curriculum as cur_mod
+    from memsearcher_jax.pretrain import curriculum as cur_mod
     vocab, _, builder = parts
     episodes, real = [], cur_mod.make_demonstrations
 
@@ -289,7 +291,7 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
     """name_copy: a context row's names seen earlier in the row become targets at that weight;
     answers keep 1; first mentions, non-names and rows of other kinds are untouched; the same
     rows (tokens) are drawn, and 0 leaves every row as it was."""
-    from memsearcher_jax.data.curriculum import with_name_copy
+    from memsearcher_jax.pretrain.curriculum import with_name_copy
     vocab, _, builder = parts
     mix = (("recall", 0.2), ("cloze", 0.4), ("long", 0.2), ("bind", 0.2))
     plain = Curriculum(vocab, builder, CurriculumConfig(seed=0, mix=mix, max_len=1024))
@@ -326,11 +328,13 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
     with pytest.raises(ValueError, match="name_copy"):
         CurriculumConfig(name_copy=2.0)
     from memsearcher_jax.pretrain import phase_records
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
-    cfg.curriculum.name_copy = 0.0
+    cfg = load_config(BASE_V8)
+    for phase in cfg.phases:
+        phase["name_copy"] = 0.0
     assert all("name_copy" not in p for p in phase_records(cfg))   # off: the manifest as before
-    cfg.curriculum.name_copy = 0.25
-    cfg.first_phase.name_copy = 0.0
+    for phase in cfg.phases:
+        phase["name_copy"] = 0.25
+    cfg.phases[0]["name_copy"] = 0.0
     first, *_, last = phase_records(cfg)
     assert "name_copy" not in first and last["name_copy"] == 0.25  # a phase's own setting, recorded
 
@@ -338,7 +342,7 @@ def test_name_copy_weighs_repeated_names_beside_the_answers(parts):
 def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
     """A copy item's answer is the word at the same place in the run's first copy, a reserved
     name or a value, and it is in the context; no pretrain name appears."""
-    from memsearcher_jax.data.curriculum import copy_probe_items
+    from memsearcher_jax.pretrain.probes import copy_probe_items
     vocab, _, builder = parts
     items = copy_probe_items(vocab, builder, 40, seed=5)
     assert items == copy_probe_items(vocab, builder, 40, seed=5)
@@ -354,10 +358,10 @@ def test_copy_probe_items_ask_for_the_word_the_first_copy_has_there(parts):
 
 def test_positional_biases_make_heads_attend_their_offsets():
     """The biases alone (content terms 0) give each head of a named layer its largest rope score
-    at its offset, sharply enough to be near one-hot at the strength base_v2 uses; the layers
+    at its offset, sharply enough to be near one-hot at the strength base_v8 uses; the layers
     not named keep their biases."""
     from memsearcher_jax.models.qwen2 import apply_rope, rope_cos_sin
-    from memsearcher_jax.pretrain import positional_biases
+    from memsearcher_jax.pretrain.model_init import positional_biases
     L, H, K, Dh, T = 3, 4, 2, 32, 24
     rng = np.random.default_rng(0)
     q0, k0 = rng.normal(size=(L, H, Dh)), rng.normal(size=(L, K, Dh))
@@ -377,53 +381,93 @@ def test_positional_biases_make_heads_attend_their_offsets():
             assert probs[T - 1 - d] / probs.sum() > 0.5, (layer, h)
 
 
-def test_phases_change_only_what_they_set():
-    """first_phase and third_phase replace the curriculum settings they name (mix weights,
-    passages, entities, name_copy, ...) and inherit the rest; validated before any work."""
-    from memsearcher_jax.pretrain import phase_configs, phase_records, validate_pretrain
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
-    before = phase_configs(cfg)
-    first, second = before[0][1], before[1][1]
-    assert first.long_passages == tuple(cfg.first_phase.long_passages) != second.long_passages
-    assert first.bind_entities == tuple(cfg.first_phase.bind_entities) != second.bind_entities
-    assert first.name_copy == second.name_copy == cfg.curriculum.name_copy > 0   # inherited
+def _cut(cfg, n: int, steps: int):
+    """cfg with its first n phases only, train.steps steps (a run that ended earlier, or a shorter one)."""
+    cfg.phases, cfg.train.steps = cfg.phases[:n], steps
+    return cfg
+
+
+def _same_steps(phase):
+    """What a phase does to its steps (start, rows, batch, rate): its end moves with the phase after it."""
+    return phase.start, phase.curriculum, phase.batch_size, phase.learning_rate
+
+
+def test_each_phase_is_what_its_entry_sets():
+    """A phase's curriculum is its entry's mix and settings, CurriculumConfig's defaults for what it
+    leaves out (nothing comes from another phase); a phase added leaves the ones before it as they
+    were; the list is validated before any work."""
+    from memsearcher_jax.pretrain import phase_list, phase_records, validate_pretrain
+    cfg = load_config(BASE_V8)
+    before = phase_list(cfg)
+    first, second = before[0].curriculum, before[1].curriculum
+    assert first.long_passages == tuple(cfg.phases[0]["long_passages"]) != second.long_passages
+    assert first.bind_entities == tuple(cfg.phases[0]["bind_entities"]) != second.bind_entities
+    assert first.name_copy == second.name_copy == cfg.phases[1]["name_copy"] > 0
     assert first.demo_workflows == second.demo_workflows and "demo" not in dict(first.mix)
-    cfg.third_phase = ml_collections.ConfigDict({"start": 2500, "repeat": 0.5, "name_copy": 0.5,
-                                                 "bind_entities": (4, 8)})
-    phases = phase_configs(cfg)
-    assert phases[:2] == before[:2] and phases[2][0] == 2500 and phases[2][2] == before[1][2]
-    third = phases[2][1]
-    assert dict(third.mix)["repeat"] == 0.5 and third.name_copy == 0.5 and third.bind_entities == (4, 8)
-    assert {k: v for k, v in third.mix if k != "repeat"} == {k: v for k, v in second.mix if k != "repeat"}
-    assert third.long_passages == second.long_passages
-    steps = f"2500-{cfg.train.steps}"
-    assert [p["steps"] for p in phase_records(cfg)] == [f"0-{cfg.first_phase.steps}", f"{cfg.first_phase.steps}-2500",
-                                                        steps]
+    _cut(cfg, 2, 4000)
+    cfg.phases = (*cfg.phases, {"start": 2500, "max_len": 1024, "batch_size": 32, "mix": {"repeat": 0.5, "bind": 0.5},
+                                "name_copy": 0.5, "bind_entities": (4, 8)})
+    phases = phase_list(cfg)
+    assert [_same_steps(p) for p in phases[:2]] == [_same_steps(p) for p in before[:2]]
+    assert phases[2].start == 2500 and phases[2].batch_size == before[1].batch_size
+    third = phases[2].curriculum
+    assert third.mix == (("repeat", 0.5), ("bind", 0.5)) and third.name_copy == 0.5 and third.bind_entities == (4, 8)
+    assert third.long_passages == CurriculumConfig.long_passages   # left out: the default, not the phase before's
+    assert third.demo_workflows == CurriculumConfig.demo_workflows != second.demo_workflows
+    assert [p["steps"] for p in phase_records(cfg)] == ["0-1200", "1200-2500", "2500-4000"]
     validate_pretrain(cfg)
-    cfg.third_phase.start = 1000                     # inside phase 1
-    with pytest.raises(ValueError, match="third_phase.start"):
+    cfg.phases[2]["start"] = 1000                     # inside the phase before
+    with pytest.raises(ValueError, match=r"phases\[2\]: start must be in \(1200, train.steps=4000\)"):
         validate_pretrain(cfg)
-    cfg.third_phase.start = 2500
-    cfg.third_phase.lr = 1.0                         # not a curriculum setting
-    with pytest.raises(ValueError, match="third_phase sets"):
+    cfg.phases[2]["start"] = 2500
+    cfg.phases[2]["lr"] = 1.0                         # not a phase setting
+    with pytest.raises(ValueError, match=r"phases\[2\] sets \['lr'\]"):
         validate_pretrain(cfg)
-    del cfg.third_phase["lr"]
-    cfg.third_phase.learning_rate = 0.0
-    with pytest.raises(ValueError, match="third_phase.learning_rate must be > 0"):
+    del cfg.phases[2]["lr"]
+    cfg.phases[2]["learning_rate"] = -1.0
+    with pytest.raises(ValueError, match=r"phases\[2\]: learning_rate must be > 0"):
+        validate_pretrain(cfg)
+    cfg.phases[2]["learning_rate"] = 0.0
+    cfg.phases[2]["mix"] = {"reading": 1.0}          # not a row kind
+    with pytest.raises(ValueError, match=r"phases\[2\]: mix must be \{kind: weight\} over"):
+        validate_pretrain(cfg)
+    cfg.phases[2]["mix"] = {"repeat": 1.0}
+    cfg.phases[2]["long_passages"] = (9, 4)          # CurriculumConfig's own check, named
+    with pytest.raises(ValueError, match=r"long_passages must be an increasing range"):
         validate_pretrain(cfg)
 
 
-def test_a_third_phase_learning_rate_holds_from_its_start_only():
-    """third_phase.learning_rate: a constant rate from the phase's start; every step before it keeps
-    the schedule it had without the phase, so the config still reproduces a run extended that way."""
-    from memsearcher_jax.pretrain import _optim, phase_configs, phase_records, validate_pretrain
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
-    cfg.third_phase.start = 0                        # off
-    plain = _optim(cfg).schedule_fn()
-    cfg.third_phase.start = 3000
-    cfg.third_phase.learning_rate = 7e-4
+def test_a_phase_setting_is_overridden_on_the_command_line_and_only_there():
+    """--config.phases.N.KEY=VALUE sets one phase's value (typed as the value it replaces); the other
+    phases, built from the same settings in the config file, keep theirs; a wrong index or key is
+    refused, naming what exists."""
+    from memsearcher_jax.config_utils import ConfigError
+    cfg = load_config(BASE_V8, [("phases.3.learning_rate", "2e-4"), ("phases.0.mix.bind", "0.5"),
+                                ("phases.1.long_passages", "(3, 9)")])
+    assert cfg.phases[3]["learning_rate"] == 2e-4 and cfg.phases[0]["mix"]["bind"] == 0.5
+    assert cfg.phases[1]["long_passages"] == (3, 9) and cfg.phases[3]["long_passages"] == (4, 16)
+    plain = load_config(BASE_V8)
+    untouched = lambda c: [p for i, p in enumerate(c.phases) if i not in (0, 1, 3)]
+    assert untouched(cfg) == untouched(plain) and plain.phases[0]["mix"]["bind"] == 0.4
+    with pytest.raises(ConfigError, match="'6' is not an index of a list of 6"):
+        load_config(BASE_V8, [("phases.6.start", "1")])
+    with pytest.raises(ConfigError, match=r"--config.phases.0.lr; valid keys here: \[.*'learning_rate'"):
+        load_config(BASE_V8, [("phases.0.lr", "1")])
+    with pytest.raises(ConfigError, match="expected an integer"):
+        load_config(BASE_V8, [("phases.1.start", "soon")])
+
+
+def test_a_phase_learning_rate_holds_from_its_start_only():
+    """A phase's learning_rate: a constant rate from its start; every step before it keeps the
+    schedule it had without the phase, so the config still reproduces a run extended that way.
+    The first phase runs on the warm-up + cosine (a rate there is refused)."""
+    from memsearcher_jax.pretrain import optim_config, phase_list, phase_records, validate_pretrain
+    cfg = _cut(load_config(BASE_V8), 2, 4300)
+    cfg.train.decay_steps = 4000
+    plain = optim_config(cfg).schedule_fn()
+    cfg.phases = (*cfg.phases, dict(cfg.phases[1], name="later", start=3000, learning_rate=7e-4))
     validate_pretrain(cfg)
-    lr = _optim(cfg).schedule_fn()
+    lr = optim_config(cfg).schedule_fn()
     for step in (0, 200, 1500, 2999):
         assert float(lr(step)) == float(plain(step))
     assert float(lr(3000)) == float(lr(cfg.train.steps)) == pytest.approx(7e-4)
@@ -431,52 +475,57 @@ def test_a_third_phase_learning_rate_holds_from_its_start_only():
     assert records[-1]["steps"] == f"3000-{cfg.train.steps}"
     assert records[-1]["learning_rate"]["start"] == pytest.approx(7e-4)
     assert records[-1]["learning_rate"]["schedule"].endswith("0.0007 constant from step 3000")
-    assert "learning_rate" not in dict(phase_configs(cfg)[-1][1].mix)
+    assert "learning_rate" not in dict(phase_list(cfg)[-1].curriculum.mix)
+    cfg.phases[0]["learning_rate"] = 1e-3
+    with pytest.raises(ValueError, match=r"phases\[0\] \(binding\): learning_rate must be 0"):
+        validate_pretrain(cfg)
 
 
 def test_phases_added_after_a_run_ended_leave_every_earlier_step_as_it_ran():
-    """fourth_phase and fifth_phase (base_v7's, added at step 9600): each is the curriculum with
-    what it names replaced (a phase naming nothing is phase 2's mix again), at its own rate from its
-    start; every step before step 9600 keeps the mix and rate it had, so the config reproduces the run;
-    phases out of order, or one without the phases before it, are refused."""
-    from memsearcher_jax.pretrain import _optim, phase_configs, phase_records, validate_pretrain
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v7.py"))
+    """Phases added after a run ended (reading_v7's fourth and fifth, at step 9600): each is what its
+    entry sets (phase 2's rows again, then phase 3's), at its own rate from its start; every step before
+    step 9600 keeps the rows and rate it had, so the config reproduces the run; a list out of order, or
+    one that does not start at step 0, is refused."""
+    from memsearcher_jax.pretrain import optim_config, phase_list, phase_records, validate_pretrain
+    cfg = _cut(load_config(BASE_V8), 5, 10400)                # reading_v7's run
     validate_pretrain(cfg)
-    ran = load_config(os.path.join(ROOT, "configs", "base_v7.py"))
-    del ran["fourth_phase"], ran["fifth_phase"]
-    ran.train.steps = 9600                                   # the run as it first ended
-    phases, before = phase_configs(cfg), phase_configs(ran)
-    assert phases[:3] == before and [p[0] for p in phases] == [0, 1200, 9000, 9600, 10000]
-    assert phases[3][1] == phases[1][1] and phases[4][1] == phases[2][1]   # phase 2's mix, then phase 3's
-    lr, lr_ran = _optim(cfg).schedule_fn(), _optim(ran).schedule_fn()
+    ran = _cut(load_config(BASE_V8), 3, 9600)                 # the run as it first ended
+    phases, before = phase_list(cfg), phase_list(ran)
+    assert [_same_steps(p) for p in phases[:3]] == [_same_steps(p) for p in before]
+    assert [p.start for p in phases] == [0, 1200, 9000, 9600, 10000]
+    assert phases[3].curriculum == phases[1].curriculum and phases[4].curriculum == phases[2].curriculum
+    lr, lr_ran = optim_config(cfg).schedule_fn(), optim_config(ran).schedule_fn()
     for step in (0, 199, 1200, 5000, 8999, 9000, 9599):
         assert float(lr(step)) == float(lr_ran(step))
     assert float(lr(9599)) == pytest.approx(3e-4)
     assert float(lr(9600)) == float(lr(10000)) == float(lr(cfg.train.steps)) == pytest.approx(1e-4)
     assert [r["steps"] for r in phase_records(cfg)][-2:] == ["9600-10000", "10000-10400"]
-    cfg.fifth_phase.start = 9500                             # before the fourth
-    with pytest.raises(ValueError, match=r"fifth_phase.start must be in \(9600"):
+    cfg.phases[4]["start"] = 9500                             # before the one above it in the list
+    with pytest.raises(ValueError, match=r"phases\[4\] \(episodes again\): start must be in \(9600"):
         validate_pretrain(cfg)
-    cfg.fifth_phase.start = 10000
-    cfg.fifth_phase.lr = 1.0
-    with pytest.raises(ValueError, match="fifth_phase sets"):
+    cfg.phases[4]["start"] = 10000
+    cfg.phases[0]["start"] = 5                                # the run's first steps in no phase
+    with pytest.raises(ValueError, match=r"phases\[0\] \(binding\): start must be 0"):
         validate_pretrain(cfg)
-    del cfg.fifth_phase["lr"]
-    cfg.third_phase.start = 0                                # a fourth phase with no third
-    with pytest.raises(ValueError, match="fourth_phase needs the phases before it"):
+    cfg.phases[0]["start"] = 0
+    cfg.reading_phase = ml_collections.ConfigDict({"start": 1200})  # a phase as a section: the layout before lists
+    with pytest.raises(ValueError, match=r"sets \['reading_phase'\]: phases are now one list"):
         validate_pretrain(cfg)
 
 
-def test_base_v8_is_base_v7_and_then_a_sixth_phase():
-    """configs/base_v8.py (an experiment started from base_v7's checkpoint 10400): every step before
-    10400 has base_v7's mix and rate, so the copied checkpoint is the step its config would reach;
-    then phase 2's mix at 5e-5, with the phase's first checkpoint kept (keep_period)."""
-    from memsearcher_jax.pretrain import _optim, phase_configs, validate_pretrain
-    v7, v8 = (load_config(os.path.join(ROOT, "configs", f"{name}.py")) for name in ("base_v7", "base_v8"))
+def test_base_v8_is_reading_v7_and_then_a_reading_phase():
+    """configs/base_v8.py's run was started from reading_v7's checkpoint 10400: every step before 10400
+    has the rows and rate of its first five phases (reading_v7's run), so the copied checkpoint is the
+    step its config reaches; then phase 2's rows at 5e-5, with the phase's first checkpoint kept
+    (keep_period)."""
+    from memsearcher_jax.pretrain import optim_config, phase_list, validate_pretrain
+    v8 = load_config(BASE_V8)
+    v7 = _cut(load_config(BASE_V8), 5, 10400)
     validate_pretrain(v8)
-    p7, p8 = phase_configs(v7), phase_configs(v8)
-    assert p8[:5] == p7 and p8[5][0] == 10400 and p8[5][1] == p8[1][1]   # phase 2's mix
-    lr7, lr8 = _optim(v7).schedule_fn(), _optim(v8).schedule_fn()
+    p7, p8 = phase_list(v7), phase_list(v8)
+    assert [_same_steps(p) for p in p8[:5]] == [_same_steps(p) for p in p7]
+    assert p8[5].start == 10400 and p8[5].curriculum == p8[1].curriculum   # phase 2's rows
+    lr7, lr8 = optim_config(v7).schedule_fn(), optim_config(v8).schedule_fn()
     for step in (0, 1200, 8999, 9000, 9600, 10000, 10399):
         assert float(lr8(step)) == float(lr7(step))
     assert float(lr8(10400)) == float(lr8(v8.train.steps)) == pytest.approx(5e-5)
@@ -486,17 +535,60 @@ def test_base_v8_is_base_v7_and_then_a_sixth_phase():
         validate_pretrain(v8)
 
 
+def test_base_v8_phases_are_the_shipped_manifests():
+    """configs/base_v8.py alone reproduces the shipped reading_v8: its phase list is the one the base's
+    manifest records, phase by phase (steps, mix, episode formats, name_copy, context settings,
+    max_len, batch size, the learning rate where each phase starts and ends, the schedule), and its
+    vocabulary, model and run settings are the ones the manifest's config records. (The manifest does
+    not record recall_pairs, repeat_tokens or the episode formats of a phase without episodes: those
+    are CurriculumConfig's defaults in the config, as they were in the run.)"""
+    from memsearcher_jax.bases import DEFAULT_BASE
+    from memsearcher_jax.pretrain import BASE_MANIFEST, optim_config, phase_records, validate_pretrain
+    with open(os.path.join(DEFAULT_BASE, BASE_MANIFEST), encoding="utf-8") as f:
+        manifest = json.load(f)
+    cfg = load_config(BASE_V8)
+    validate_pretrain(cfg)
+    recorded = manifest["phases"]
+    # The config's own entries against the records, field by field (not through phase_records).
+    ends = [p["start"] for p in cfg.phases[1:]] + [cfg.train.steps]
+    lr = optim_config(cfg).schedule_fn()
+    assert len(cfg.phases) == len(recorded) == 6
+    for phase, end, record in zip(cfg.phases, ends, recorded):
+        assert record["steps"] == f"{phase['start']}-{end}"
+        assert record["curriculum"] == phase["mix"]
+        assert (record["max_len"], record["batch_size"]) == (phase["max_len"], phase["batch_size"])
+        assert record.get("name_copy", 0.0) == phase["name_copy"]
+        assert record["contexts"] == {"cloze_passages": list(phase["cloze_passages"]),
+                                      "long_passages": list(phase["long_passages"]),
+                                      "bind_entities": list(phase["bind_entities"]),
+                                      "questions_per_row": phase["cloze_questions"]}
+        if phase["mix"].get("demo", 0) > 0:
+            assert record["demo_episodes"]["workflows"] == list(phase["demo_workflows"])
+            assert record["demo_episodes"]["objectives"] == list(phase["demo_objectives"])
+        if phase["learning_rate"]:
+            assert record["learning_rate"]["start"] == phase["learning_rate"]
+        assert record["learning_rate"]["start"] == round(float(lr(phase["start"])), 8)
+        assert record["learning_rate"]["end"] == round(float(lr(end)), 8)
+    assert phase_records(cfg) == recorded                      # and every record whole, as an export writes it
+    shipped = manifest["config"]
+    mine = json.loads(json.dumps(cfg.to_dict(), default=list))
+    assert mine["vocab"] == shipped["vocab"] and mine["model"] == shipped["model"]
+    # The run's settings; batch_size and max_len are per phase now (checked above).
+    assert mine["train"] == {k: v for k, v in shipped["train"].items() if k not in ("batch_size", "max_len")}
+    assert mine["curriculum"] == {k: shipped["curriculum"][k] for k in ("world_entities", "rows_per_world", "top_n")}
+
+
 def test_an_extended_run_keeps_its_schedule_and_phases():
     """train.decay_steps fixes where the cosine ends: raising train.steps past it changes no
     learning rate before it (the floor holds after), so the extended config reproduces the run."""
-    from memsearcher_jax.pretrain import _optim, phase_records, validate_pretrain
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
-    cfg.third_phase.start = 0                        # the schedule alone (a third phase sets its own rate)
+    from memsearcher_jax.pretrain import optim_config, phase_records, validate_pretrain
+    cfg = _cut(load_config(BASE_V8), 2, 4000)        # the schedule alone (a later phase sets its own rate)
+    cfg.train.decay_steps = 4000
     cfg.train.steps = cfg.train.decay_steps
-    before = _optim(cfg).schedule_fn()
+    before = optim_config(cfg).schedule_fn()
     first = phase_records(cfg)
     cfg.train.steps = cfg.train.decay_steps + 2000
-    after = _optim(cfg).schedule_fn()
+    after = optim_config(cfg).schedule_fn()
     validate_pretrain(cfg)
     for step in (0, 100, 1500, cfg.train.decay_steps - 1, cfg.train.decay_steps):
         assert float(after(step)) == float(before(step))
@@ -505,7 +597,7 @@ def test_an_extended_run_keeps_its_schedule_and_phases():
     records = phase_records(cfg)
     same = lambda r: {**r, "learning_rate": {k: v for k, v in r["learning_rate"].items() if k != "schedule"}}
     assert same(records[0]) == same(first[0]) and records[-1]["learning_rate"]["schedule"].endswith("constant after")
-    assert records[-1]["steps"] == f"{cfg.first_phase.steps}-{cfg.train.steps}"
+    assert records[-1]["steps"] == f"{cfg.phases[1]['start']}-{cfg.train.steps}"
     cfg.train.decay_steps = cfg.train.steps + 1
     with pytest.raises(ValueError, match="decay_steps"):
         validate_pretrain(cfg)
@@ -515,12 +607,12 @@ def test_an_extended_run_keeps_its_schedule_and_phases():
     ("mimetic_init", 1.5, "mimetic_init must be in"),
     ("positional_heads", ((1,), (2,), (3,), (4,), (5,)), "at most num_layers=4"),
     ("positional_heads", ((0, 1),), "offsets >= 1"),
-    ("positional_heads", ((1, 2, 3, 4, 5),), "more offsets in a layer than its num_heads=4"),
+    ("positional_heads", ((1,) * 9,), "more offsets in a layer than its num_heads=8"),
     ("positional_strength", 0.0, "positional_strength must be > 0"),
 ])
 def test_the_model_init_settings_are_checked_before_any_work(field, value, message):
     from memsearcher_jax.pretrain import validate_pretrain
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"))
+    cfg = load_config(BASE_V8)
     validate_pretrain(cfg)
     cfg.model[field] = value
     with pytest.raises(ValueError, match=message):
@@ -531,7 +623,7 @@ def test_mimetic_attention_starts_heads_near_matching_and_copying():
     """Hand-made kernels: alpha 1 makes each group's W_k its first head's W_q and every head's
     W_o its group's W_v^T (so W_q W_k^T and W_v W_o are positive semi-definite); alpha 0
     changes nothing; q and v are never touched."""
-    from memsearcher_jax.pretrain import mimetic_attention
+    from memsearcher_jax.pretrain.model_init import mimetic_attention
     rng = np.random.default_rng(0)
     L, D, H, K, Dh = 2, 8, 4, 2, 3
     q, k, v = (rng.normal(size=(L, D, n, Dh)).astype(np.float32) for n in (H, K, K))
@@ -671,19 +763,32 @@ def _user_files(root) -> dict:
             for d, _, files in os.walk(root) for f in files}
 
 
+# base_v8 cut to its first three phases (steps 0-2, 2-3, 3-; batch 4, 2, 2), for a run of a few steps.
+SHORT_CONFIG = """from memsearcher_jax.config_utils import load_config
+
+
+def get_config():
+    c = load_config({base!r})
+    c.phases = tuple(dict(p, start=s, batch_size=b) for p, s, b in zip(c.phases[:3], (0, 2, 3), (4, 2, 2)))
+    return c
+"""
+
+
 def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     from memsearcher_jax.pretrain import BASE_MANIFEST, run_pretrain
 
+    short = tmp_path / "short_base.py"
+    short.write_text(SHORT_CONFIG.format(base=BASE_V8))
     overrides = [
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
         ("model.positional_heads", "((1,),)"),  # one positional head in the one layer left
-        ("first_phase.steps", "2"), ("first_phase.batch_size", "4"),
-        ("train.batch_size", "2"), ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
+        ("train.steps", "4"), ("train.save_every", "2"), ("train.probe_every", "2"),
         ("train.probe_items", "8"), ("train.final_probe_items", "8"), ("train.warmup", "1"), ("train.log_every", "1"),
-        ("train.min_len", "512"), ("train.decay_steps", "0"), ("third_phase.start", "3"),
+        ("train.min_len", "512"), ("train.decay_steps", "0"), ("train.data_workers", "0"),
+        ("train.pack_to_max_len", "false"), ("phases.2.learning_rate", "4e-4"),
         ("train.keep_period", "2"), ("train.output_dir", str(tmp_path / "run"))]
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), overrides)
+    cfg = load_config(str(short), overrides)
     assert cfg.model.positional_heads == ((1,),)
     first = run_pretrain(cfg)
     printed = capsys.readouterr().out
@@ -708,7 +813,9 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert [p["steps"] for p in phases] == ["0-2", "2-3", "3-6"] and [p["batch_size"] for p in phases] == [4, 2, 2]
     assert "long" not in phases[0]["curriculum"] and phases[1]["curriculum"]["bind"] > 0
     assert phases[0]["learning_rate"]["end"] == phases[1]["learning_rate"]["start"] > 0
-    assert phases[2]["learning_rate"]["start"] == phases[2]["learning_rate"]["end"] == cfg.third_phase.learning_rate
+    # the phase's own rate, here set on the command line (--config.phases.2.learning_rate)
+    assert phases[2]["learning_rate"]["start"] == phases[2]["learning_rate"]["end"] == cfg.phases[2]["learning_rate"]
+    assert cfg.phases[2]["learning_rate"] == 4e-4
     assert set(manifest["reading_probe"]["by_length"]) == {"2", "8", "16"} and "multi" in manifest["reading_probe"]
     assert manifest["progress_probe"]["n"] == 8
     assert manifest["pair_probe"]["n"] == 4 and 0.0 <= manifest["pair_probe"]["both"] <= 1.0
@@ -732,7 +839,7 @@ def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     assert step == 6 and np.allclose(np.asarray(at6.layers.q_kernel[...]), exported, atol=1e-2)
     assert not np.allclose(np.asarray(at4.layers.q_kernel[...]), np.asarray(at6.layers.q_kernel[...]))
     capsys.readouterr()
-    argv = ["pretrain", "--config", os.path.join(ROOT, "configs", "base_v2.py"),
+    argv = ["pretrain", "--config", str(short),
             *(f"--config.{key}={value}" for key, value in overrides)]
     assert main(argv + ["--probe-step", "6", "--probe-items", "4"]) == 0
     table = capsys.readouterr().out
@@ -761,13 +868,13 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     """--fresh never clears a directory holding files no pretraining run wrote; an export dir of
     the user's that is not empty is never written into; a resumed run with other vocabulary
     settings than its directory's vocabulary is refused. All before anything is built."""
-    from memsearcher_jax import pretrain
     from memsearcher_jax.errors import UserInputError
     from memsearcher_jax.experiment import TrainConfigError
+    from memsearcher_jax.pretrain import run as pretrain
 
-    monkeypatch.setattr(pretrain, "_init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    monkeypatch.setattr(pretrain, "init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), [("train.output_dir", str(tmp_path / "run"))])
+    cfg = load_config(BASE_V8, [("train.output_dir", str(tmp_path / "run"))])
     run = tmp_path / "run"
     (run / "checkpoints" / "100").mkdir(parents=True)
     (run / "notes.txt").write_text("mine")
@@ -799,9 +906,10 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
 
 
 def _small_phased_config(**train):
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v2.py"), [
-        ("first_phase.steps", "3"), ("first_phase.batch_size", "6"), ("train.batch_size", "4"),
-        ("train.steps", "8"), ("train.decay_steps", "0"), ("third_phase.start", "6")])
+    """base_v8's first three phases at steps 0-3, 3-6, 6-8 (batch 6, 4, 4), packed to each step's bucket."""
+    cfg = _cut(load_config(BASE_V8), 3, 8)
+    cfg.phases = tuple(dict(p, start=s, batch_size=b) for p, s, b in zip(cfg.phases, (0, 3, 6), (6, 4, 4)))
+    cfg.train.update({"decay_steps": 0, "data_workers": 0, "pack_to_max_len": False})
     cfg.train.update(train)
     return cfg
 
@@ -809,7 +917,7 @@ def _small_phased_config(**train):
 def test_data_workers_build_the_very_batches_one_thread_builds(vocab_dir):
     """Rows depend on (seed, step) only: worker processes (spawned, not forked) hand back, in step
     order, exactly the arrays the trainer's own thread would build, across phase boundaries."""
-    from memsearcher_jax.pretrain import BatchMaker, _PoolPrefetch
+    from memsearcher_jax.pretrain.batches import BatchMaker, _PoolPrefetch
 
     cfg = _small_phased_config(data_workers=2)
     here = BatchMaker(cfg, vocab_dir)
@@ -841,7 +949,7 @@ def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
     import signal
     import time
 
-    from memsearcher_jax.pretrain import _PoolPrefetch
+    from memsearcher_jax.pretrain.batches import _PoolPrefetch
 
     cfg = _small_phased_config(data_workers=2)
     ahead = _PoolPrefetch(cfg, vocab_dir, 0, 8, workers=2)
@@ -873,10 +981,10 @@ def test_data_workers_leave_ctrl_c_to_the_trainer(vocab_dir):
 
 def test_pack_to_max_len_packs_every_step_to_its_phase_length(vocab_dir):
     """pack_to_max_len: one width per phase (few programs to compile), the same sequences inside."""
-    from memsearcher_jax.pretrain import BatchMaker
+    from memsearcher_jax.pretrain.batches import BatchMaker
 
     cfg = _small_phased_config()
-    cfg.first_phase.max_len, cfg.train.max_len = 512, 1024
+    assert [p["max_len"] for p in cfg.phases] == [512, 1024, 1024]
     bucketed = BatchMaker(cfg, vocab_dir)
     cfg.train.pack_to_max_len = True
     full = BatchMaker(cfg, vocab_dir)
@@ -892,7 +1000,7 @@ def test_pack_to_max_len_packs_every_step_to_its_phase_length(vocab_dir):
 def test_data_workers_must_be_a_count():
     from memsearcher_jax.pretrain import validate_pretrain
 
-    cfg = load_config(os.path.join(ROOT, "configs", "base_v3.py"))
+    cfg = load_config(BASE_V8)
     validate_pretrain(cfg)
     cfg.train.data_workers = -1
     with pytest.raises(ValueError, match="train.data_workers must be an integer >= 0"):
@@ -900,7 +1008,7 @@ def test_data_workers_must_be_a_count():
 
 
 def test_a_failing_row_builder_raises_in_the_trainer_instead_of_hanging():
-    from memsearcher_jax.pretrain import _Prefetch
+    from memsearcher_jax.pretrain.batches import _Prefetch
 
     def make(step):
         if step == 2:
@@ -913,30 +1021,33 @@ def test_a_failing_row_builder_raises_in_the_trainer_instead_of_hanging():
         ahead.get()
 
 
-def test_base_v4_layer1_heads_start_at_every_subject_to_value_distance(parts):
-    """reading_v3 binds a value to its subject only through layer-1 heads, at the distances its init
-    started them (5-8); works_for's value sits 4 tokens after its subject and reads 20% at 8 passages
-    (docs/lab/2026-11-27-main-job-timed-works-for-binding.md). base_v4 starts a layer-1 head at every
-    relation's distance.
-    (`parts` is reading_v3's vocabulary: seed 0, wording v1, byte for byte its tokenizer.)"""
-    from memsearcher_jax.data.synthetic import ONE_HOP, generate_world
-    from memsearcher_jax.pretrain import validate_pretrain
+def test_base_v8_layer1_heads_start_where_its_wording_puts_works_for(parts):
+    """reading_v3 (wording v1) bound a value to its subject only through layer-1 heads, at the distances
+    its init started them (5-8); works_for's value sat 4 tokens after its subject and read 20% at 8
+    passages (docs/lab/2026-11-27-main-job-timed-works-for-binding.md). Wording v2 ("works for the company
+    called", "makes the product called") moves works_for and product to distances base_v8's layer-1 heads start at.
+    (`parts` is reading_v3's vocabulary: seed 0, wording v1; the shipped base's is v2.)"""
+    from memsearcher_jax.bases import DEFAULT_BASE
+    from memsearcher_jax.data.synthetic import generate_world, one_hop_templates
+
+    def distances(vocab, tok) -> dict:
+        world = generate_world(0, num_entities=30, heldout_fraction=0.0, names=vocab.pool("reserved"),
+                               wording=vocab.wording)
+        out = {}
+        for etype, relations in one_hop_templates(vocab.wording).items():
+            subject = next(name for name, e in world.entities.items() if e["type"] == etype)
+            for rel, (_, _, sentence) in relations.items():
+                value = world.entities[subject][rel]
+                ids = tok(sentence.format(s=subject, a=value))["input_ids"]
+                out[rel] = ids.index(vocab.ids[value]) - ids.index(vocab.ids[subject])
+        return out
 
     vocab, tok, _ = parts
-    world = generate_world(0, num_entities=30, heldout_fraction=0.0, names=vocab.pool("reserved"))
-    distances = {}
-    for etype, relations in ONE_HOP.items():
-        subject = next(name for name, e in world.entities.items() if e["type"] == etype)
-        for rel, (_, _, sentence) in relations.items():
-            value = world.entities[subject][rel]
-            ids = tok(sentence.format(s=subject, a=value))["input_ids"]
-            distances[rel] = ids.index(vocab.ids[value]) - ids.index(vocab.ids[subject])
-    assert distances["works_for"] == 4 and distances["occupation"] == 6, distances  # the measured case
-    v3 = load_config(os.path.join(ROOT, "configs", "base_v3.py"))
-    assert distances["works_for"] not in v3.model.positional_heads[1]  # what left it unbound
-    v4 = load_config(os.path.join(ROOT, "configs", "base_v4.py"))
-    validate_pretrain(v4)
-    assert set(distances.values()) <= set(v4.model.positional_heads[1]) and max(distances.values()) == 9, distances
-    assert len(v4.model.positional_heads[1]) == v4.model.num_heads
-    assert {k: v for k, v in v4.to_dict().items() if k != "model" and k != "train"} == \
-        {k: v for k, v in v3.to_dict().items() if k != "model" and k != "train"}  # the rest is base_v3's recipe
+    v1 = distances(vocab, tok)
+    assert v1["works_for"] == 4 and v1["occupation"] == 6, v1  # the measured case
+    v2 = distances(ReadingVocab.load(DEFAULT_BASE), load_tokenizer(DEFAULT_BASE))
+    layer1 = load_config(BASE_V8).model.positional_heads[1]
+    assert v1["works_for"] not in layer1 and v1["product"] not in layer1   # what left them unbound
+    assert v2["works_for"] in layer1 and v2["product"] in layer1, v2
+    assert {r: d for r, d in v2.items() if r not in ("works_for", "product")} == \
+        {r: d for r, d in v1.items() if r not in ("works_for", "product")}   # the other sentences as they were

@@ -8,11 +8,12 @@
   after "... called"; every world built for it uses that wording, which its vocabulary records).
   The embedded default (configs/default.py) starts from it.
 
-Earlier bases, removed (git history keeps them): `reading_tiny` (`git show e9ea9fe:configs/base_tiny.py`),
-`reading_v2` (4 x 128, `e0483b8:configs/base_v2.py`; removed 2026-11-26) and `reading_v3` (`e0483b8:configs/base_v3.py`,
-the same model on wording "v1", which never bound works_for; removed 2026-11-29) and `reading_v7`
-(`e0483b8:configs/base_v7.py`, reading_v8's first 10400 steps; removed 2026-11-29). The lab notes
-(docs/lab/README.md) have the comparisons; reading_v8/README.md is this base's model card.
+Earlier bases, removed (git history keeps them and their configs): `reading_tiny`
+(`git show e9ea9fe:configs/base_tiny.py`), `reading_v2` (4 x 128, `git show e0483b8:configs/base_v2.py`;
+removed 2026-11-26) and `reading_v3` (`git show e0483b8:configs/base_v3.py`, the same model on wording
+"v1", which never bound works_for; removed 2026-11-29) and `reading_v7` (reading_v8's first 10400 steps:
+the first five phases of configs/base_v8.py; removed 2026-11-29). The lab notes (docs/lab/README.md) have the
+comparisons; reading_v8/README.md is this base's model card.
 
 `DEFAULT_BASE` is the one the embedded default starts from; code and tests that mean "the
 shipped base" name it, not a directory.

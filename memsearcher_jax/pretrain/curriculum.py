@@ -2,8 +2,8 @@
 
 Every row is drawn from a fresh random world (`synthetic.generate_world`) whose entities take
 names from the reading vocabulary's **pretrain** pool only (`data.vocab`), so facts never
-repeat across worlds: the only way to lower the loss is to read them from the context. Four
-kinds of row, mixed by `CurriculumConfig.mix`:
+repeat across worlds: the only way to lower the loss is to read them from the context. Kinds
+of row, mixed by `CurriculumConfig.mix` (a phase's `mix`, `phases.py`):
 
 - `repeat`: a random run of names and values, then the same run again; loss on the second
   copy, every token of which is the one after the previous occurrence of the token before it
@@ -17,7 +17,9 @@ kinds of row, mixed by `CurriculumConfig.mix`:
 - `demo`: correct MemSearcher episodes recorded as the rollout records them (`data.demos`,
   no flaws, real BM25 over the world): copying the question's entity into a query, the
   retrieved facts into a memory, and the answer out of the memory. Loss on generated tokens.
-- `probe` (not trained on): the cloze format with one question, used by `reading_probe`.
+- `long`, `bind`, `multi`: up to 16 passages with the asked one anywhere (`long_row`), several
+  entities of one type asked one relation (`bind_row`), two questions in one ask (`long_row`).
+- `probe` (not trained on): the cloze format with one question, used by `probes.py`.
 
     curriculum = Curriculum(vocab, builder, CurriculumConfig(seed=0))
     rows = curriculum.rows_for_step(step, 64)   # prompt_ids, response_ids, loss_mask (sft.build_rows)
@@ -99,7 +101,7 @@ class Row:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-class _Pieces:
+class Pieces:
     """Token pieces from a prompt builder (free text is tokenized with special tokens split)."""
 
     def __init__(self, builder: PromptBuilder):
@@ -111,7 +113,7 @@ class _Pieces:
                 self.b.tool_response_close_id]
 
 
-def cloze_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_questions: int,
+def cloze_row(world, rng: random.Random, pieces: Pieces, n_passages: int, n_questions: int,
               one_question_about: str | None = None) -> Row:
     """Passages (as a tool response) + questions answered from them.
 
@@ -159,11 +161,11 @@ def cloze_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_que
     return Row(prompt_ids=prompt, response_ids=response, loss_mask=mask, kind="cloze", questions=qs)
 
 
-def _title(passage: dict) -> str:
+def passage_title(passage: dict) -> str:
     return passage["contents"].split("\n", 1)[0]
 
 
-def context_row(world, pieces: _Pieces, shown: Sequence[dict], asks: Sequence[Sequence[dict]], kind: str) -> Row:
+def context_row(world, pieces: Pieces, shown: Sequence[dict], asks: Sequence[Sequence[dict]], kind: str) -> Row:
     """Shown passages (one tool response, in the given order), then one `<question>` per ask.
 
     An ask of several questions is one multi-objective question: `<question> q1; q2 </question>`
@@ -179,7 +181,7 @@ def context_row(world, pieces: _Pieces, shown: Sequence[dict], asks: Sequence[Se
         mask += [0] * len(lead) + [1] * len(ans)
     return Row(prompt_ids=prompt, response_ids=response, loss_mask=mask, kind=kind,
                questions=[q for ask in asks for q in ask], per_ask=len(asks[0]) if asks else 1,
-               passages=[_title(p) for p in shown])
+               passages=[passage_title(p) for p in shown])
 
 
 def _answerable(world, shown: Sequence[dict]) -> list[dict]:
@@ -188,7 +190,7 @@ def _answerable(world, shown: Sequence[dict]) -> list[dict]:
     return [r for r in world.train + world.heldout if all(i in ids for i in r["gold_passage_ids"])]
 
 
-def long_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_asks: int, per_ask: int = 1,
+def long_row(world, rng: random.Random, pieces: Pieces, n_passages: int, n_asks: int, per_ask: int = 1,
              kind: str = "long") -> Row:
     """n random passages of the world in random order and questions about them: the asked
     passage is anywhere in the context, uniformly (the shuffle). per_ask=2: multi-objective
@@ -206,7 +208,7 @@ def long_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_asks
     return context_row(world, pieces, shown, asks, kind)
 
 
-def bind_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_entities: int, n_asks: int) -> Row:
+def bind_row(world, rng: random.Random, pieces: Pieces, n_passages: int, n_entities: int, n_asks: int) -> Row:
     """Binding drill: several entities of one type (so every passage states the asked relation,
     with a value of the same kind) among n passages; one relation asked about several of them.
     The wrong-entity value of the right kind is always in the context: only binding the value
@@ -217,8 +219,8 @@ def bind_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_enti
             by_type.setdefault(e["type"], []).append(name)
     etype = rng.choice(sorted(t for t, names in by_type.items() if len(names) >= 2))
     same = rng.sample(sorted(by_type[etype]), max(2, min(n_entities, len(by_type[etype]))))
-    passage_of = {_title(p): p for p in world.corpus}
-    others = [p for p in world.corpus if _title(p) not in same]
+    passage_of = {passage_title(p): p for p in world.corpus}
+    others = [p for p in world.corpus if passage_title(p) not in same]
     shown = [passage_of[n] for n in same] + rng.sample(others, max(0, min(n_passages - len(same), len(others))))
     rng.shuffle(shown)
     relation = rng.choice(sorted(ONE_HOP[etype]))
@@ -229,7 +231,7 @@ def bind_row(world, rng: random.Random, pieces: _Pieces, n_passages: int, n_enti
     return context_row(world, pieces, shown, asks, "bind")
 
 
-def repeat_row(rng: random.Random, pieces: _Pieces, words: Sequence[str], n: int) -> Row:
+def repeat_row(rng: random.Random, pieces: Pieces, words: Sequence[str], n: int) -> Row:
     """`w1 w2 ... wn` then `w1 w2 ... wn` again; loss on the second copy after its first word."""
     run = pieces.enc(" ".join(rng.sample(list(words), n)))
     space = pieces.enc(" ")  # the separator token before each whole-word token: not a target
@@ -237,7 +239,7 @@ def repeat_row(rng: random.Random, pieces: _Pieces, words: Sequence[str], n: int
                loss_mask=[int([t] != space) for t in run[1:]], kind="repeat")
 
 
-def recall_row(rng: random.Random, pieces: _Pieces, keys: Sequence[str], values: Sequence[str],
+def recall_row(rng: random.Random, pieces: Pieces, keys: Sequence[str], values: Sequence[str],
                n_pairs: int) -> Row:
     """`k v ; k v ; ...` then the same keys in another order; loss on the second list's values."""
     ks = rng.sample(list(keys), n_pairs)
@@ -290,7 +292,7 @@ class Curriculum:
                  pool: str = "pretrain"):
         self.vocab, self.builder, self.config = vocab, builder, config
         self.names = vocab.pool(pool)
-        self.pieces = _Pieces(builder)
+        self.pieces = Pieces(builder)
         keys = [n for kind in ("person", "city", "company") for n in self.names[kind]]
         self.recall_keys = keys
         self.recall_values = keys + [v for vs in vocab.values.values() for v in vs]
@@ -386,137 +388,3 @@ class PhasedCurriculum:
 
     def rows_for_step(self, step: int, n: int) -> list[Row]:
         return self.at(step).rows_for_step(step, n)
-
-
-# Entities per world a probe draws its items from. Equal to CurriculumConfig.world_entities's default, but
-# its own constant: probe items (and every stored probe figure) must not move if the training default does.
-PROBE_WORLD_ENTITIES = 30
-
-
-def probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 1234, n_passages: int = 2,
-                pool: str = "reserved", same_type: bool = False) -> list[tuple[list[int], int, str]]:
-    """Reading-probe items over names from `pool` (default: reserved, never seen in pretraining).
-
-    Each item: (context ids ending in `\\boxed{`, the answer's first token id, the relation).
-    The answer is a single token for every relation (names and values are whole tokens).
-    same_type: every other shown passage is about an entity of the subject's type, so it states
-    the asked relation too, with a value of the same kind: only binding the value to its subject
-    answers (a reader that matches the relation alone scores 1 / n_passages).
-    """
-    rng = random.Random(seed)
-    pieces = _Pieces(builder)
-    names = vocab.pool(pool)
-    items = []
-    while len(items) < n:
-        world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
-                               names=names, wording=vocab.wording)
-        subjects = sorted({r["subject"] for r in world.train if r["hops"] == 1})
-        for _ in range(8):
-            subject = rng.choice(subjects)
-            if same_type:
-                row = _same_type_row(world, rng, pieces, subject, n_passages)
-            else:
-                row = cloze_row(world, rng, pieces, n_passages, 1, one_question_about=subject)
-            items.append(_answer_item(row, row.questions[0]["relation"]))
-    return items[:n]
-
-
-def _answer_item(row: Row, relation: str) -> tuple[list[int], int, str]:
-    """A one-question row as a probe item: (context ids through the answer's lead-in `\\boxed{`,
-    the answer's first token, the relation)."""
-    target = [t for t, m in zip(row.response_ids, row.loss_mask) if m][0]
-    lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
-    return row.prompt_ids + lead, target, relation
-
-
-def _same_type_row(world, rng: random.Random, pieces: _Pieces, subject: str, n_passages: int) -> Row:
-    """The subject's passage and n_passages - 1 others about entities of its type (fewer if the
-    world has fewer), shuffled; one 1-hop question about the subject."""
-    kind = world.entities[subject]["type"]
-    passage_of = {_title(p): p for p in world.corpus}
-    peers = sorted(n for n, e in world.entities.items() if e["type"] == kind and n != subject)
-    shown = [passage_of[subject]] + [passage_of[n] for n in rng.sample(peers, min(n_passages - 1, len(peers)))]
-    rng.shuffle(shown)
-    question = rng.choice([r for r in world.train if r["hops"] == 1 and r["subject"] == subject])
-    return context_row(world, pieces, shown, [[question]], "probe")
-
-
-def pair_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 4040,
-                     pool: str = "reserved") -> list[tuple[list[int], int, str]]:
-    """Binding pairs: n pairs of items (2n in all, a pair's two items next to each other) over one
-    context of two passages about entities of one type, whose values of the asked relation differ;
-    the first item asks about one entity, the second about the other. A reader that answers from
-    the relation alone, whoever the question names, gets at most one of each pair right; only one
-    that binds each value to its subject gets both (`pretrain.pair_probe`)."""
-    rng = random.Random(seed)
-    pieces = _Pieces(builder)
-    names = vocab.pool(pool)
-    items: list[tuple[list[int], int, str]] = []
-    while len(items) < 2 * n:
-        world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
-                               names=names, wording=vocab.wording)
-        one_hop = {(r["subject"], r["relation"]): r for r in world.train if r["hops"] == 1}
-        passage_of = {_title(p): p for p in world.corpus}
-        for _ in range(8):
-            a, relation = rng.choice(sorted(one_hop))
-            kind = world.entities[a]["type"]
-            peers = sorted(s for (s, r), q in one_hop.items() if r == relation and s != a
-                           and world.entities[s]["type"] == kind
-                           and q["golden_answers"][0] != one_hop[a, relation]["golden_answers"][0])
-            if not peers:
-                continue
-            b = rng.choice(peers)
-            shown = [passage_of[a], passage_of[b]]
-            rng.shuffle(shown)
-            for subject in (a, b):
-                row = context_row(world, pieces, shown, [[one_hop[subject, relation]]], "probe")
-                items.append(_answer_item(row, relation))
-    return items[:2 * n]
-
-
-def copy_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 777,
-                     pool: str = "reserved",
-                     run_tokens: tuple[int, int] = (16, 48)) -> list[tuple[list[int], int, str]]:
-    """The copy (induction) skill alone: repeat drills over `pool` names and the values, each cut
-    before one random word of its second copy. Each item: (context ids, that word's id, "copy").
-    Reading needs this circuit; a base can reach a middling reading probe without it (the second
-    base: 60% at 2 passages with 6% here, docs/lab/2026-11-25-second-base-no-copy-circuit.md)."""
-    rng = random.Random(seed)
-    pieces = _Pieces(builder)
-    words = [w for names in vocab.pool(pool).values() for w in names] + [v for vs in vocab.values.values() for v in vs]
-    items = []
-    for _ in range(n):
-        row = repeat_row(rng, pieces, words, rng.randint(*run_tokens))
-        at = rng.choice([i for i, m in enumerate(row.loss_mask) if m])
-        items.append((row.prompt_ids + row.response_ids[:at], row.response_ids[at], "copy"))
-    return items
-
-
-def multi_probe_items(vocab: ReadingVocab, builder: PromptBuilder, n: int, seed: int = 4321, n_passages: int = 4,
-                      pool: str = "reserved") -> list[tuple[list[int], list[int], str]]:
-    """Multi-objective probe items: n_passages shown, one `<question> q1; q2 </question>` about
-    two different shown subjects (1-hop each). Each item: (context ids ending in `\\boxed{`,
-    the answer's tokens `a1; a2`, "multi"); right when greedy decoding writes all of them."""
-    rng = random.Random(seed)
-    pieces = _Pieces(builder)
-    names = vocab.pool(pool)
-    items = []
-    while len(items) < n:
-        world = generate_world(rng.randrange(2 ** 31), num_entities=PROBE_WORLD_ENTITIES, heldout_fraction=0.0,
-                               names=names, wording=vocab.wording)
-        one_hop = {}
-        for r in world.train:
-            if r["hops"] == 1:
-                one_hop.setdefault(r["subject"], []).append(r)
-        passage_of = {_title(p): p for p in world.corpus}  # once per world, not once per item
-        for _ in range(8):
-            a, b = rng.sample(sorted(one_hop), 2)
-            others = [p for p in world.corpus if _title(p) not in (a, b)]
-            shown = [passage_of[a], passage_of[b]] + rng.sample(others, n_passages - 2)
-            rng.shuffle(shown)
-            row = context_row(world, pieces, shown, [[rng.choice(one_hop[a]), rng.choice(one_hop[b])]], "multi")
-            lead = [t for t, m in zip(row.response_ids, row.loss_mask) if not m]
-            answer = pieces.enc("; ".join(q["golden_answers"][0] for q in row.questions))
-            assert [t for t, m in zip(row.response_ids, row.loss_mask) if m][:len(answer)] == answer
-            items.append((row.prompt_ids + lead, answer, "multi"))
-    return items[:n]
