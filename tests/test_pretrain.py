@@ -757,7 +757,6 @@ def test_tied_rows_keep_their_differences():
     assert np.abs(moved[1] - moved[2]).max() > 0  # untied rows move on their own
 
 
-@pytest.mark.slow
 def _user_files(root) -> dict:
     return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
             for d, _, files in os.walk(root) for f in files}
@@ -774,6 +773,7 @@ def get_config():
 """
 
 
+@pytest.mark.slow
 def test_pretrain_runs_resumes_and_exports(tmp_path, capsys):
     from memsearcher_jax.pretrain import BASE_MANIFEST, run_pretrain
 
