@@ -422,9 +422,20 @@ def _second_calls(b, cfg):
     return {"memsearcher": memory, "memory_ops": ops}.get(cfg.workflow, lambda budget: "")
 
 
+@pytest.fixture(scope="module")
+def reading_builder():
+    """The default run's tokenizer and prompt style: <memory> and <question> are tags there too."""
+    from memsearcher_jax.bases import DEFAULT_BASE
+    from memsearcher_jax.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(DEFAULT_BASE)
+    return tok, PromptBuilder(tok, style="compact")
+
+
 @pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
 @pytest.mark.parametrize("max_observation_tokens", [0, 150])
-def test_carried_tokens_bound_each_context(tok, b, workflow, max_observation_tokens):
+@pytest.mark.parametrize("tokenizer", ["qwen", "reading"])
+def test_carried_tokens_bound_each_context(tok, b, reading_builder, workflow, max_observation_tokens, tokenizer):
     """Real contexts from adversarial completions (a memory of the whole budget, an ops block of
     malformed lines, documents longer than any budget, forged tags) against the bound the planner
     uses: no context carries more than the workflow's carried_tokens, no prompt is longer than
@@ -433,6 +444,9 @@ def test_carried_tokens_bound_each_context(tok, b, workflow, max_observation_tok
 
     from memsearcher_jax.planner import conversation_tokens
 
+    if tokenizer == "reading":
+        tok, b = reading_builder
+
     cfg = AgentConfig(workflow=workflow, max_turns=4, max_new_tokens=96, memory_budget=48, max_response_tokens=400,
                       max_context_tokens=8192, default_top_n=2, max_observation_tokens=max_observation_tokens)
     plan = ml_collections.ConfigDict({"agent": dataclasses.asdict(cfg)})
@@ -440,7 +454,7 @@ def test_carried_tokens_bound_each_context(tok, b, workflow, max_observation_tok
     bound = get_workflow(workflow).carried_tokens(cfg)
     sampler = BudgetSampler(tok, b, _second_calls(b, cfg))
     # Longer than any budget where a cap or mem1 cuts them; else short enough for a second turn.
-    docs = LongDocs(40 if workflow == "mem1" or max_observation_tokens else 3)
+    docs = LongDocs(40 if workflow == "mem1" or max_observation_tokens else 1)
     trajs = AgentRunner(b, sampler, docs, cfg).run(Q, group_size=2)
     convs = [(t, c, len(c.prompt_ids) - len(t.conversations[0].prompt_ids)) for t in trajs for c in t.conversations]
     carried = max(n for _, _, n in convs)
