@@ -116,6 +116,9 @@ def register(subparsers) -> None:
                    help="override HNSW efSearch at query time (default: the manifest's)")
     s.add_argument("--max-query-chars", type=positive_int, default=4096, help="longer queries get 413")
     s.add_argument("--max-batch", type=positive_int, default=512, help="larger batches get 413")
+    s.add_argument("--max-body-bytes", type=positive_int, default=None,
+                   help="larger request bodies get 413 before they are read (default: room for the largest "
+                        "batch the two limits above accept)")
     s.add_argument("--no-warmup", action="store_true",
                    help="skip compiling the encoder for query-sized shapes before accepting requests")
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
@@ -192,7 +195,8 @@ def run_serve(args) -> int:
         t0 = time.perf_counter()
         n = encoder.warmup()
         print(f"compiled the encoder for {n} query shapes in {time.perf_counter() - t0:.1f} s", flush=True)
-    limits = ServerLimits(max_query_chars=args.max_query_chars, max_batch=args.max_batch)
+    limits = ServerLimits(max_query_chars=args.max_query_chars, max_batch=args.max_batch,
+                          max_body_bytes=args.max_body_bytes or 0)
     kind = f"{manifest['kind']}:{manifest['index_type']}"
     print(f"serving {manifest['count']} passages ({kind}) on http://{args.host}:{args.port}", flush=True)
     serve(retriever, host=args.host, port=args.port, limits=limits, log_level=args.log_level, kind=kind)

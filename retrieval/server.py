@@ -14,7 +14,9 @@ Search-R1 API
         -> {"result": [[{"id", "contents"}, ...], ...]}   (return_scores=false)
 
 Errors: empty/whitespace query -> 400; top_n/topk outside 1..max_top_n -> 422; a query over
-`max_query_chars` or a batch over `max_batch` -> 413; malformed JSON -> 422; retriever failure -> 500.
+`max_query_chars` or a batch over `max_batch` -> 413; a request body over `max_body_bytes` -> 413
+before the body is read (from its Content-Length, or as a chunked body passes the limit);
+malformed JSON -> 422; retriever failure -> 500.
 
 Concurrency: handlers never search on the event loop. They enqueue their queries with a
 `SearchBatcher`, whose single worker thread merges whatever requests are waiting into one
@@ -26,6 +28,7 @@ Concurrency: handlers never search on the event loop. They enqueue their queries
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import logging
 import queue
 import threading
@@ -43,6 +46,54 @@ class ServerLimits:
     max_batch: int = 512
     # The worker merges pending requests up to this many queries per retriever call.
     max_merged_queries: int = 256
+    # A request body over this many bytes gets 413 unread; 0: room for the largest batch the
+    # limits above accept, every character JSON-escaped (`\uXXXX`, 6 bytes), ~12.6 MB by default.
+    max_body_bytes: int = 0
+
+    def body_limit(self) -> int:
+        return self.max_body_bytes or self.max_batch * (6 * self.max_query_chars + 8) + 4096
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body is over `max_bytes` gets 413 without the body being
+    read, at once when its Content-Length says so, or as soon as a chunked body passes the limit.
+    A body within it is passed on whole."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send, f"{int(declared)} bytes")
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                return await self._refuse(send, f"over {self.max_bytes} bytes")
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send, size: str) -> None:
+        detail = (f"request body of {size} exceeds the limit of {self.max_bytes} bytes "
+                  "(serve-retriever --max-body-bytes)")
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
 
 
 class SearchBatcher:
@@ -186,6 +237,7 @@ def create_app(retriever, limits: ServerLimits | None = None, *, kind: str | Non
 
     app = FastAPI(title="memsearcher-jax retriever", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodyLimit, max_bytes=limits.body_limit())
 
     async def run(queries: list[str], top_n: int) -> list[list[Hit]]:
         check_queries(queries, limits)

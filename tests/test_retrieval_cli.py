@@ -116,3 +116,23 @@ def test_serve_retriever_subprocess(corpus, tmp_path, kind):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_serve_retriever_passes_the_body_limit(monkeypatch):
+    """--max-body-bytes reaches the server's limits; without it the limit is derived (issue 56, 13)."""
+    import socket
+
+    import retrieval.index
+    import retrieval.loading
+    import retrieval.server
+
+    seen = []
+    monkeypatch.setattr(retrieval.index, "read_manifest", lambda d: {"kind": "bm25", "index_type": "bm25", "count": 1})
+    monkeypatch.setattr(retrieval.loading, "load_retriever", lambda *a, **k: object())
+    monkeypatch.setattr(retrieval.server, "serve", lambda retriever, **kw: seen.append(kw["limits"]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    assert main(["serve-retriever", "--index", "i", "--port", port, "--max-body-bytes", "5000"]) == 0
+    assert main(["serve-retriever", "--index", "i", "--port", port, "--max-batch", "4", "--max-query-chars", "10"]) == 0
+    assert [lim.body_limit() for lim in seen] == [5000, 4 * (6 * 10 + 8) + 4096]

@@ -155,3 +155,86 @@ def test_lone_surrogate_query_is_400_naming_it(client, path, key):
     r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert "not valid Unicode" in r.text and f"query {0 if path == '/search' else 1}" in r.text
+
+
+# ---------------------------------------------------------------- request body limit (issue 56, item 13)
+
+def _raw_request(url: str, head: bytes, chunks=(), timeout: float = 10.0) -> bytes:
+    """Send `head` (and then `chunks`, stopping early once the server answers) over loopback;
+    return what the server sent back (bounded: at most 64 KiB read)."""
+    import select
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    with socket.create_connection((u.hostname, u.port), timeout=timeout) as s:
+        s.sendall(head)
+        for chunk in chunks:
+            if select.select([s], [], [], 0.02)[0]:
+                break  # the server has answered
+            try:
+                s.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        data = b""
+        try:
+            while len(data) < 65536:  # the refusal closes the connection
+                part = s.recv(4096)
+                if not part:
+                    break
+                data += part
+        except (ConnectionResetError, TimeoutError, OSError):
+            pass
+        return data
+
+
+def _server(limits):
+    from retrieval.server import BackgroundServer
+
+    return BackgroundServer(create_app(BM25Retriever.from_passages(PASSAGES), limits))
+
+
+def test_a_declared_large_body_gets_413_before_it_is_sent():
+    """A 200 MB Content-Length with no body sent: the default limit answers at once (before, the
+    server waited for the body, then read all of it)."""
+    with _server(ServerLimits()) as srv:
+        head = (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 200000000\r\n\r\n")
+        reply = _raw_request(srv.url, head, timeout=10.0)
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert b"exceeds the limit of" in reply and b"--max-body-bytes" in reply
+        import httpx  # and the server goes on serving
+
+        assert httpx.post(srv.url + "/search", json={"query": "capital", "top_n": 1}, timeout=10).status_code == 200
+
+
+def test_a_chunked_body_is_cut_off_at_the_limit():
+    limits = ServerLimits(max_body_bytes=4096)
+    with _server(limits) as srv:
+        head = (b"POST /batch_search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"400\r\n" + b" " * 1024 + b"\r\n"  # 1 KiB of (valid JSON) whitespace per chunk
+        sent = []
+
+        def chunks():
+            for _ in range(256):  # at most 256 KiB offered; the server must stop it near 4 KiB
+                sent.append(1)
+                yield chunk
+
+        reply = _raw_request(srv.url, head, chunks())
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert len(sent) < 64, f"the server read {len(sent)} KiB before refusing a 4 KiB limit"
+
+
+def test_the_default_body_limit_takes_the_largest_batch_the_other_limits_accept():
+    import json
+
+    limits = ServerLimits(max_query_chars=200, max_batch=8)
+    body = json.dumps({"query": ["é" * 200] * 8, "top_n": 2, "return_score": True})  # every char escaped
+    assert len(body.encode()) <= limits.body_limit() < 64 * 1024
+    with TestClient(create_app(BM25Retriever.from_passages(PASSAGES), limits)) as c:
+        r = c.post("/batch_search", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200 and len(r.json()[0]) == 8
+        over = c.post("/batch_search", content=b" " * (limits.body_limit() + 1) + body.encode(),
+                      headers={"content-type": "application/json"})
+        assert over.status_code == 413 and "exceeds the limit" in over.json()["detail"]

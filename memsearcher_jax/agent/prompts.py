@@ -3,8 +3,11 @@
 The fixed pieces (system prompts, role headers, instructions) are tokenized once; only the
 question, memory and documents are tokenized per call. Text pieces are cut exactly at
 special/added-token boundaries, so an assembled sequence equals tokenizing its rendered
-string in one go (tests check this), and free text is tokenized with special tokens split,
-so a document containing "<|im_end|>" cannot end a turn.
+string in one go (tests check this). Text from outside the builder (a question, a memory, a
+document, an operations entry: `Untrusted`) encodes as plain text: a special token or a tag
+written in it (`<|im_end|>`, `</tool_response>`, `<memory>`) stays characters, so a retrieved
+page or a memory cannot end a turn or forge the context's structure. Tags are tokens only
+where the builder's own templates put them.
 
 MemSearcher turn (one conversation):
     context  = <|im_start|>system\\n{SYSTEM}<|im_end|>\\n
@@ -20,7 +23,10 @@ question, then after each act `\\n<|im_start|>user\\n{tool responses}<|im_end|>\
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import weakref
 from collections.abc import Sequence
 
 from memsearcher_jax.agent.tools import DEFAULT_TOOL, SearchTool
@@ -28,6 +34,45 @@ from retrieval.base import ERROR_HIT_ID, Hit
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 THINK, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<think>", "<tool_response>", "</tool_response>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Untrusted:
+    """Text that did not come from the prompt builder (question, memory, document, ops entry):
+    `PromptBuilder.encode_parts` encodes it as plain text, never as tag or special tokens."""
+
+    text: str
+
+
+def _is_markup(content: str, special: bool) -> bool:
+    """An added token that marks structure: a special token or a tag `<...>`. Not a word the
+    tokenizer added whole (the reading vocabulary's names and values), which stays one token."""
+    return special or (len(content) > 2 and content.startswith("<") and content.endswith(">"))
+
+
+# One markup-free copy of each tokenizer's backend (it takes seconds to build for a 150k vocabulary).
+_PLAIN_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plain_backend(tokenizer):
+    """(backend, id map): the tokenizer's `tokenizers` backend without its markup added tokens,
+    what the text would be had those tokens never been added, and the map from the ids it gives
+    the other added tokens (renumbered on loading) to the tokenizer's own. None for a tokenizer
+    without a backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    if tokenizer not in _PLAIN_BACKENDS:
+        from tokenizers import Tokenizer
+
+        spec = json.loads(backend.to_str())
+        kept = [a for a in spec.get("added_tokens") or [] if not _is_markup(a["content"], a.get("special", False))]
+        spec["added_tokens"] = kept
+        plain = Tokenizer.from_str(json.dumps(spec))
+        plain.no_truncation()
+        plain.no_padding()
+        _PLAIN_BACKENDS[tokenizer] = (plain, {plain.token_to_id(a["content"]): a["id"] for a in kept})
+    return _PLAIN_BACKENDS[tokenizer]
 
 
 def tool_schema(default_top_n: int, tool: SearchTool = DEFAULT_TOOL) -> dict:
@@ -152,6 +197,12 @@ class PromptBuilder:
         self._turn_end_newline = [e, *nl]
         self._assistant_header = [s, *self.encode("assistant\n")]
         self._newline = nl
+        # Tags: the added tokens `<...>` that are not special (special ones are split anyway).
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self._tags = {tk.content: int(i) for i, tk in added.items()
+                      if not getattr(tk, "special", False) and _is_markup(tk.content, False)}
+        self._tag_re = (re.compile("|".join(re.escape(t) for t in sorted(self._tags, key=len, reverse=True)))
+                        if self._tags else None)
         self._system_cache: dict[str, list[int]] = {}
         self._obs_user_header = [*nl, *self._user_header]
         self._update_instruction = self.encode(update)
@@ -169,23 +220,70 @@ class PromptBuilder:
         return ids[0]
 
     def encode(self, text: str) -> list[int]:
-        """Free text to ids; special-token strings in it stay plain text."""
+        """The builder's own text to ids: tags in it become tag tokens, special-token strings stay
+        plain text. Text from elsewhere goes through `encode_plain` / `encode_parts`."""
         if not text:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
+    def _has_tag(self, text: str) -> bool:
+        if self._tag_re is None:
+            return False
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        normalizer = getattr(backend, "normalizer", None)
+        return bool(self._tag_re.search(text) or (normalizer and self._tag_re.search(normalizer.normalize_str(text))))
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Text from outside the builder to ids: tags and special tokens in it stay characters
+        (other added tokens, such as the reading vocabulary's names, stay whole). Text without a
+        tag encodes exactly as `encode` does."""
+        if not self._has_tag(text):
+            return self.encode(text)
+        plain = _plain_backend(self.tokenizer)
+        if plain is not None:
+            backend, ids_of = plain
+            return [ids_of.get(i, i) for i in backend.encode(text, add_special_tokens=False).ids]
+        ids, pos = [], 0  # a tokenizer without a backend: each tag written as "<" + the rest
+        for m in self._tag_re.finditer(text):
+            ids += self.encode(text[pos:m.start()]) + self.encode(m.group()[0]) + self.encode(m.group()[1:])
+            pos = m.end()
+        return ids + self.encode(text[pos:])
+
+    def encode_parts(self, *parts: str | Untrusted) -> list[int]:
+        """The builder's own text (str: its tags become tag tokens) and `Untrusted` text (plain)
+        concatenated, as ids. Without a tag in the untrusted parts this equals encoding the
+        joined string in one go: the text between two tags is encoded as one piece either way."""
+        ids: list[int] = []
+        gap: list[str] = []
+        for part in parts:
+            if isinstance(part, Untrusted):
+                gap.append(part.text)
+                continue
+            pos = 0
+            for m in self._tag_re.finditer(part) if self._tag_re is not None else ():
+                gap.append(part[pos:m.start()])
+                ids += self.encode_plain("".join(gap)) + [self._tags[m.group()]]
+                gap, pos = [], m.end()
+            gap.append(part[pos:])
+        return ids + self.encode_plain("".join(gap))
+
     def _tool_responses(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
-        """`<tool_response>\\n{docs}\\n</tool_response>` blocks joined by newlines, one per call.
+        """`<tool_response>\n{docs}\n</tool_response>` blocks joined by newlines, one per call.
 
         max_tokens > 0: each call's documents get an equal share of that many tokens; a longer
         one is cut and says so (`[truncated to N tokens]`), so one observation never exceeds the
         cap by more than the tags and notes."""
-        ids: list[int] = []
         share = max_tokens // max(len(results), 1) if max_tokens > 0 else 0
-        for k, hits in enumerate(results):
+        return self._join_responses([self._response_body(hits) for hits in results], share)
+
+    def _response_body(self, hits: Sequence[Hit]) -> list[int]:
+        return self.encode_plain("\n" + format_hits(hits) + "\n")  # documents are untrusted
+
+    def _join_responses(self, bodies: Sequence[list[int]], share: int) -> list[int]:
+        ids: list[int] = []
+        for k, body in enumerate(bodies):
             if k:
                 ids += self._newline
-            body = self.encode("\n" + format_hits(hits) + "\n")
             if share and len(body) > share:
                 note = self.encode(f"\n[truncated to {share} tokens]\n")
                 body = body[:max(share - len(note), 0)] + note
@@ -208,9 +306,10 @@ class PromptBuilder:
                                           self.eos_id, *self._newline]
         return self._system_cache[system]
 
-    def chat_context(self, system: str, user: str) -> list[int]:
-        """A system message, one user message, then the assistant header with `<think>` pre-filled."""
-        return [*self.system_ids(system), *self._user_header, *self.encode(user), *self._turn_end_newline,
+    def chat_context(self, system: str, *user: str | Untrusted) -> list[int]:
+        """A system message, one user message (`encode_parts(*user)`), then the assistant header
+        with `<think>` pre-filled."""
+        return [*self.system_ids(system), *self._user_header, *self.encode_parts(*user), *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
     def tool_message(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0, instruction: str = "",
@@ -222,12 +321,43 @@ class PromptBuilder:
         return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *tail, *self._turn_end_newline,
                 *self._assistant_header, *([self.think_id] if reopen_think else [])]
 
+    def fit_tool_message(self, results: Sequence[Sequence[Hit]], total: int, instruction: str = "",
+                         reopen_think: bool = False) -> list[int]:
+        """`tool_message` held to at most `total` tokens in all, markup and notes included: the
+        documents get the largest equal share that fits, each cut one saying so. When not even
+        the notes fit, one note replaces the responses; below the bare markup (about 12 tokens)
+        the bare markup is returned."""
+        tail = [*self._newline, *self.encode(instruction)] if instruction else []
+        end = [*tail, *self._turn_end_newline, *self._assistant_header, *([self.think_id] if reopen_think else [])]
+        bodies = [self._response_body(hits) for hits in results]
+        room = total - len(self._obs_user_header) - len(end)
+
+        def fits(share: int) -> bool:
+            return len(self._join_responses(bodies, share)) <= room
+
+        if fits(0):
+            return [*self._obs_user_header, *self._join_responses(bodies, 0), *end]
+        # The largest share that fits (the length grows with the share above the note's size).
+        lo, hi = 0, max((len(b) for b in bodies), default=0)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        if lo:
+            responses = self._join_responses(bodies, lo)
+        else:
+            note = [self.tool_response_open_id,
+                    *self.encode(f"\n[{len(results)} search results left out: over the {total}-token limit]\n"),
+                    self.tool_response_close_id]
+            responses = note if len(note) <= room else []
+        return [*self._obs_user_header, *responses, *end]
+
     # ------------------------------------------------------------------ MemSearcher
     def memsearcher_context(self, question: str, memory: str = "") -> list[int]:
         """System + `<question> q </question>\\n<memory> m </memory>` + assistant header + `<think>`."""
         q, m = question.strip(), (memory or "").strip()
-        user = f"<question> {q} </question>\n" + (f"<memory> {m} </memory>" if m else "<memory> </memory>")
-        return [*self._mem_system, *self._user_header, *self.encode(user), *self._turn_end_newline,
+        memory_parts = ("<memory> ", Untrusted(m), " </memory>") if m else ("<memory> </memory>",)
+        user = self.encode_parts("<question> ", Untrusted(q), " </question>\n", *memory_parts)
+        return [*self._mem_system, *self._user_header, *user, *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
     def observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
@@ -240,7 +370,8 @@ class PromptBuilder:
     # ------------------------------------------------------------------ ReAct baseline
     def react_context(self, question: str) -> list[int]:
         """System + `<question> q </question>` + assistant header + `<think>`."""
-        return [*self._react_system, *self._user_header, *self.encode(f"<question> {question.strip()} </question>"),
+        question_ids = self.encode_parts("<question> ", Untrusted(question.strip()), " </question>")
+        return [*self._react_system, *self._user_header, *question_ids,
                 *self._turn_end_newline, *self._assistant_header, self.think_id]
 
     def react_observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
@@ -283,8 +414,8 @@ class PromptBuilder:
         return self.decode(body)
 
     def count_tokens(self, text: str) -> int:
-        """Token count of free `text` tokenized on its own."""
-        return len(self.encode(text))
+        """Token count of untrusted `text` tokenized on its own (as plain text)."""
+        return len(self.encode_plain(text))
 
     def memory_tokens(self, memory: str) -> int:
         """How many tokens `memory` adds to the next context, compared with an empty memory
@@ -292,4 +423,4 @@ class PromptBuilder:
         m = (memory or "").strip()
         if not m:
             return 0
-        return len(self.encode(f"<memory> {m} </memory>")) - len(self.encode("<memory> </memory>"))
+        return len(self.encode_parts("<memory> ", Untrusted(m), " </memory>")) - len(self.encode("<memory> </memory>"))

@@ -9,6 +9,10 @@ context and whose response is the act alone: the training row is the context the
 and only generated tokens are in the loss (MEM1's release trains one stitched sequence under
 an attention mask that shows a step less than its rollout did).
 
+The carried observation is held to `max_observation_tokens` (or `max_response_tokens`) tokens in
+all, markup included (`PromptBuilder.fit_tool_message`; a cut says so), so a context never
+carries more than `Mem1.carried_tokens`, the planner's bound.
+
 Actions use the project's format (`<tool_call>` JSON, `\\boxed{}`), not MEM1's
 `<search>` / `<answer>` tags, so that the reward, the parser and the demonstrator are the same
 for every workflow and only the memory design differs between them.
@@ -16,7 +20,7 @@ for every workflow and only the memory design differs between them.
 from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import tag_spans
-from memsearcher_jax.agent.prompts import compact_system_prompt, tool_block
+from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
 from memsearcher_jax.agent.workflows.base import Workflow, register
 
 
@@ -33,9 +37,18 @@ def mem1_system_prompt(default_top_n: int, tool) -> str:
     )
 
 
+# The least an observation may hold: the bare message markup of any byte-level tokenizer fits.
+MIN_OBSERVATION_TOKENS = 32
+
+
 def mem1_first_context(b, question: str) -> list[int]:
     system = (mem1_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
-    return b.chat_context(system, f"<question> {question.strip()} </question>")
+    return b.chat_context(system, "<question> ", Untrusted(question.strip()), " </question>")
+
+
+def observation_cap(cfg) -> int:
+    """Tokens the carried observation may hold in all (its markup included)."""
+    return max(cfg.max_observation_tokens or cfg.max_response_tokens, MIN_OBSERVATION_TOKENS)
 
 
 def mem1_context(b, question: str, last_act: list[int], last_observation: list[int]) -> list[int]:
@@ -54,8 +67,8 @@ class Mem1(Workflow):
     name = "mem1"
 
     def carried_tokens(self, cfg):
-        # The last act, and its observation (capped by max_observation_tokens when set).
-        return cfg.max_new_tokens + (cfg.max_observation_tokens or cfg.max_response_tokens)
+        # The last act, and its observation (held to observation_cap by observe).
+        return cfg.max_new_tokens + observation_cap(cfg)
 
     def open_turn(self, t, turn, b, cfg):
         prompt = mem1_context(b, t.question, t.state.get("last_act", []), t.state.get("last_observation", []))
@@ -65,7 +78,7 @@ class Mem1(Workflow):
         # The act's conversation is complete; what the next turn sees is kept on the trajectory.
         act = list(t.final.response_ids)
         t.state["last_act"] = act
-        t.state["last_observation"] = b.tool_message(results, cfg.max_observation_tokens, reopen_think=True)
+        t.state["last_observation"] = b.fit_tool_message(results, observation_cap(cfg), reopen_think=True)
         t.memory = internal_state(t.final.blocks[-1])
         t.memories.append(t.memory)
         t.memory_tokens.append(len(act))

@@ -13,6 +13,11 @@ Operations apply in order. A malformed one (unknown verb, missing text, an id no
 no <ops> block at all) is refused and shown to the model as an error line in the next context;
 the episode goes on. Budget: the bank's lines may hold at most agent.memory_budget tokens; an
 ADD or UPDATE that would exceed it is refused the same way, so the bank never exceeds it.
+The error lines shown are bounded too: at most MAX_ERROR_LINES of them (each quoting at most
+QUOTE_CHARS characters of the operation), then a count of the rest, and the whole block at most
+ERROR_TOKENS tokens of the context; so a context carries at most memory_budget + ERROR_TOKENS
+tokens (`MemoryOps.carried_tokens`, the planner's bound). The bank, the errors and the question
+encode as plain text: a tag written in an entry stays characters.
 One conversation per turn, as in memsearcher.
 """
 from __future__ import annotations
@@ -22,13 +27,17 @@ import re
 from collections.abc import Callable
 
 from memsearcher_jax.agent.parsing import tag_spans
-from memsearcher_jax.agent.prompts import compact_system_prompt, tool_block
+from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
 from memsearcher_jax.agent.workflows.base import Workflow, register
 
 OPS_OPEN, OPS_CLOSE = "<ops>", "</ops>"
 VERBS = ("ADD", "UPDATE", "DELETE", "NOOP")
 _LINE = re.compile(r"\s*([A-Za-z]+)\b\s*(.*)", re.DOTALL)
 _ID_REST = re.compile(r"\[?(\d{1,9})\]?\s*:?\s*(.*)", re.DOTALL)
+
+MAX_ERROR_LINES = 3     # error lines shown in the next context; the rest are counted
+QUOTE_CHARS = 40        # characters of a malformed operation an error line quotes
+ERROR_TOKENS = 64       # tokens the errors block may add to the next context
 
 OPS_INSTRUCTION = ("Read the search results above. Edit your memory with operations inside <ops> </ops>, one per "
                    "line: ADD text, UPDATE id text, DELETE id, or NOOP. Keep what helps answer the question.")
@@ -64,10 +73,23 @@ def render_bank(entries: list[tuple[int, str]]) -> str:
 def memory_ops_context(b, question: str, entries: list[tuple[int, str]], errors: list[str]) -> list[int]:
     system = (memory_ops_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
     bank = render_bank(entries)
-    user = f"<question> {question.strip()} </question>\n<memory>\n" + (bank + "\n" if bank else "") + "</memory>"
+    user = ["<question> ", Untrusted(question.strip()), " </question>\n<memory>\n",
+            Untrusted(bank + "\n" if bank else ""), "</memory>"]
     if errors:
-        user += "\n<errors>\n" + "\n".join(errors) + "\n</errors>"
-    return b.chat_context(system, user)
+        user += ["\n<errors>\n", Untrusted("\n".join(errors)), "\n</errors>"]
+    return b.chat_context(system, *user)
+
+
+def shown_errors(b, question: str, entries: list[tuple[int, str]], errors: list[str], limit: int) -> list[str]:
+    """The error lines the next context shows: at most MAX_ERROR_LINES of `errors`, then a count
+    of the rest, fewer lines until the block adds at most `limit` tokens to that context."""
+    base = len(memory_ops_context(b, question, entries, []))
+    for keep in range(min(len(errors), MAX_ERROR_LINES), -1, -1):
+        rest = len(errors) - keep
+        lines = errors[:keep] + ([f"({rest} more refused operation{'s' * (rest > 1)} not shown)"] if rest else [])
+        if len(memory_ops_context(b, question, entries, lines)) - base <= limit:
+            return lines
+    return []
 
 
 def ops_observation(b, results, max_tokens: int = 0) -> list[int]:
@@ -84,7 +106,7 @@ def parse_operations(text: str) -> tuple[list[Operation], list[str]]:
     for line in bodies[0].splitlines():
         if not line.strip():
             continue
-        shown = line.strip()[:80]
+        shown = line.strip()[:QUOTE_CHARS]
         m = _LINE.fullmatch(line)
         verb = m.group(1).upper() if m else ""
         rest = m.group(2).strip() if m else ""
@@ -140,8 +162,8 @@ class MemoryOps(Workflow):
     second_call = True
 
     def carried_tokens(self, cfg):
-        # The bank, plus error lines that quote at most one operations call.
-        return cfg.memory_budget + cfg.max_new_tokens
+        # The bank, plus the errors block (shown_errors holds the two to this together).
+        return cfg.memory_budget + ERROR_TOKENS
 
     def start(self, t, b, cfg):
         t.state.update(entries=[], next_id=1, errors=[], op_errors=0)
@@ -158,8 +180,12 @@ class MemoryOps(Workflow):
         ops, errors = parse_operations(text)
         s["entries"], s["next_id"], refused = apply_operations(s["entries"], s["next_id"], ops, cfg.memory_budget,
                                                                b.count_tokens)
-        s["errors"] = errors + refused  # shown once, in the next context
-        s["op_errors"] += len(s["errors"])
+        # Shown once, in the next context, within what carried_tokens allows: the bank's own
+        # tokens there (its lines and their newline) and the errors together.
+        bank = len(memory_ops_context(b, t.question, s["entries"], [])) - len(memory_ops_context(b, t.question, [], []))
+        limit = min(ERROR_TOKENS, self.carried_tokens(cfg) - bank)
+        s["errors"] = shown_errors(b, t.question, s["entries"], errors + refused, limit)
+        s["op_errors"] += len(errors) + len(refused)
         t.memory = render_bank(s["entries"])
         t.memories.append(t.memory)
         t.memory_tokens.append(b.count_tokens(t.memory))
