@@ -279,9 +279,10 @@ def packed_targets(loss_mask: np.ndarray, width: int, min_window: int) -> np.nda
 
 
 def block_rows(n: int, cap: int, least: int = 1) -> int:
-    """Rows of one call over n packed rows: n's power-of-two bucket, at least `least` (the mesh's
-    batch shards, so the rows still split over them), at most `cap` (what the planner sized)."""
-    return min(max(bucket(n, 1), least), cap)
+    """Rows of one call over n packed rows: n's half-octave bucket (1, 2, 3, 4, 6, 8, 12, ...: a
+    handful of shapes, at most a third of the rows spare) as a multiple of `least` (the mesh's batch
+    shards, so the rows still split over them), at most `cap` (what the planner sized)."""
+    return min(bucket(n, least, steps_per_octave=2, multiple_of=least), cap)
 
 
 def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
