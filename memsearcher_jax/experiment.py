@@ -165,6 +165,13 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         problems.append(f"rl.filter_groups must be 'none' or 'zero_std', got {cfg.rl.filter_groups!r}")
     if cfg.rl.max_refill < 0:
         problems.append(f"rl.max_refill must be >= 0, got {cfg.rl.max_refill}")
+    if cfg.rl.get("old_logprobs", "recompute") not in ("recompute", "sampler"):
+        problems.append(f"rl.old_logprobs must be 'recompute' or 'sampler', got {cfg.rl.old_logprobs!r}")
+    elif cfg.rl.get("old_logprobs") == "sampler" and cfg.sampler.cache_dtype != cfg.model.dtype:
+        # The sampler then scores in another precision than the trainer: its log-probs are not the old policy's.
+        problems.append(f"rl.old_logprobs='sampler' needs the sampler to run the trainer's dtype, but "
+                        f"sampler.cache_dtype={cfg.sampler.cache_dtype!r} and model.dtype={cfg.model.dtype!r}; "
+                        "set them equal or rl.old_logprobs='recompute'")
     try:
         load_reward_fn(cfg.rl.reward_fn)
     except TrainConfigError as e:

@@ -420,7 +420,9 @@ def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     from memsearcher_jax.sampling.buckets import bucket
 
     mc, mesh, abytes = sz.mc, sz.mesh, sz.abytes
-    # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves).
+    # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves). With
+    # rl.pack_rows the learner packs several into rows never wider than this (GRPOLearner.row_width
+    # caps them at it), micro_batch_size / logprob_batch_size rows a call: the same shapes bound.
     seq = bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
     # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
     # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).

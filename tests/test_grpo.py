@@ -149,7 +149,8 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
     cfg = ModelConfig.tiny(vocab_size=64, num_layers=2)
     n, s, mbs = 8, 40, 2
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(0)),
-                          GRPOConfig(micro_batch_size=mbs, min_seq_len=8, loss=LossConfig(aggregation=mode)))
+                          GRPOConfig(micro_batch_size=mbs, min_seq_len=8, loss=LossConfig(aggregation=mode),
+                                     pack_rows=False))  # the unpacked path (tests/test_packing.py: packed == unpacked)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 64, (n, s)).astype(np.int32)
     lengths = np.array([40, 7, 23, 12, 40, 31, 9, 18])
@@ -189,7 +190,7 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
 def test_logprobs_in_chunks_of_like_length_equal_the_full_width_pass():
 
     model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=2), rngs=nnx.Rngs(3))
-    learner = GRPOLearner(model, GRPOConfig(logprob_batch_size=3, min_seq_len=8))
+    learner = GRPOLearner(model, GRPOConfig(logprob_batch_size=3, min_seq_len=8, pack_rows=False))
     rows = _toy_rows(n=7, s=40, seed=2)
     rows.attention[:3, 12:] = 0  # three short rows: a narrower chunk
     got = learner.compute_logprobs(learner.params, rows)

@@ -157,7 +157,8 @@ def _head_logp_entropy(model, h: jax.Array, targets: jax.Array, logits_chunk: in
 
 
 def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0,
-                               entropy: bool = True, targets_at: jax.Array | None = None):
+                               entropy: bool = True, targets_at: jax.Array | None = None,
+                               positions: jax.Array | None = None, segments: jax.Array | None = None):
     """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
 
     logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
@@ -172,8 +173,14 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
     through the head `logits_chunk` positions at a time, each chunk's logits recomputed in the
     backward pass (jax.checkpoint), so the loss holds one chunk's logits instead of all of them.
     entropy=False: zeros instead (the log-prob passes need none).
+
+    positions, segments [B, S] int: packed rows (`pack_segments`): several conversations per
+    row, each attending only to itself with positions from 0; `attention` is then unused.
     """
-    h = model.hidden_states(tokens, attention_mask=attention)
+    if segments is not None:
+        h = model.hidden_states(tokens, positions=positions, segment_ids=segments)
+    else:
+        h = model.hidden_states(tokens, attention_mask=attention)
     if targets_at is not None:
         h = jnp.take_along_axis(h, (targets_at - 1)[:, :, None], axis=1)
         return _head_logp_entropy(model, h, jnp.take_along_axis(tokens, targets_at, axis=1), logits_chunk, entropy)
@@ -201,18 +208,98 @@ def loss_windows(loss_mask: np.ndarray, width: int, min_window: int) -> np.ndarr
     return (start[:, None] + np.arange(w)[None, :]).astype(np.int32)
 
 
+# ----------------------------------------------------------------------------- packed rows (host side)
+# rl.pack_rows: the conversations of a log-prob pass or a mini-batch go first-fit into rows as wide
+# as the longest one's bucket (`GRPOLearner.row_width`), each a segment that attends only to
+# itself with positions from 0. Every per-token array (weights included) moves with its token, so
+# the weighted loss sum, and with it every aggregation mode, is the unpacked one.
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Where `first_fit` put each conversation: conversation i (its lengths[i] real tokens) in
+    packed row row[i] from slot offset[i]; num_rows rows of `width` slots."""
+
+    row: np.ndarray
+    offset: np.ndarray
+    lengths: np.ndarray
+    num_rows: int
+    width: int
+
+    def slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For every real token, flat: (its conversation, its slot there, its packed row, its slot there)."""
+        conv = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        within = np.arange(conv.size) - np.repeat(np.cumsum(self.lengths) - self.lengths, self.lengths)
+        return conv, within, self.row[conv], self.offset[conv] + within
+
+
+def first_fit(lengths: np.ndarray, width: int) -> Packing:
+    """First-fit decreasing: the longest conversation first, each into the first row with room for
+    it, a new row when none has. At least one row (an all-empty batch keeps one of padding)."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.size and lengths.max() > width:
+        raise ValueError(f"a conversation of {lengths.max()} tokens cannot fit packed rows of {width}")
+    row, offset = np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64)
+    room: list[int] = []
+    for i in np.argsort(-lengths, kind="stable"):
+        n = int(lengths[i])
+        r = next((k for k, free in enumerate(room) if free >= n), len(room))
+        if r == len(room):
+            room.append(width)
+        row[i], offset[i] = r, width - room[r]
+        room[r] -= n
+    return Packing(row, offset, lengths, max(len(room), 1), width)
+
+
+def pack_segments(arrays: dict[str, np.ndarray], packing: Packing) -> dict[str, np.ndarray]:
+    """Per-token arrays [n, S] of n conversations laid out as `packing` says: [num_rows, width]
+    each (0 in padding), plus "segments" (the conversation's index; -1 in padding) and
+    "positions" (from 0 in each conversation)."""
+    conv, within, row, slot = packing.slots()
+    shape = (packing.num_rows, packing.width)
+    out = {}
+    for k, a in arrays.items():
+        out[k] = np.zeros(shape, a.dtype)
+        out[k][row, slot] = a[conv, within]
+    out["segments"] = np.full(shape, -1, np.int32)
+    out["segments"][row, slot] = conv
+    out["positions"] = np.zeros(shape, np.int32)
+    out["positions"][row, slot] = within
+    return out
+
+
+def packed_targets(loss_mask: np.ndarray, width: int, min_window: int) -> np.ndarray:
+    """The target positions a loss over packed rows reads, [R, W] int32: each row's loss positions
+    (every segment's generated tokens), then other positions (weight 0) up to W, sorted and
+    distinct, all >= 1. W is the whole-octave bucket (from min_window) of the most loss positions
+    a row has, at most width - 1: the head runs on these alone, as `loss_windows` does unpacked
+    (one window over several segments would span most of the row)."""
+    mask = np.asarray(loss_mask)[:, 1:width] != 0
+    w = min(bucket(max(int(mask.sum(axis=1).max()), 1), min_window), width - 1)
+    return np.sort(np.argsort(~mask, axis=1, kind="stable")[:, :w] + 1, axis=1).astype(np.int32)
+
+
+def block_rows(n: int, cap: int, least: int = 1) -> int:
+    """Rows of one call over n packed rows: n's half-octave bucket (1, 2, 3, 4, 6, 8, 12, ...: a
+    handful of shapes, at most a third of the rows spare) as a multiple of `least` (the mesh's batch
+    shards, so the rows still split over them), at most `cap` (what the planner sized)."""
+    return min(bucket(n, least, steps_per_octave=2, multiple_of=least), cap)
+
+
 def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
     """sum(weights * per-token loss) for one micro-batch, plus masked metric sums. frozen: a
     LoRA model's base (params are then its adapters); logits_chunk: see token_logprobs_and_entropy.
 
     mb: tokens, attention [B, S]; advantages [B]; loss_mask, weights, old_logp, ref_logp (and
-    tis) [B, S], or, with "targets_at" [B, W] (loss_windows), [B, W]: those positions only."""
+    tis) [B, S], or, with "targets_at" [B, W] (loss_windows), [B, W]: those positions only.
+    Packed rows: positions and segments [B, S] instead of attention, advantages per token.
+    Without ref_logp (rl.kl_coef 0: no reference pass) the KL term and its metric are 0."""
     model = merge_params(graphdef, params, frozen)
-    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb["attention"], logits_chunk,
-                                               targets_at=mb.get("targets_at"))
+    logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb.get("attention"), logits_chunk,
+                                               targets_at=mb.get("targets_at"), positions=mb.get("positions"),
+                                               segments=mb.get("segments"))
     if loss_cfg.entropy_coef == 0:  # a metric only: no backward pass over the vocabulary for it
         entropy = jax.lax.stop_gradient(entropy)
-    loss, aux = per_token_loss(logp, mb["old_logp"], mb["ref_logp"], entropy, mb["advantages"], loss_cfg,
+    loss, aux = per_token_loss(logp, mb["old_logp"], mb.get("ref_logp"), entropy, mb["advantages"], loss_cfg,
                                mb.get("tis"))
     aux = dict(aux, entropy=entropy, trainer_logp=logp)
     sums = masked_aux_sums({k: aux[k] for k in AUX_METRIC_KEYS}, mb["loss_mask"])
@@ -274,8 +361,20 @@ class GRPOConfig:
     min_seq_len: int = 64              # smallest sequence-length bucket
     max_seq_len: int = 32768
     logits_chunk: int = 0              # loss and log-probs: the head's logits this many positions at a time (0: all)
+    pack_rows: bool = True             # conversations share rows (segments) in the log-prob passes and the update
+    # Where the old policy's log-probs come from: "recompute" (a trainer pass, as verl does) or
+    # "sampler" (the rollout's own, which ran these weights; recomputed after all in a step whose
+    # first mini-batch shows a sampled token with |trainer - sampler| > old_logprobs_max_gap).
+    old_logprobs: str = "recompute"
+    old_logprobs_max_gap: float = 0.01
     loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
+
+    def __post_init__(self):
+        if self.old_logprobs not in ("recompute", "sampler"):
+            raise ValueError(f"GRPOConfig.old_logprobs={self.old_logprobs!r}; expected 'recompute' or 'sampler'")
+        if not self.old_logprobs_max_gap > 0:
+            raise ValueError(f"GRPOConfig.old_logprobs_max_gap must be > 0, got {self.old_logprobs_max_gap}")
 
 
 class GRPOLearner(Learner):
@@ -298,9 +397,10 @@ class GRPOLearner(Learner):
         graphdef, loss_cfg, tx, chunk = self.graphdef, config.loss, self.tx, config.logits_chunk
 
         @jax.jit
-        def logprobs(params, frozen, tokens, attention, targets_at):
+        def logprobs(params, frozen, tokens, attention, targets_at, positions=None, segments=None):
             model = merge_params(graphdef, params, frozen)
-            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False, targets_at=targets_at)[0]
+            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False, targets_at=targets_at,
+                                              positions=positions, segments=segments)[0]
 
         # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
         # shapes never depend on how many micro-batches a step has (a lax.scan over all of them
@@ -344,10 +444,16 @@ class GRPOLearner(Learner):
         cfg = self.config
         return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len, columns)
 
+    def _batch_shards(self) -> int:
+        return 1 if self.mesh is None or self.mesh.size == 1 else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
     def compute_logprobs(self, params, rows: RowBatch) -> np.ndarray:
         """Trainer log-probs [R, S] of exactly the sampled ids at the positions the loss reads (each
         row's window over its loss_mask, see loss_windows; 0 outside them), in chunks of
-        logprob_batch_size rows of like length, each only as wide as its own longest row."""
+        logprob_batch_size rows of like length, each only as wide as its own longest row.
+        rl.pack_rows: over packed rows instead (`_packed_logprobs`), 0 off the loss positions."""
+        if self.config.pack_rows:
+            return self._packed_logprobs(params, rows)
         bs = self.config.logprob_batch_size
         lengths = real_lengths(rows.attention)
         order = np.argsort(lengths, kind="stable")
@@ -362,6 +468,69 @@ class GRPOLearner(Learner):
             out[idx[:, None], at[:len(idx)]] = lp[:len(idx)]
         return out
 
+    def _pack(self, arrays: dict[str, np.ndarray], lengths: np.ndarray) -> tuple[dict[str, np.ndarray], Packing]:
+        """Conversations' per-token arrays -> packed rows as wide as the longest one's bucket (never
+        wider than the unpacked rows the planner sizes), and the packing."""
+        if (arrays["loss_mask"][:, 0] != 0).any():
+            raise ValueError("loss_mask marks position 0, which no earlier token predicts")
+        packing = first_fit(lengths, self.row_width(lengths, arrays["tokens"].shape[1]))
+        return pack_segments(arrays, packing), packing
+
+    def _packed_block(self, packed: dict[str, np.ndarray], part: np.ndarray, cap: int) -> dict[str, np.ndarray]:
+        """Packed rows `part` as one call's block of block_rows rows (the spare ones padding)."""
+        rows = block_rows(len(part), cap, self._batch_shards())
+        return {k: fit_block(a[part] + 1, rows) - 1 if k == "segments" else fit_block(a[part], rows)
+                for k, a in packed.items()}
+
+    def _packed_logprobs(self, params, rows: RowBatch) -> np.ndarray:
+        """compute_logprobs over packed rows: every conversation first-fit into rows of one width,
+        logprob_batch_size rows a call, the head on each row's loss positions (packed_targets)."""
+        bs = self.config.logprob_batch_size
+        packed, packing = self._pack({"tokens": rows.tokens, "loss_mask": rows.loss_mask}, real_lengths(rows.attention))
+        lp_packed = np.zeros(packed["tokens"].shape, np.float32)
+        for i in range(0, packing.num_rows, bs):
+            part = np.arange(i, min(i + bs, packing.num_rows))
+            block = self._packed_block(packed, part, bs)
+            at = packed_targets(block["loss_mask"], packing.width, self.config.min_seq_len)
+            lp = _to_host(self._logprobs(params, self.frozen, self._put(block["tokens"], 0), None, self._put(at, 0),
+                                         self._put(block["positions"], 0), self._put(block["segments"], 0)))
+            lp_packed[part[:, None], at[:len(part)]] = lp[:len(part)]
+        conv, within, row, slot = packing.slots()
+        out = np.zeros(rows.tokens.shape, np.float32)
+        out[conv, within] = lp_packed[row, slot]
+        return np.where(rows.loss_mask != 0, out, 0.0).astype(np.float32)
+
+    def _length_blocks(self, micro: dict, lengths: np.ndarray, columns: int):
+        """Unpacked micro-batches: rows of like length together, each block as wide as its longest row."""
+        mbs = self.config.micro_batch_size
+        order = np.argsort(lengths, kind="stable")
+        for m in range(0, len(order), mbs):
+            part = order[m:m + mbs]
+            width = self.row_width(lengths[part], columns)
+            yield {k: fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs)
+                   for k, a in micro.items()}, width
+
+    def _packed_blocks(self, micro: dict, lengths: np.ndarray):
+        """Packed micro-batches: the mini-batch's conversations first-fit into rows, micro_batch_size
+        rows a block. The advantage goes on every token of its conversation."""
+        mbs = self.config.micro_batch_size
+        arrays = {k: a for k, a in micro.items() if a.ndim == 2 and k != "attention"}
+        arrays["advantages"] = np.broadcast_to(micro["advantages"][:, None], micro["tokens"].shape)
+        packed, packing = self._pack(arrays, lengths)
+        for i in range(0, packing.num_rows, mbs):
+            yield self._packed_block(packed, np.arange(i, min(i + mbs, packing.num_rows)), mbs), packing.width
+
+    def update_slots(self, lengths: np.ndarray, columns: int) -> tuple[int, int]:
+        """Slots (rows x width, spare rows included) the update computes over one mini-batch of
+        conversations of these real lengths: (unpacked, packed). The padding metrics' denominators."""
+        mbs = self.config.micro_batch_size
+        order = np.sort(lengths)
+        unpacked = sum(mbs * self.row_width(order[i:i + mbs], columns) for i in range(0, len(order), mbs))
+        width = self.row_width(lengths, columns)
+        n = first_fit(lengths, width).num_rows
+        packed = width * sum(block_rows(min(mbs, n - i), mbs, self._batch_shards()) for i in range(0, n, mbs))
+        return unpacked, packed
+
     def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
         """One mini-batch (row indices idx, non-empty) as micro-batches of [micro_batch_size, width]
         device arrays (zero rows pad the last: weight 0, so they add nothing), and its loss denominator.
@@ -369,54 +538,84 @@ class GRPOLearner(Learner):
         The aggregation weights are those of the rows split in order (row j in micro-batch
         j // micro_batch_size: what microbatch_token_mean normalises by); the gradient is then a
         weighted sum over tokens, so the rows may be regrouped for computing: rows of like length
-        share a micro-batch, and each micro-batch is only as wide as its longest row."""
+        share a micro-batch, and each micro-batch is only as wide as its longest row; with
+        rl.pack_rows, conversations share packed rows (`_packed_blocks`; the last block only as
+        many rows as block_rows gives). ref_logp None: no reference log-probs (kl_coef 0)."""
         cfg = self.config
-        mbs = cfg.micro_batch_size
-        n_micro = math.ceil(len(idx) / mbs)
+        n_micro = math.ceil(len(idx) / cfg.micro_batch_size)
         weights, denom = aggregation_weights(cfg.loss.aggregation, rows.loss_mask[idx], rows.traj_ids[idx],
-                                             np.arange(len(idx)) // mbs, n_micro)
+                                             np.arange(len(idx)) // cfg.micro_batch_size, n_micro)
         micro = {"tokens": rows.tokens[idx], "attention": rows.attention[idx], "loss_mask": rows.loss_mask[idx],
                  "weights": weights, "advantages": rows.advantages[idx], "old_logp": old_logp[idx],
-                 "ref_logp": ref_logp[idx], **({"tis": tis[idx]} if tis is not None else {})}
+                 **({"ref_logp": ref_logp[idx]} if ref_logp is not None else {}),
+                 **({"tis": tis[idx]} if tis is not None else {})}
         lengths = real_lengths(micro["attention"])
-        order = np.argsort(lengths, kind="stable")
+        if cfg.pack_rows:
+            blocks, targets = self._packed_blocks(micro, lengths), packed_targets
+        else:
+            blocks, targets = self._length_blocks(micro, lengths, rows.tokens.shape[1]), loss_windows
         out = []
-        for m in range(n_micro):
-            part = order[m * mbs:(m + 1) * mbs]
-            width = self.row_width(lengths[part], rows.tokens.shape[1])
-            block = {k: fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs)
-                     for k, a in micro.items()}
+        for block, width in blocks:
             # The per-token arrays only at the positions the loss reads (the head runs on those alone).
-            at = loss_windows(block["loss_mask"], width, cfg.min_seq_len)
-            block = {k: np.take_along_axis(a, at, axis=1) if a.ndim == 2 and k not in ("tokens", "attention") else a
+            at = targets(block["loss_mask"], width, cfg.min_seq_len)
+            block = {k: np.take_along_axis(a, at, axis=1) if a.ndim == 2 and k not in _ROW_KEYS else a
                      for k, a in block.items()}
             out.append({k: self._put(a, 0) for k, a in dict(block, targets_at=at).items()})
         return out, denom
+
+    def _minibatch_sums(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis):
+        """One mini-batch's summed gradients, loss and metric sums (not yet applied), and its denominator."""
+        micro, denom = self._micro_batches(rows, idx, old_logp, ref_logp, tis)
+        acc = self._zero_sums(self.params)
+        for mb in micro:
+            acc = self._accumulate(acc, self.params, self.frozen, mb)
+        return acc, denom
+
+    def _tis(self, old_logp: np.ndarray, rows: RowBatch) -> np.ndarray | None:
+        loss = self.config.loss
+        return (tis_weights(old_logp, rows.sampler_logp, loss.tis_cap, log_ratio_clamp=loss.log_ratio_clamp)
+                if loss.tis_cap > 0 else None)
+
+    def _old_and_ref_logprobs(self, rows: RowBatch):
+        """(old, ref or None) log-probs. Old: recomputed, or the sampler's (rl.old_logprobs). The
+        reference pass only with a KL term: nothing else reads it."""
+        cfg = self.config
+        old_logp = rows.sampler_logp if cfg.old_logprobs == "sampler" else self.compute_logprobs(self.params, rows)
+        ref_logp = self.compute_logprobs(self.ref_params, rows) if cfg.loss.kl_coef != 0 else None
+        return old_logp, ref_logp
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
         """Old/ref log-probs, then one update per non-empty mini-batch of the shuffled rows.
 
         An empty mini-batch (more optimizer_steps than rows, or than trajectories under
         trajectory_mean) is skipped: an AdamW step on zero gradients would still move the
-        weights (momentum, weight decay). The loss is averaged over the updates taken."""
+        weights (momentum, weight decay). The loss is averaged over the updates taken.
+
+        rl.old_logprobs="sampler": the first mini-batch's loss pass runs the weights the sampler
+        ran, so its ratios exp(trainer - sampler) measure the gap on its tokens for free; above
+        old_logprobs_max_gap the old log-probs are recomputed and that mini-batch redone."""
         cfg = self.config
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
-        old_logp = self.compute_logprobs(self.params, rows)
-        ref_logp = self.compute_logprobs(self.ref_params, rows)
+        old_logp, ref_logp = self._old_and_ref_logprobs(rows)
         time_logprobs, compiles_logprobs = time.perf_counter() - t0, (compile_stats.snapshot() - c0).programs
         minibatches = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
                                             whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
         minibatches = [idx for idx in minibatches if len(idx)]
-        tis = (tis_weights(old_logp, rows.sampler_logp, cfg.loss.tis_cap, log_ratio_clamp=cfg.loss.log_ratio_clamp)
-               if cfg.loss.tis_cap > 0 else None)
-        metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0,
+        tis = self._tis(old_logp, rows)
+        metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0, "old_logprobs_fallback": 0,
                    "empty_minibatches": cfg.optimizer_steps - len(minibatches)}
         totals = empty_metric_sums(np)
-        for idx in minibatches:
-            micro, denom = self._micro_batches(rows, idx, old_logp, ref_logp, tis)
-            acc = self._zero_sums(self.params)
-            for mb in micro:
-                acc = self._accumulate(acc, self.params, self.frozen, mb)
+        sampler_gap = None
+        for k, idx in enumerate(minibatches):
+            acc, denom = self._minibatch_sums(rows, idx, old_logp, ref_logp, tis)
+            if cfg.old_logprobs == "sampler" and k == 0:
+                sampler_gap = _gap_from_ratios(acc[2])
+                if sampler_gap > cfg.old_logprobs_max_gap:
+                    t1, sampler_gap = time.perf_counter(), None
+                    old_logp = self.compute_logprobs(self.params, rows)
+                    tis, metrics["old_logprobs_fallback"] = self._tis(old_logp, rows), 1
+                    time_logprobs += time.perf_counter() - t1
+                    acc, denom = self._minibatch_sums(rows, idx, old_logp, ref_logp, tis)
             self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(
                 self.params, self.opt_state, acc, jnp.float32(denom))
             skipped = int(bool(skipped))
@@ -433,11 +632,37 @@ class GRPOLearner(Learner):
             "approx_kl": float(totals["kl"]) / n,
             "entropy": float(totals["entropy"]) / n,
             "ratio_max": float(totals["ratio_max"]), "ratio_min": float(totals["ratio_min"]),
-            "logprob_gap_max": float(gap.max()) if gap.size else 0.0,
+            # "sampler" mode: measured on the first mini-batch's tokens (sampler_gap); else over every row.
+            "logprob_gap_max": sampler_gap if sampler_gap is not None else float(gap.max()) if gap.size else 0.0,
             "trained_tokens": int(rows.loss_mask.sum()),
             "time_logprobs": time_logprobs, "compiles_logprobs": compiles_logprobs,
+            **self._padding_metrics(rows, minibatches),
         })
         return metrics
+
+    def _padding_metrics(self, rows: RowBatch, minibatches: list[np.ndarray]) -> dict:
+        """The share of the update's slots that hold no token, unpacked and packed (whichever runs)."""
+        lengths = real_lengths(rows.attention)
+        slots = np.array([self.update_slots(lengths[idx], rows.tokens.shape[1]) for idx in minibatches]).reshape(-1, 2)
+        real = float(sum(lengths[idx].sum() for idx in minibatches))
+        if real == 0:
+            return {"pad_frac_unpacked": 0.0, "pad_frac_packed": 0.0}
+        unpacked, packed = (float(x) for x in slots.sum(axis=0))
+        return {"pad_frac_unpacked": 1.0 - real / unpacked, "pad_frac_packed": 1.0 - real / packed}
+
+
+_ROW_KEYS = ("tokens", "attention", "positions", "segments")  # whole rows: the trunk reads every slot
+
+
+def _gap_from_ratios(sums: dict) -> float:
+    """max |trainer - old| log-prob over a mini-batch's loss tokens, from its ratio extremes
+    (ratio = exp(trainer - old)); 0 when it had no loss tokens."""
+    hi, lo = float(sums["ratio_max"]), float(sums["ratio_min"])
+    if hi == -np.inf:
+        return 0.0
+    if not (np.isfinite(hi) and np.isfinite(lo) and lo > 0):  # not finite: never trust the sampler's
+        return float("inf")
+    return max(abs(math.log(hi)), abs(math.log(lo)))
 
 
 def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> CausalLM:
