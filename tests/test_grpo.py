@@ -328,6 +328,29 @@ def test_empty_minibatches_are_skipped_not_stepped(aggregation):
     assert m_asked["empty_minibatches"] == 5 - non_empty and m_exact["empty_minibatches"] == 0
 
 
+def test_minibatches_without_a_loss_token_are_skipped_not_stepped():
+    # Rows 2 and 3 hold no loss token (e.g. an episode that ended before generating anything); in
+    # order, they are the second of two mini-batches. It has no gradient, so it must take no
+    # AdamW step (momentum from the first would still move every weight): 2 asked steps train
+    # exactly like 1 step over the same rows, and the skipped one is counted.
+    rows = _toy_rows(n=4)
+    rows.loss_mask[2:] = 0
+    two = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
+                      GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, shuffle_rows=False,
+                                 optim=OptimConfig(learning_rate=1e-3)))
+    one = _learner(1)
+    m_two = two.train_on_rows(rows, np.random.default_rng(0))
+    m_one = one.train_on_rows(rows, np.random.default_rng(0))
+    assert m_two["empty_minibatches"] == 1 and m_one["empty_minibatches"] == 0
+    assert m_two["trained_tokens"] == m_one["trained_tokens"] > 0
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(one.ref_params)))
+    assert moved > 1e-4  # the one real step moved the weights
+    for a, b in zip(jax.tree.leaves(two.params), jax.tree.leaves(one.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    assert m_two["loss"] == pytest.approx(m_one["loss"], abs=1e-6)
+
+
 def test_tis_log_ratio_clamp_is_the_configured_one():
     # The trainer finds the sampled tokens of half the rows e^3 times likelier than the sampler
     # did, the other half equally likely; with a large cap their TIS weights are

@@ -5,7 +5,7 @@ The step itself (rollout, filtering, this file's pieces, the sampler's new weigh
 
     trajectories --rewards--> R_i --group_advantages--> A_i --broadcast--> every conversation row
     rows --pack--> [R, S] token arrays --trainer log-probs--> old / ref log-probs
-    rows --shuffle, split into `optimizer_steps` mini-batches--> for each non-empty mini-batch:
+    rows --shuffle, split into `optimizer_steps` mini-batches--> for each one holding a loss token:
         aggregation weights over the mini-batch (exact global token mean by default)
         --micro-batches of rows of like length, gradients summed--> / denominator --AdamW--> params
 
@@ -394,11 +394,13 @@ class GRPOLearner(Learner):
         return out, denom
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
-        """Old/ref log-probs, then one update per non-empty mini-batch of the shuffled rows.
+        """Old/ref log-probs, then one update per mini-batch of the shuffled rows that holds a loss token.
 
-        An empty mini-batch (more optimizer_steps than rows, or than trajectories under
-        trajectory_mean) is skipped: an AdamW step on zero gradients would still move the
-        weights (momentum, weight decay). The loss is averaged over the updates taken."""
+        A mini-batch with no loss token (no rows: more optimizer_steps than rows, or than
+        trajectories under trajectory_mean; or only rows whose loss mask is all 0) is skipped and
+        counted in `empty_minibatches`: it has no gradient, and an AdamW step on zero gradients
+        would still move the weights (momentum, weight decay). The loss is averaged over the
+        updates taken."""
         cfg = self.config
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
         old_logp = self.compute_logprobs(self.params, rows)
@@ -406,7 +408,7 @@ class GRPOLearner(Learner):
         time_logprobs, compiles_logprobs = time.perf_counter() - t0, (compile_stats.snapshot() - c0).programs
         minibatches = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
                                             whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
-        minibatches = [idx for idx in minibatches if len(idx)]
+        minibatches = [idx for idx in minibatches if rows.loss_mask[idx].any()]
         tis = (tis_weights(old_logp, rows.sampler_logp, cfg.loss.tis_cap, log_ratio_clamp=cfg.loss.log_ratio_clamp)
                if cfg.loss.tis_cap > 0 else None)
         metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0,
