@@ -88,11 +88,13 @@ def score_trajectories(trajs: Sequence[Trajectory], reward_fn: Callable = comput
 
 def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: int,
               min_len: int = 64, max_len: int | None = None) -> RowBatch:
-    """One row per conversation; every conversation of trajectory i carries A_i."""
+    """One row per conversation; every conversation of trajectory i carries A_i. No trajectories:
+    no rows (what a host whose groups were all filtered adds to the gathered rows)."""
     convs = [c for t in trajs for c in t.conversations]
     lengths = [len(c.prompt_ids) + len(c.response_ids) for c in convs]
-    s = bucket(max(lengths), min_len, steps_per_octave=4)  # quarter octaves: a power of two could double the work
-    if max_len is not None and max(lengths) > max_len:
+    # Quarter octaves: a power of two could double the work.
+    s = bucket(max(lengths, default=0), min_len, steps_per_octave=4)
+    if max_len is not None and max(lengths, default=0) > max_len:
         raise ValueError(f"a conversation has {max(lengths)} tokens, over the trainer's max_len {max_len}")
     if max_len is not None:
         s = min(s, max_len)
