@@ -408,6 +408,16 @@ def test_metrics_and_loss_read_only_loss_tokens_with_real_logprobs():
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6) and m["clip_fraction"] == 0.0
     assert m["entropy"] == pytest.approx(float(ent[on].mean()), rel=1e-5)
     assert m["loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert m["ratio_min_first"] == pytest.approx(1.0, abs=1e-5) and m["ratio_max_first"] == pytest.approx(1.0, abs=1e-5)
+
+    # Two updates: the second mini-batch's ratios show the first update's drift, the first's stay 1.
+    two = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(4)),
+                      GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=1, min_seq_len=8,
+                                 shuffle_rows=False, optim=OptimConfig(learning_rate=1e-2)))
+    m2 = two.train_on_rows(rows, np.random.default_rng(0))
+    assert m2["ratio_min_first"] == pytest.approx(1.0, abs=1e-5)
+    assert m2["ratio_max_first"] == pytest.approx(1.0, abs=1e-5)
+    assert m2["ratio_max"] - m2["ratio_min"] > 1e-3
 
 
 def test_tis_log_ratio_clamp_is_the_configured_one():

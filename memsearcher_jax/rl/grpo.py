@@ -416,7 +416,10 @@ class GRPOLearner(Learner):
         metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0,
                    "empty_minibatches": cfg.optimizer_steps - len(minibatches)}
         totals = empty_metric_sums(np)
-        for idx in minibatches:
+        # The first update's ratios (policy == old policy, so 1 up to rounding) apart from the step's: a
+        # ratio far from 1 there is a log-prob mismatch between the passes; later, the updates' own drift.
+        metrics.update(ratio_max_first=1.0, ratio_min_first=1.0)
+        for i, idx in enumerate(minibatches):
             micro, denom = self._micro_batches(rows, idx, old_logp, ref_logp, tis)
             acc = self._zero_sums(self.params)
             for mb in micro:
@@ -429,6 +432,8 @@ class GRPOLearner(Learner):
             metrics["loss"] += float(loss) / len(minibatches)
             metrics["grad_norm"] = max(metrics["grad_norm"], float(gnorm))
             totals = combine_metric_sums(totals, {k: np.float64(v) for k, v in sums.items()}, np)
+            if i == 0:
+                metrics.update(ratio_max_first=float(sums["ratio_max"]), ratio_min_first=float(sums["ratio_min"]))
         n = max(float(totals["n_tokens"]), 1.0)
         gap = np.abs(rows.sampler_logp - old_logp)[rows.loss_mask > 0]
         metrics.update({
