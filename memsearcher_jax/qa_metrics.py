@@ -8,7 +8,8 @@ It is computed once per trajectory, on the decoded assistant blocks of its final
 
 A multi-objective question (MEM1's task, `data.synthetic.join_objectives`) gives golds as one
 alias list per objective; its answer lists the N answers separated by ";", and EM and F1 are
-the means over the objectives. One objective is scored exactly as before.
+the means over the objectives. One objective is scored exactly as before; N >= 2 objectives
+earn 0.1 + 0.9 x mean F1 (`objectives_reward`), which rises with every objective's F1.
 """
 from __future__ import annotations
 
@@ -87,14 +88,38 @@ def objective_golds(golds) -> list[list[str]]:
                      f"objective), not a mix: {golds!r}")
 
 
-def objective_scores(answer: str, golds) -> tuple[float, float]:
-    """(EM, F1) of an answer, each the mean over the objectives of the part's EM / token F1
-    against that objective's aliases. golds: as `objective_golds` takes them."""
+def per_objective_scores(answer: str, golds) -> tuple[list[float], list[float]]:
+    """([EM], [F1]) of each objective's part of the answer against that objective's aliases, in
+    order. golds: as `objective_golds` takes them."""
     per_objective = objective_golds(golds)
     parts = split_answers(answer, len(per_objective))
     ems = [1.0 if exact_match(p, g) else 0.0 for p, g in zip(parts, per_objective)]
-    f1s = [token_f1(p, g) for p, g in zip(parts, per_objective)]
+    return ems, [token_f1(p, g) for p, g in zip(parts, per_objective)]
+
+
+def objective_scores(answer: str, golds) -> tuple[float, float]:
+    """(EM, F1) of an answer, each the mean over the objectives of the part's EM / token F1
+    against that objective's aliases. golds: as `objective_golds` takes them."""
+    ems, f1s = per_objective_scores(answer, golds)
     return sum(ems) / len(ems), sum(f1s) / len(f1s)
+
+
+def objectives_reward(f1s: Sequence[float]) -> float:
+    """The reward of a well-formed answer from its per-objective F1s (docs/method.md §3).
+
+    One objective: the paper's F1, or FORMAT_CREDIT when F1 is 0 (kept exactly as the paper has it,
+    though an F1 in (0, 0.1) then earns less than a wrong answer). N >= 2: FORMAT_CREDIT +
+    (1 - FORMAT_CREDIT) x mean F1, strictly increasing in every objective's F1 and still in
+    [0.1, 1]. The paper's rule applied to the mean F1 let a part half right among wrong ones score
+    below all wrong (0.0999 against 0.1), and max(0.1, mean F1) would still be flat below 0.1.
+    A group's trajectories share one question, hence one N, and an affine map of the rewards
+    leaves the group-normalised advantage unchanged (up to its 1e-6), so among well-formed
+    answers GRPO sees exactly the mean F1; the credit only ranks them above malformed ones (0)."""
+    if not f1s:
+        raise ValueError("objectives_reward: f1s must hold one F1 per objective, got none")
+    if len(f1s) == 1:
+        return f1s[0] if f1s[0] > 0 else FORMAT_CREDIT
+    return FORMAT_CREDIT + (1.0 - FORMAT_CREDIT) * sum(f1s) / len(f1s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,13 +159,15 @@ def compute_reward(assistant_blocks: Sequence[str], ended_with_eos: bool, golds:
     golds: the gold answer aliases (at least one); or, for a multi-objective question, one
         alias list per objective (the answer's ";"-separated parts are scored in order and the
         EM and F1 are their means).
-    Returns reward 0 if the format gate fails; otherwise F1 against the best alias, or
-    FORMAT_CREDIT (0.1) when that F1 is 0.
+    Returns reward 0 if the format gate fails; otherwise `objectives_reward`: for one objective
+    F1 against the best alias, or FORMAT_CREDIT (0.1) when that F1 is 0; for N >= 2,
+    FORMAT_CREDIT + (1 - FORMAT_CREDIT) x mean F1.
     """
     objective_golds(golds)  # a malformed golds fails here, whatever the output
     failure = format_failure(assistant_blocks, ended_with_eos)
     answer = extract_boxed(assistant_blocks[-1]) if assistant_blocks else None
     if failure is not None:
         return RewardResult(reward=0.0, em=0.0, f1=0.0, format_ok=False, answer=answer, failure=failure)
-    em, f1 = objective_scores(answer, golds)
-    return RewardResult(reward=f1 if f1 > 0 else FORMAT_CREDIT, em=em, f1=f1, format_ok=True, answer=answer)
+    ems, f1s = per_objective_scores(answer, golds)
+    return RewardResult(reward=objectives_reward(f1s), em=sum(ems) / len(ems), f1=sum(f1s) / len(f1s),
+                        format_ok=True, answer=answer)

@@ -326,7 +326,8 @@ def two_objective_rows(world):
 @pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
 def test_two_objective_demos(world, two_objective_rows, workflow):
     """Objectives one after the other, one answer "a1; a2"; a flaw hits one objective; the rollout
-    replays them; the reward (mean per-objective F1) is 1 for a clean demo and 1/2 for a flawed one."""
+    replays them; the reward (0.1 + 0.9 x mean per-objective F1) is 1 for a clean demo and 0.55
+    for a flawed one (one objective of two right)."""
     from memsearcher_jax.qa_metrics import compute_reward as score
 
     _, builder, retriever = world
@@ -344,7 +345,8 @@ def test_two_objective_demos(world, two_objective_rows, workflow):
         if d.flaw is None:
             assert d.answers == [o["golden_answers"][0] for o in objs] and reward == 1.0
         elif d.flaw != "vague_query":
-            assert reward == 0.5 and sum(a == o["golden_answers"][0] for a, o in zip(d.answers, objs)) == 1
+            assert reward == pytest.approx(0.1 + 0.9 * 0.5)
+            assert sum(a == o["golden_answers"][0] for a, o in zip(d.answers, objs)) == 1
     for d in demos[:12]:
         traj = _replay(d, builder, retriever, workflow, max_turns=6)
         assert traj.end_reason == "answer"

@@ -329,6 +329,98 @@ def test_empty_minibatches_are_skipped_not_stepped(aggregation):
     assert m_asked["empty_minibatches"] == 5 - non_empty and m_exact["empty_minibatches"] == 0
 
 
+def test_minibatches_without_a_loss_token_are_skipped_not_stepped():
+    # Rows 2 and 3 hold no loss token (e.g. an episode that ended before generating anything); in
+    # order, they are the second of two mini-batches. It has no gradient, so it must take no
+    # AdamW step (momentum from the first would still move every weight): 2 asked steps train
+    # exactly like 1 step over the same rows, and the skipped one is counted.
+    rows = _toy_rows(n=4)
+    rows.loss_mask[2:] = 0
+    two = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
+                      GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, shuffle_rows=False,
+                                 optim=OptimConfig(learning_rate=1e-3)))
+    one = _learner(1)
+    m_two = two.train_on_rows(rows, np.random.default_rng(0))
+    m_one = one.train_on_rows(rows, np.random.default_rng(0))
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(one.ref_params)))
+    assert moved > 1e-4  # the one real step moved the weights
+    for a, b in zip(jax.tree.leaves(two.params), jax.tree.leaves(one.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    assert m_two["loss"] == pytest.approx(m_one["loss"], abs=1e-6)
+    assert m_two["empty_minibatches"] == 1 and m_one["empty_minibatches"] == 0
+    assert m_two["trained_tokens"] == m_one["trained_tokens"] > 0
+
+
+def _window_rows():
+    """Row 0: two loss tokens at the end of a 40-token row; row 1: a loss span of 20 after an
+    observation hole. One log-prob chunk per row gives row 0 a log-prob window 8 wide; in a
+    micro-batch with row 1 its loss window is 32 wide, mostly outside its mask and its log-prob
+    window (where old and reference log-probs are 0)."""
+    from memsearcher_jax.rl.grpo import RowBatch
+
+    rng = np.random.default_rng(5)
+    n, s = 2, 40
+    tokens = rng.integers(0, 64, (n, s)).astype(np.int32)
+    attention = np.ones((n, s), np.int32)
+    mask = np.zeros((n, s), np.float32)
+    mask[0, 38:40] = 1
+    mask[1, 10:18] = mask[1, 24:30] = 1
+    return RowBatch(tokens=tokens, attention=attention, loss_mask=mask, sampler_logp=np.zeros((n, s), np.float32),
+                    advantages=np.array([1.0, -0.5], np.float32), traj_ids=np.arange(n), group_ids=np.zeros(n, int),
+                    turns=np.zeros(n, int), is_final=np.ones(n, bool))
+
+
+def test_metrics_and_loss_read_only_loss_tokens_with_real_logprobs():
+    from memsearcher_jax.rl.grpo import micro_batch_loss, token_logprobs_and_entropy
+
+    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(4))
+    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=2, logprob_batch_size=1,
+                                            min_seq_len=8, optim=OptimConfig(learning_rate=1e-3)))
+    rows = _window_rows()
+    old = learner.compute_logprobs(learner.params, rows)
+    (mb,), denom = learner._micro_batches(rows, np.arange(2), old, old, None)
+    at, mb_mask, mb_old = (np.asarray(mb[k]) for k in ("targets_at", "loss_mask", "old_logp"))
+    row0 = np.flatnonzero(at[:, 0] == at[:, 0].max())[0]  # row 0's window is moved to end at column 39
+    assert at.shape[1] > 8 and np.sum((mb_old[row0] == 0) & (mb_mask[row0] == 0)) > 8  # the case in question
+    assert np.all(mb_old[mb_mask > 0] != 0)  # every loss token has its real old log-prob
+
+    # Old / reference log-probs outside the loss tokens change nothing: loss, metric sums, gradient.
+    def run(fill):
+        noisy = dict(mb, old_logp=jnp.where(mb["loss_mask"] > 0, mb["old_logp"], fill),
+                     ref_logp=jnp.where(mb["loss_mask"] > 0, mb["old_logp"], -fill))
+        return jax.value_and_grad(micro_batch_loss, has_aux=True)(learner.params, learner.graphdef, noisy,
+                                                                   learner.config.loss)
+    (loss_a, sums_a), g_a = run(0.0)
+    (loss_b, sums_b), g_b = run(30.0)
+    assert float(loss_a) == pytest.approx(float(loss_b), abs=1e-6)
+    for k in sums_a:
+        assert float(sums_a[k]) == pytest.approx(float(sums_b[k]), abs=1e-5), k
+    assert max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b))) < 1e-6
+
+    # One optimizer step: the policy is the old one, so every ratio is 1 and the KL 0, and the loss
+    # is the token mean over the loss tokens of -A - 0.001 x entropy.
+    _, ent = token_logprobs_and_entropy(model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention))
+    ent = np.asarray(ent)
+    m = learner.train_on_rows(rows, np.random.default_rng(0))
+    on = rows.loss_mask > 0
+    expected = np.sum((-rows.advantages[:, None] - 0.001 * ent) * on) / on.sum()
+    assert m["ratio_min"] == pytest.approx(1.0, abs=1e-5) and m["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6) and m["clip_fraction"] == 0.0
+    assert m["entropy"] == pytest.approx(float(ent[on].mean()), rel=1e-5)
+    assert m["loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert m["ratio_min_first"] == pytest.approx(1.0, abs=1e-5) and m["ratio_max_first"] == pytest.approx(1.0, abs=1e-5)
+
+    # Two updates: the second mini-batch's ratios show the first update's drift, the first's stay 1.
+    two = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(4)),
+                      GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=1, min_seq_len=8,
+                                 shuffle_rows=False, optim=OptimConfig(learning_rate=1e-2)))
+    m2 = two.train_on_rows(rows, np.random.default_rng(0))
+    assert m2["ratio_min_first"] == pytest.approx(1.0, abs=1e-5)
+    assert m2["ratio_max_first"] == pytest.approx(1.0, abs=1e-5)
+    assert m2["ratio_max"] - m2["ratio_min"] > 1e-3
+
+
 def test_tis_log_ratio_clamp_is_the_configured_one():
     # The trainer finds the sampled tokens of half the rows e^3 times likelier than the sampler
     # did, the other half equally likely; with a large cap their TIS weights are

@@ -164,6 +164,80 @@ def _train_step(spec, out_dir: str, tag: str, worlds: str, lora: bool) -> None:
             json.dump(info, f)
 
 
+def zero_std_worker(out_dir: str, tag: str) -> None:
+    """One Trainer.train_step under rl.filter_groups=zero_std on 4 questions x 2 samples whose
+    rewards are fixed by group: groups 0 and 1 spread (rewards 0 and 1), groups 2 and 3 tie. On
+    2 processes host 1 holds groups 2 and 3, so it keeps nothing and must join host 0's update
+    without adding rows. The rollout is a stand-in that writes each trajectory's tokens from its
+    traj_id (the same on any host count); the update is the real learner on the global mesh."""
+    import json
+
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from memsearcher_jax.distributed import global_mesh, initialize_from_env
+
+    spec = initialize_from_env(timeout_s=120)
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    from memsearcher_jax.agent.rollout import RolloutStats
+    from memsearcher_jax.agent.trajectory import Conversation, Trajectory
+    from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, shard_model
+    from memsearcher_jax.qa_metrics import RewardResult
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
+    from memsearcher_jax.rl.trainer import LoopConfig, Trainer
+
+    class Runner:
+        sampler = type("NoSampler", (), {"update_params": lambda self, model: None})()
+        stats = RolloutStats()
+
+        def run(self, questions, *, group_size, seed, first_group_id, first_traj_id):
+            trajs = []
+            for j, q in enumerate(questions):
+                for k in range(group_size):
+                    gid, tid = first_group_id + j, first_traj_id + j * group_size + k
+                    rng = np.random.default_rng(tid)
+                    conv = Conversation(prompt_ids=rng.integers(1, 64, 5 + tid % 4).tolist(), traj_id=tid, group_id=gid)
+                    conv.add_generated(rng.integers(1, 64, 3 + tid % 3).tolist(), [-1.0] * (3 + tid % 3))
+                    conv.add_injected(rng.integers(1, 64, 2).tolist())
+                    conv.add_generated(rng.integers(1, 64, 2).tolist(), [-1.0, -1.0])
+                    conv.blocks, conv.ended_with_eos = ["0" if gid >= 2 else str(k)], True  # the reward, as text
+                    t = Trajectory(traj_id=tid, group_id=gid, question=q["question"], golds=["x"], conversations=[conv])
+                    t.record_call("act", 0, len(conv.prompt_ids), len(conv.response_ids))
+                    t.finish("answered")
+                    trajs.append(t)
+            return trajs
+
+    class NoSamplerTrainer(Trainer):
+        def _sampling_model(self):  # this test has no sampler to hand the weights to
+            return None
+
+    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1))
+    mesh = global_mesh(*MESH)
+    learner = GRPOLearner(shard_model(model, mesh, ShardingConfig.training()),
+                          GRPOConfig(optimizer_steps=2, micro_batch_size=3, logprob_batch_size=3, min_seq_len=8,
+                                     optim=OptimConfig(learning_rate=1e-3)), mesh=mesh)
+    loop = LoopConfig(steps=1, batch_questions=4, group_size=2, seed=0, filter_groups="zero_std",
+                      output_dir=os.path.join(out_dir, f"run_{tag}"))
+    reward = lambda blocks, eos, golds: RewardResult(float(blocks[-1]), 0.0, 0.0, True, None)
+    trainer = NoSamplerTrainer(learner, Runner(), [{"question": f"q{i}"} for i in range(4)], 0, loop,
+                               mesh=mesh, progress=False, reward_fn=reward)
+    initial = learner.params
+    gathered = lambda tree: _flat(multihost_utils.process_allgather(tree, tiled=True) if spec.num_processes > 1
+                                  else tree)
+    initial = gathered(initial)
+    metrics = trainer.train_step()
+    flat = gathered(trainer.learner.params)
+    info = {"processes": jax.process_count(), **{k: metrics[k] for k in (
+        "rows", "trained_tokens", "loss", "approx_kl", "entropy", "skipped_update", "filtered_groups")}}
+    with open(os.path.join(out_dir, f"zero_std_{tag}_{jax.process_index()}.json"), "w") as f:
+        json.dump(info, f)
+    if jax.process_index() == 0:
+        np.savez(os.path.join(out_dir, f"zero_std_{tag}.npz"), **flat)
+        np.savez(os.path.join(out_dir, f"zero_std_initial_{tag}.npz"), **initial)
+
+
 # ----------------------------------------------------------------------------- test
 
 def _free_port() -> int:
@@ -322,9 +396,37 @@ def test_full_lora_train_step_two_processes_match_one_process(train_steps):
     assert _max_diff(eight, initial) > 1e-4
 
 
+@pytest.mark.slow
+def test_zero_std_two_processes_match_one_process(tmp_path):
+    """filter_groups=zero_std where every group of host 1 ties: host 1 joins the update with no rows
+    (not its tied trajectories at advantage 0, which added tokens to the mean, KL and entropy
+    terms), so 2 processes x 4 devices make the update of 1 process x 8."""
+    import json
+
+    out = str(tmp_path)
+    _spawn(out, "eight", devices=8, worker_args=["--zero-std", out, "eight"])
+    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--zero-std", out, "multi"])
+    eight = json.load(open(os.path.join(out, "zero_std_eight_0.json")))
+    hosts = [json.load(open(os.path.join(out, f"zero_std_multi_{p}.json"))) for p in (0, 1)]
+    assert eight["processes"] == 1 and hosts[0]["processes"] == 2
+    assert eight["filtered_groups"] == 2 and [h["filtered_groups"] for h in hosts] == [0, 2]  # host 1 kept none
+    for h in hosts:  # both hosts took the one global update, on the kept groups' rows only
+        assert h["skipped_update"] == eight["skipped_update"] == 0
+        assert (h["rows"], h["trained_tokens"]) == (eight["rows"], eight["trained_tokens"])
+        assert eight["rows"] == 4 and eight["trained_tokens"] > 0  # groups 0 and 1: 4 one-row trajectories
+        for k in ("loss", "approx_kl", "entropy"):
+            assert abs(h[k] - eight[k]) < 1e-5, k
+    params = {t: _load(os.path.join(out, f"zero_std_{t}.npz")) for t in ("eight", "multi")}
+    initial = _load(os.path.join(out, "zero_std_initial_eight.npz"))
+    assert _max_diff(params["multi"], params["eight"]) < 1e-5
+    assert _max_diff(params["eight"], initial) > 1e-4  # the step moved the weights
+
+
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if sys.argv[1] == "--train-step":
         train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "--zero-std":
+        zero_std_worker(sys.argv[2], sys.argv[3])
     else:
         worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -3,7 +3,7 @@ mean per-objective reward; one objective is scored exactly as a single question 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from memsearcher_jax.data.synthetic import check_objectives, generate_world, join_objectives, objectives_of
 from memsearcher_jax.qa_metrics import (
@@ -11,6 +11,7 @@ from memsearcher_jax.qa_metrics import (
     compute_reward,
     objective_golds,
     objective_scores,
+    objectives_reward,
     split_answers,
     token_f1,
 )
@@ -126,7 +127,65 @@ def test_two_objective_scores(answer, em, f1):
     r = compute_reward([final(answer)], True, TWO)
     assert r.format_ok and r.answer == answer
     assert r.em == pytest.approx(em) and r.f1 == pytest.approx(f1)
-    assert r.reward == pytest.approx(f1 if f1 > 0 else FORMAT_CREDIT)
+    assert r.reward == pytest.approx(FORMAT_CREDIT + (1 - FORMAT_CREDIT) * f1)  # N >= 2: 0.1 + 0.9 x mean F1
+
+
+def test_partial_progress_never_scores_below_all_wrong():
+    # The paper's rule on the mean F1 (F1 if F1 > 0 else 0.1) scored these 0.0999 and 0.083 against
+    # 0.1 for all wrong: GRPO was pushed away from a part half right.
+    golds = [["Lopa"], ["1923"]]
+    partial, wrong = (compute_reward([final(a)], True, golds).reward for a in ("Lopa a b c d e f g h i; 1800",
+                                                                                 "Rome; 1800"))
+    assert wrong == pytest.approx(FORMAT_CREDIT) and partial > wrong
+    eight = [[f"city {k}"] for k in range(8)]
+    half = compute_reward([final("; ".join(["city"] + ["x"] * 7))], True, eight).reward
+    assert half > compute_reward([final("; ".join(["x"] * 8))], True, eight).reward == pytest.approx(FORMAT_CREDIT)
+    assert compute_reward([final("; ".join(f"city {k}" for k in range(8)))], True, eight).reward == 1.0
+
+
+WORDS = ["lopa", "rome", "city", "1923", "1800", "new", "york", "the", "a", "yes", "no", "x"]
+phrase = st.lists(st.sampled_from(WORDS), max_size=12).map(" ".join)
+alias = st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(golds=st.lists(st.lists(alias, min_size=1, max_size=2), min_size=2, max_size=8), data=st.data())
+@example(golds=[["lopa"], ["1923"]], data=None)  # the issue's counter-example, run on every check
+def test_reward_rises_with_every_objectives_f1(golds, data):
+    """N >= 2: changing one objective's part of a partial answer changes the reward in the direction
+    (and, strictly, whenever) its F1 changes; the other objectives' parts stay as they are."""
+    n = len(golds)
+    if data is None:
+        parts, k, other = ["rome", "1800"], 0, "lopa x x x x x x x x x"
+    else:
+        parts = data.draw(st.lists(phrase, min_size=n, max_size=n))
+        k, other = data.draw(st.integers(0, n - 1)), data.draw(phrase)
+    changed = parts[:k] + [other] + parts[k + 1:]
+    before, after = (compute_reward([final("; ".join(p))], True, golds) for p in (parts, changed))
+    f1_before, f1_after = token_f1(parts[k], golds[k]), token_f1(other, golds[k])
+    assert before.format_ok and after.format_ok
+    if f1_after > f1_before:
+        assert after.reward > before.reward
+    elif f1_after < f1_before:
+        assert after.reward < before.reward
+    else:
+        assert after.reward == pytest.approx(before.reward)
+    assert FORMAT_CREDIT <= after.reward <= 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(answer=phrase, golds=st.lists(alias, min_size=1, max_size=3), nested=st.booleans())
+def test_one_objective_reward_is_the_papers(answer, golds, nested):
+    """N = 1: R = F1 if F1 > 0 else 0.1, exactly (docs/method.md §3), flat or nested golds."""
+    f1 = token_f1(answer, golds)
+    r = compute_reward([final(answer)], True, [golds] if nested else golds)
+    assert r.reward == (f1 if f1 > 0 else FORMAT_CREDIT) == objectives_reward([f1])
+    assert compute_reward([final(answer)], False, golds).reward == 0.0
+
+
+def test_objectives_reward_needs_an_f1():
+    with pytest.raises(ValueError, match="f1s"):
+        objectives_reward([])
 
 
 def test_format_rules_unchanged_with_several_objectives():

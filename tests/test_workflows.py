@@ -324,7 +324,9 @@ ROW_LEN = 512       # every workflow's rows padded to one length: one compiled s
 @pytest.fixture(scope="module")
 def tiny_learner():
     """One 1-layer learner for the four workflows' steps, with the dense renumbering it reads:
-    every batch it sees has the same shapes, so its programs compile once for the module."""
+    every batch it sees has the same shapes, so its programs compile once for the module. A small
+    learning rate: AdamW's first step moves every weight by it, and at 1e-3 (5% of this model's
+    initial weights) the step is far from the gradient's first order, where its direction shows."""
     from flax import nnx
 
     from memsearcher_jax.models import ModelConfig, Qwen2
@@ -332,7 +334,7 @@ def tiny_learner():
 
     model = Qwen2(ModelConfig.tiny(vocab_size=DENSE_VOCAB, num_layers=1), rngs=nnx.Rngs(0))
     learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=4,
-                                            optim=OptimConfig(learning_rate=1e-3)))
+                                            optim=OptimConfig(learning_rate=1e-5)))
     return learner, {}
 
 
@@ -357,11 +359,19 @@ def test_one_grpo_step_per_workflow(tok, b, tiny_learner, workflow):
         dense.setdefault(int(t), len(dense))
     assert len(dense) <= DENSE_VOCAB
     rows = dataclasses.replace(rows, tokens=np.vectorize(dense.__getitem__)(rows.tokens).astype(np.int32))
+    learner.opt_state = learner.tx.init(learner.params)  # a first AdamW step: no momentum from another workflow's
     before = jax.tree.map(np.asarray, learner.params)
+    logp_before = learner.compute_logprobs(learner.params, rows)
     m = learner.train_on_rows(rows, np.random.default_rng(0))
     assert m["skipped"] == 0 and np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
     after = jax.tree.map(np.asarray, learner.params)
     assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+    # The direction: every right answer's trajectory (advantage > 0) is likelier after the step, every
+    # wrong one's (advantage < 0) less likely, summed over each trajectory's trained tokens.
+    moved = (learner.compute_logprobs(learner.params, rows) - logp_before) * rows.loss_mask
+    for t in np.unique(rows.traj_ids):
+        adv, change = rows.advantages[rows.traj_ids == t][0], moved[rows.traj_ids == t].sum()
+        assert adv != 0 and np.sign(change) == np.sign(adv), (workflow, t, adv, change)
 
 
 FORGED = " </tool_response> <tool_response> <memory> </think> "  # a model may write these (not <|im_end|>)

@@ -5,7 +5,7 @@ The step itself (rollout, filtering, this file's pieces, the sampler's new weigh
 
     trajectories --rewards--> R_i --group_advantages--> A_i --broadcast--> every conversation row
     rows --pack--> [R, S] token arrays --trainer log-probs--> old / ref log-probs
-    rows --shuffle, split into `optimizer_steps` mini-batches--> for each non-empty mini-batch:
+    rows --shuffle, split into `optimizer_steps` mini-batches--> for each one holding a loss token:
         aggregation weights over the mini-batch (exact global token mean by default)
         --micro-batches of rows of like length, gradients summed--> / denominator --AdamW--> params
 
@@ -88,11 +88,13 @@ def score_trajectories(trajs: Sequence[Trajectory], reward_fn: Callable = comput
 
 def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: int,
               min_len: int = 64, max_len: int | None = None) -> RowBatch:
-    """One row per conversation; every conversation of trajectory i carries A_i."""
+    """One row per conversation; every conversation of trajectory i carries A_i. No trajectories:
+    no rows (what a host whose groups were all filtered adds to the gathered rows)."""
     convs = [c for t in trajs for c in t.conversations]
     lengths = [len(c.prompt_ids) + len(c.response_ids) for c in convs]
-    s = bucket(max(lengths), min_len, steps_per_octave=4)  # quarter octaves: a power of two could double the work
-    if max_len is not None and max(lengths) > max_len:
+    # Quarter octaves: a power of two could double the work.
+    s = bucket(max(lengths, default=0), min_len, steps_per_octave=4)
+    if max_len is not None and max(lengths, default=0) > max_len:
         raise ValueError(f"a conversation has {max(lengths)} tokens, over the trainer's max_len {max_len}")
     if max_len is not None:
         s = min(s, max_len)
@@ -585,11 +587,13 @@ class GRPOLearner(Learner):
         return old_logp, ref_logp
 
     def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
-        """Old/ref log-probs, then one update per non-empty mini-batch of the shuffled rows.
+        """Old/ref log-probs, then one update per mini-batch of the shuffled rows that holds a loss token.
 
-        An empty mini-batch (more optimizer_steps than rows, or than trajectories under
-        trajectory_mean) is skipped: an AdamW step on zero gradients would still move the
-        weights (momentum, weight decay). The loss is averaged over the updates taken.
+        A mini-batch with no loss token (no rows: more optimizer_steps than rows, or than
+        trajectories under trajectory_mean; or only rows whose loss mask is all 0) is skipped and
+        counted in `empty_minibatches`: it has no gradient, and an AdamW step on zero gradients
+        would still move the weights (momentum, weight decay). The loss is averaged over the
+        updates taken.
 
         rl.old_logprobs="sampler": the first mini-batch's loss pass runs the weights the sampler
         ran, so its ratios exp(trainer - sampler) measure the gap on its tokens for free; above
@@ -600,15 +604,18 @@ class GRPOLearner(Learner):
         time_logprobs, compiles_logprobs = time.perf_counter() - t0, (compile_stats.snapshot() - c0).programs
         minibatches = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
                                             whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
-        minibatches = [idx for idx in minibatches if len(idx)]
+        minibatches = [idx for idx in minibatches if rows.loss_mask[idx].any()]
         tis = self._tis(old_logp, rows)
         metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0, "old_logprobs_fallback": 0,
                    "empty_minibatches": cfg.optimizer_steps - len(minibatches)}
         totals = empty_metric_sums(np)
         sampler_gap = None
-        for k, idx in enumerate(minibatches):
+        # The first update's ratios (policy == old policy, so 1 up to rounding) apart from the step's: a
+        # ratio far from 1 there is a log-prob mismatch between the passes; later, the updates' own drift.
+        metrics.update(ratio_max_first=1.0, ratio_min_first=1.0)
+        for i, idx in enumerate(minibatches):
             acc, denom = self._minibatch_sums(rows, idx, old_logp, ref_logp, tis)
-            if cfg.old_logprobs == "sampler" and k == 0:
+            if cfg.old_logprobs == "sampler" and i == 0:
                 sampler_gap = _gap_from_ratios(acc[2])
                 if sampler_gap > cfg.old_logprobs_max_gap:
                     t1, sampler_gap = time.perf_counter(), None
@@ -624,6 +631,8 @@ class GRPOLearner(Learner):
             metrics["loss"] += float(loss) / len(minibatches)
             metrics["grad_norm"] = max(metrics["grad_norm"], float(gnorm))
             totals = combine_metric_sums(totals, {k: np.float64(v) for k, v in sums.items()}, np)
+            if i == 0:
+                metrics.update(ratio_max_first=float(sums["ratio_max"]), ratio_min_first=float(sums["ratio_min"]))
         n = max(float(totals["n_tokens"]), 1.0)
         gap = np.abs(rows.sampler_logp - old_logp)[rows.loss_mask > 0]
         metrics.update({

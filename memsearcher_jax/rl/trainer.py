@@ -229,18 +229,20 @@ class Trainer:
             kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
         self.runner.stats.check_search_errors()  # a step that mostly read "search failed" is not trained on
-        if self._any_host_kept(kept) and not kept:  # join another host's update with zero advantages
-            kept, kept_results = trajs, results
+        # Multi-host: a host that kept no group still joins the others' update (its collectives),
+        # with no rows, so the update is the one a single process makes on the kept groups alone.
+        update_any = self._any_host_kept(kept)
         no_update = {"time_logprobs": 0.0, "time_update": 0.0, "compiles_logprobs": 0, "compiles_update": 0}
-        num_rows, update = self._update(kept, kept_results) if kept else (0, no_update)
-        skip = {} if kept else {"skipped_update_reason": "every group's rewards tie"}
-        self.skipped_updates += 0 if kept else 1
+        num_rows, update = self._update(kept, kept_results) if update_any else (0, no_update)
+        skip = {} if update_any else {"skipped_update_reason": "every group's rewards tie"}
+        self.skipped_updates += 0 if update_any else 1
         self.step += 1
         stats = self.runner.stats
         # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
         # "rows" and the update's metrics are global.
         metrics = rollout_metrics(trajs, results, num_rows)
-        metrics.update(filtered_groups=dropped, refill_rounds=refills, skipped_update=int(not kept), **skip, **update)
+        metrics.update(filtered_groups=dropped, refill_rounds=refills, skipped_update=int(not update_any), **skip,
+                       **update)
         if self.loop.log_samples_every and self.step % self.loop.log_samples_every == 0:
             self._last_samples = sample_records(trajs, results, self.runner.builder.decode, self.loop.samples_per_log)
         metrics.update({
