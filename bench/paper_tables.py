@@ -52,6 +52,7 @@ from memsearcher_jax.experiment import (
 )
 from memsearcher_jax.jobs import restore_policy, train_job
 from memsearcher_jax.models import from_pretrained
+from memsearcher_jax.run_dir import existing_parent
 
 WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
 OBJECTIVES = (1, 2, 4, 8)
@@ -388,6 +389,10 @@ def main(argv=None) -> int:
     budgets = tuple(int(b) for b in args.budgets.split(",") if b)
     eval_q = args.eval_questions or (QUICK_EVAL_QUESTIONS if args.quick else base.train.eval_questions)
     out = os.path.abspath(args.out)
+    if not os.path.isdir(existing_parent(out)):  # before any config is built: a message, not a traceback
+        print(f"paper_tables: --out {args.out}: {existing_parent(out)} is a file, not a directory; give a new or "
+              "empty directory (or this bench's earlier --out)", file=sys.stderr)
+        return 2
     cfgs = {w: workflow_config(base, w, os.path.join(out, w), args.train_objectives) for w in workflows}
     for cfg in cfgs.values():  # every workflow's config is checked before anything trains
         validate(cfg)
