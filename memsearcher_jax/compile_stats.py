@@ -24,8 +24,6 @@ from typing import NamedTuple
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from memsearcher_jax.errors import UserInputError
-
 # jax._src.dispatch.BACKEND_COMPILE_EVENT and jax._src.compiler's cache-hit event.
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -91,7 +89,7 @@ def resolve_cache_dir(configured: str | None) -> str:
     path = os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR if configured is None else configured)
     if path and not path.strip():  # " " would become a directory named " " in the working directory
         where = f"${CACHE_DIR_ENV}" if CACHE_DIR_ENV in os.environ else "train.compilation_cache_dir"
-        raise UserInputError(f"{where}={path!r} is blank: give a directory for the compilation cache, or the empty "
+        raise ValueError(f"{where}={path!r} is blank: give a directory for the compilation cache, or the empty "
                              "string to turn it off")
     return os.path.abspath(os.path.expanduser(path)) if path else ""
 

@@ -43,9 +43,11 @@ from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import (
+    check_cache_dir,
     check_eval_out,
     check_output_dir,
     enclosing_run,
+    existing_parent,
     is_same_or_parent,
     output_dir_path,
     prepare_eval_out,
@@ -267,7 +269,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     check_retriever(cfg)
     out = output_dir_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
-    compile_stats.resolve_cache_dir(cfg.train.get("compilation_cache_dir", None))  # a blank one is refused
+    check_cache_dir(cfg.train.get("compilation_cache_dir", None))
     setup = build_setup(cfg)
     demos = warm_start_demos(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
     prepare_output_dir(out, fresh=not resume)  # every check done: only now touch the disk
@@ -385,6 +387,9 @@ def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
     out_abs = os.path.abspath(os.path.expanduser(out))
     if os.path.exists(out_abs) and not os.path.isdir(out_abs):
         raise UserInputError(f"--out {out} is a file, not a directory: give a new directory")
+    if not os.path.isdir(existing_parent(out_abs)):
+        raise UserInputError(f"--out {out}: {existing_parent(out_abs)} is a file, not a directory: give a new "
+                             "directory")
     run_dir = os.path.abspath(os.path.expanduser(checkpoint))
     if os.path.basename(run_dir.rstrip(os.sep)) in ("checkpoints", "best"):
         run_dir = os.path.dirname(run_dir.rstrip(os.sep))

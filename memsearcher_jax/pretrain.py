@@ -58,6 +58,7 @@ from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, pack_rows
 from memsearcher_jax.rl.trainer import MetricsWriter
 from memsearcher_jax.run_dir import (
     PRETRAIN_ENTRIES,
+    check_cache_dir,
     check_output_dir,
     output_dir_path,
     prepare_output_dir,
@@ -632,7 +633,7 @@ def _prepare_run(cfg: ml_collections.ConfigDict, resume: bool) -> tuple[str, str
     export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
     check_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
     check_base_export_dir(export_dir, out)
-    compile_stats.resolve_cache_dir(t.get("compilation_cache_dir", None))  # a blank one is refused
+    check_cache_dir(t.get("compilation_cache_dir", None))
     if resume:
         check_vocab_settings(os.path.join(out, "vocab"), cfg)
     prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")

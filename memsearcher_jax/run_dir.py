@@ -59,6 +59,17 @@ def output_dir_path(value: str, key: str = "train.output_dir") -> str:
     return value if "://" in value else os.path.abspath(os.path.expanduser(value))
 
 
+def check_cache_dir(configured: str | None) -> None:
+    """The persistent compilation cache's directory (compile_stats.resolve_cache_dir): a blank
+    one is refused before any work (it would become a directory named " ")."""
+    from memsearcher_jax.compile_stats import resolve_cache_dir
+
+    try:
+        resolve_cache_dir(configured)
+    except ValueError as e:
+        raise UserInputError(str(e)) from None
+
+
 def _marker_kind(out: str) -> str | None:
     """The command named by the run marker in `out` ("train", "pretrain"), None when the marker
     names none (a marker a user made by hand, `touch`)."""
@@ -146,6 +157,10 @@ def check_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, ki
                              "train.output_dir")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserInputError(f"train.output_dir={out}: {parent} is not writable; choose another train.output_dir")
+    outer = enclosing_run(os.path.dirname(out))
+    if outer is not None:  # a run's directory holds only what that run writes (its --fresh would refuse)
+        raise UserInputError(f"train.output_dir={out} lies inside the run directory {outer}: give the run a "
+                             "directory of its own, outside any other run's")
     if not os.path.isdir(out):
         return
     if fresh:

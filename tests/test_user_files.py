@@ -392,3 +392,21 @@ def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
     lock_output_dir(str(run))  # the file is left, the lock went with its process
     assert (run / RUN_LOCK).read_text() == str(os.getpid())
     release_output_dir(str(run))
+
+
+def test_train_refuses_an_output_dir_inside_another_run(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    run = _marked_run(tmp_path / "run")
+    before = _files(run)
+    inner = run / "checkpoints" / "1" / "again"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={inner}")
+    assert code == 2 and f"lies inside the run directory {run}" in msg, msg
+    assert _files(run) == before
+
+
+def test_export_out_under_a_file_is_refused_before_the_checkpoint_is_read(tmp_path, capsys):
+    afile = tmp_path / "f"
+    afile.write_text("mine")
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(tmp_path / "no_run"), "--out", str(afile / "hf"))
+    assert code == 2 and f"{afile} is a file" in msg, msg
+    assert afile.read_text() == "mine"
