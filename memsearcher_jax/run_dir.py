@@ -127,7 +127,8 @@ def _refuse_unmarked(out: str, kind: str, fresh: bool) -> None:
     marked = _marker_kind(out) if RUN_MARKER in present else "absent"
     what = "--fresh with " if fresh else ""
     if marked == "absent" and present:
-        older = set(present) <= RUN_ENTRIES | PRETRAIN_ENTRIES
+        # A run from before markers has checkpoints; a summary and a plot alone may well be the user's.
+        older = set(present) <= RUN_ENTRIES | PRETRAIN_ENTRIES and os.path.isdir(os.path.join(out, "checkpoints"))
         raise UserInputError(f"{what}train.output_dir={out} is not empty (it holds {os.path.join(out, present[0])}"
                              f"{f' and {len(present) - 1} more' if len(present) > 1 else ''}) and has no "
                              f"{RUN_MARKER} marker, so no memsearcher-jax {kind} run made it; nothing was removed "

@@ -123,6 +123,9 @@ def register(subparsers) -> None:
     s.set_defaults(func=run_serve)
 
 
+RUN_MARKER = ".memsearcher-run"  # retrieval stands apart: the name, not the module
+
+
 def check_index_out(out: str, overwrite: bool) -> str:
     """Why `index --out` must not be written (before the corpus is read), "" when it may: a file
     (or a path under one), a non-empty directory that holds no index (the user's files), or an
@@ -133,6 +136,13 @@ def check_index_out(out: str, overwrite: bool) -> str:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         return f"--out {out!r}: {parent} is a file, not a directory; give a new directory"
+    here = parent
+    while True:  # a training run's directory (its marker, memsearcher_jax.run_dir.RUN_MARKER) holds only the run's
+        if os.path.isfile(os.path.join(here, RUN_MARKER)):
+            return f"--out {out!r} lies inside the training run directory {here}; give a directory outside it"
+        if os.path.dirname(here) == here:
+            break
+        here = os.path.dirname(here)
     if not os.path.isdir(path) or not os.listdir(path):
         return ""
     if not os.path.exists(os.path.join(path, MANIFEST)):

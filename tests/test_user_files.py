@@ -87,6 +87,11 @@ def test_train_refuses_a_directory_of_your_own_files(tmp_path, capsys, monkeypat
     assert code == 2, msg
     assert f"train.output_dir={mine} is not empty" in msg and RUN_MARKER in msg and "notes.md" in msg
     assert "Traceback" not in msg and _files(mine) == before
+    (mine / "notes.md").unlink()  # a summary and a plot alone: still yours, and no hint to mark it as a run's
+    before = _files(mine)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={mine}")
+    assert code == 2 and "is not empty" in msg and "touch" not in msg, msg
+    assert "Traceback" not in msg and _files(mine) == before
 
 
 def test_train_names_how_to_mark_a_run_directory_from_before_markers(tmp_path, capsys, monkeypatch):
@@ -410,3 +415,15 @@ def test_export_out_under_a_file_is_refused_before_the_checkpoint_is_read(tmp_pa
     code, msg = _run(capsys, "export-hf", "--checkpoint", str(tmp_path / "no_run"), "--out", str(afile / "hf"))
     assert code == 2 and f"{afile} is a file" in msg, msg
     assert afile.read_text() == "mine"
+
+
+def test_index_out_inside_a_run_is_refused(tmp_path, capsys):
+    from retrieval import cli as retrieval_cli
+
+    assert retrieval_cli.RUN_MARKER == RUN_MARKER
+    run = _marked_run(tmp_path / "run")
+    before = _files(run)
+    code, msg = _run(capsys, "index", "--corpus", _corpus(tmp_path), "--out", str(run / "checkpoints" / "idx"),
+                     "--index-type", "bm25")
+    assert code == 2 and f"inside the training run directory {run}" in msg, msg
+    assert _files(run) == before
