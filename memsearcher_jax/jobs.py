@@ -397,8 +397,8 @@ def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
         raise UserInputError(f"--out {out} is (or holds, or lies inside) the checkpoint directory {checkpoint}: "
                              "give a directory outside the training run")
     if enclosing_run(out_abs) is not None:  # another run's directory holds only what that run writes
-        raise UserInputError(f"--out {out} lies inside the run directory {enclosing_run(out_abs)}: give a directory "
-                             "outside any training run")
+        raise UserInputError(f"--out {out} lies inside the run directory {enclosing_run(out_abs)} (it has a run "
+                             "marker, .memsearcher-run): give a directory outside any training run")
     if os.path.isdir(out_abs) and os.listdir(out_abs) and not overwrite:
         raise UserInputError(f"--out {out} is not empty (it holds {sorted(os.listdir(out_abs))[0]}, ...): give a "
                              "new directory, or --overwrite to replace only its model files")

@@ -160,8 +160,8 @@ def check_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, ki
         raise UserInputError(f"train.output_dir={out}: {parent} is not writable; choose another train.output_dir")
     outer = enclosing_run(os.path.dirname(out))
     if outer is not None:  # a run's directory holds only what that run writes (its --fresh would refuse)
-        raise UserInputError(f"train.output_dir={out} lies inside the run directory {outer}: give the run a "
-                             "directory of its own, outside any other run's")
+        raise UserInputError(f"train.output_dir={out} lies inside the run directory {outer} (it has a {RUN_MARKER} "
+                             "marker): give the run a directory of its own, outside any other run's")
     if not os.path.isdir(out):
         return
     if fresh:

@@ -427,3 +427,15 @@ def test_index_out_inside_a_run_is_refused(tmp_path, capsys):
                      "--index-type", "bm25")
     assert code == 2 and f"inside the training run directory {run}" in msg, msg
     assert _files(run) == before
+
+
+def test_context_bench_refuses_a_warm_start_dir_it_did_not_cache(tmp_path, capsys):
+    import context
+
+    ws = tmp_path / "out" / "warmstart_react0.5"
+    ws.mkdir(parents=True)
+    (ws / "tokenizer.json").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        context.main(["--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and "holds no cached warm start" in capsys.readouterr().err
+    assert (ws / "tokenizer.json").read_text() == "mine"
