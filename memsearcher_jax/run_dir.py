@@ -35,7 +35,8 @@ EVAL_FILES = ("results.json", "trajectories.jsonl")
 
 _STEP = re.compile(r"\d+(\.orbax-checkpoint-tmp-\d+)?$")  # checkpoints/<step>, or one orbax is writing
 _ITEMS = ("params", "opt_state", "meta")  # the items a checkpoint step holds (rl/trainer.py, pretrain.py)
-_LOGS = re.compile(r"(metrics|samples)\.jsonl$|events\.out\.tfevents\.|wandb$")  # MetricsWriter's files
+# MetricsWriter's files (a .tmp: a resume's truncation that was killed), TensorBoard's, W&B's folder.
+_LOGS = re.compile(r"(metrics|samples)\.jsonl(\.tmp)?$|events\.out\.tfevents\.|wandb$")
 
 
 def existing_parent(path: str) -> str:

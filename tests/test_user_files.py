@@ -185,7 +185,8 @@ def test_fresh_removes_the_runs_files_by_name(tmp_path):
     from memsearcher_jax.run_dir import prepare_output_dir, release_output_dir
 
     run = _marked_run(tmp_path / "run")
-    for name in ("logs/samples.jsonl", "logs/events.out.tfevents.1.vm", "checkpoints/2.orbax-checkpoint-tmp-7/params/x",
+    for name in ("logs/samples.jsonl", "logs/metrics.jsonl.tmp", "logs/wandb/run-1/files/config.yaml",
+                 "logs/events.out.tfevents.1.vm", "checkpoints/2.orbax-checkpoint-tmp-7/params/x",
                  "warmstart/model.safetensors", "warmstart/tokenizer.json", "lora_base/config.json",
                  "best/3/meta/metadata", "learning_curve.png", ".tmp-export-abc/config.json"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
