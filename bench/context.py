@@ -75,6 +75,11 @@ def main(argv=None) -> int:
     from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.rl.grpo import score_trajectories
 
+    ws = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
+    cached = os.path.isfile(os.path.join(ws, "config.json"))
+    if not (args.model or args.checkpoint) and os.path.exists(ws) and not cached:
+        ap.error(f"--out: {ws} exists but holds no cached warm start (config.json); the warm start would write model "
+                 "files there: give another --out")
     cfg = load_config(args.config, overrides)
     cfg.train.output_dir = args.out
     setup = build_setup(cfg)

@@ -19,9 +19,11 @@ import sys
 import time
 
 from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import build_setup
 from memsearcher_jax.jobs import extra_sft, held_out_em, train_job
 from memsearcher_jax.rft import rft_control
+from memsearcher_jax.run_dir import existing_parent
 
 
 def main(argv=None) -> int:
@@ -33,7 +35,52 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/bench_learning", help="parent output directory")
     ap.add_argument("--no-control", action="store_true", help="skip the extra-SFT control")
     ap.add_argument("--no-rft", action="store_true", help="skip the RFT control (rejection-sampling fine-tuning)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start over in OUT/seedN where an earlier run of this bench is (removes what that run "
+                         "wrote there, nothing else); without it such a directory is refused")
     args = ap.parse_args(rest)
+    refused = check_out(args.out, args.seeds, args.fresh)
+    if refused:
+        print(f"bench/learning.py: {refused}", file=sys.stderr)
+        return 2
+    try:
+        rows = run_seeds(args, overrides)
+    except UserInputError as e:  # a config or directory the job refuses: its message, before any work
+        print(f"bench/learning.py: {e}", file=sys.stderr)
+        return 2
+    print("\n| seed | EM after SFT | EM after GRPO | EM after extra SFT (control) | control steps | "
+          "EM after RFT (same rollouts) | GRPO minutes | job minutes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for seed, b, a, c, n, r, gm, m in rows:
+        print(f"| {seed} | {b:.1f} | {a:.1f} | {c:.1f} | {n} | {r:.1f} | {gm:.1f} | {m:.1f} |")
+    if not args.no_rft:
+        print(f"GRPO beats RFT on {sum(r[2] > r[5] for r in rows)} of {len(rows)} seeds")
+    before = sum(r[1] for r in rows) / len(rows)
+    after = sum(r[2] for r in rows) / len(rows)
+    if not args.no_control:
+        beats = sum(r[2] > r[3] for r in rows)
+        print(f"GRPO beats the control on {beats} of {len(rows)} seeds")
+    print(f"held-out EM: before {before:.1f} after {after:.1f} gain {after - before:.1f}")
+    return 0
+
+
+def check_out(out: str, seeds: int, fresh: bool) -> str:
+    """Why --out must not be used (checked before any seed trains), "" when it may: under a file,
+    or holding a seed's directory already without --fresh (its results would be replaced)."""
+    path = os.path.abspath(os.path.expanduser(out))
+    if not os.path.isdir(existing_parent(path)):
+        return f"--out {out}: {existing_parent(path)} is a file, not a directory; give a new directory"
+    used = [os.path.join(path, f"seed{s}") for s in range(seeds)
+            if os.path.isdir(os.path.join(path, f"seed{s}")) and os.listdir(os.path.join(path, f"seed{s}"))]
+    if used and not fresh:
+        return (f"--out {out} already holds {used[0]}: an earlier run's results would be replaced; give a new "
+                "--out, or --fresh to start those seeds over")
+    return ""
+
+
+def run_seeds(args, overrides) -> list[tuple]:
+    """The job and its controls per seed: a row (seed, EM before, after, control, control steps, RFT,
+    GRPO minutes, job minutes) each."""
     rows = []
     for seed in range(args.seeds):
         cfg = load_config(args.config, overrides)
@@ -60,20 +107,7 @@ def main(argv=None) -> int:
                   f"{(got.sample_seconds + got.train_seconds) / 60:.1f} min, held-out EM {100 * rft:.1f}", flush=True)
         rows.append((seed, 100 * summary["em_before"], 100 * summary["em_after"], 100 * control, control_steps,
                      100 * rft, summary["grpo_seconds"] / 60, minutes))
-    print("\n| seed | EM after SFT | EM after GRPO | EM after extra SFT (control) | control steps | "
-          "EM after RFT (same rollouts) | GRPO minutes | job minutes |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for seed, b, a, c, n, r, gm, m in rows:
-        print(f"| {seed} | {b:.1f} | {a:.1f} | {c:.1f} | {n} | {r:.1f} | {gm:.1f} | {m:.1f} |")
-    if not args.no_rft:
-        print(f"GRPO beats RFT on {sum(r[2] > r[5] for r in rows)} of {len(rows)} seeds")
-    before = sum(r[1] for r in rows) / len(rows)
-    after = sum(r[2] for r in rows) / len(rows)
-    if not args.no_control:
-        beats = sum(r[2] > r[3] for r in rows)
-        print(f"GRPO beats the control on {beats} of {len(rows)} seeds")
-    print(f"held-out EM: before {before:.1f} after {after:.1f} gain {after - before:.1f}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -65,8 +65,12 @@ def main(argv=None) -> int:
     except subprocess.CalledProcessError:
         ap.error(f"--baseline {args.baseline!r} is not a commit of {ROOT}")
     out = os.path.abspath(args.out)
-    if os.path.exists(out):
-        ap.error(f"--out {out} exists; give a new directory (this bench never reuses or deletes one)")
+    parent = out
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if os.path.exists(out) or not os.path.isdir(parent):
+        ap.error(f"--out {out} exists (or lies under a file); give a new directory (this bench never reuses or "
+                 "deletes one)")
     current = _git("rev-parse", "HEAD") + ("+changes" if _git("status", "--porcelain", "--untracked-files=no") else "")
     os.makedirs(out)
     work = tempfile.mkdtemp(prefix="main-job-baseline-")

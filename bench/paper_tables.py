@@ -55,6 +55,7 @@ from memsearcher_jax.experiment import (
 from memsearcher_jax.jobs import restore_policy, train_job
 from memsearcher_jax.models import from_pretrained, save_pretrained
 from memsearcher_jax.rft import rft_control
+from memsearcher_jax.run_dir import existing_parent
 
 WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
 OBJECTIVES = (1, 2, 4, 8, 16)
@@ -456,6 +457,11 @@ def provenance(base: ml_collections.ConfigDict, argv, seed: int) -> dict:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, overrides = parse_args(argv)
+    root = os.path.abspath(args.out)
+    if not os.path.isdir(existing_parent(root)):  # before any config is built: a message, not a traceback
+        print(f"paper_tables: --out {args.out}: {existing_parent(root)} is a file, not a directory; give a new or "
+              "empty directory (or this bench's earlier --out)", file=sys.stderr)
+        return 2
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     reports = {}
     for seed in seeds:

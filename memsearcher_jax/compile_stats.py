@@ -87,6 +87,10 @@ def resolve_cache_dir(configured: str | None) -> str:
     """The persistent cache directory: $MEMSEARCHER_JAX_COMPILATION_CACHE if set, else
     `configured` (None: the default); "" (either way) means no persistent cache."""
     path = os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR if configured is None else configured)
+    if path and not path.strip():  # " " would become a directory named " " in the working directory
+        where = f"${CACHE_DIR_ENV}" if CACHE_DIR_ENV in os.environ else "train.compilation_cache_dir"
+        raise ValueError(f"{where}={path!r} is blank: give a directory for the compilation cache, or the empty "
+                             "string to turn it off")
     return os.path.abspath(os.path.expanduser(path)) if path else ""
 
 

@@ -34,7 +34,6 @@ from memsearcher_jax.experiment import (
     evaluate,
     load_policy,
     lora_fields,
-    output_path,
     sampling_mesh,
     validate,
 )
@@ -44,7 +43,18 @@ from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
-from memsearcher_jax.run_dir import check_output_dir, is_same_or_parent, prepare_output_dir
+from memsearcher_jax.run_dir import (
+    check_cache_dir,
+    check_eval_out,
+    check_output_dir,
+    enclosing_run,
+    existing_parent,
+    is_same_or_parent,
+    output_dir_path,
+    prepare_eval_out,
+    prepare_output_dir,
+    release_output_dir,
+)
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 
 
@@ -104,13 +114,14 @@ def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[l
     return name_groups(vocab) + value_groups(vocab)
 
 
-def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str) -> str:
-    """Supervised warm start on scripted demonstrations; cached as a HF model dir in out_dir."""
+def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos: list | None = None) -> str:
+    """Supervised warm start on scripted demonstrations (`demos`, default: flawed_demonstrations);
+    cached as a HF model dir in out_dir."""
     if os.path.exists(os.path.join(out_dir, "config.json")):
         _log(f"warm start: reusing {out_dir}")
         return out_dir
     tied_rows = embedding_row_groups(cfg, setup)
-    demos = flawed_demonstrations(cfg, setup)
+    demos = flawed_demonstrations(cfg, setup) if demos is None else demos
     stats = demo_stats(demos)
     _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
          f"{cfg.sft.steps} SFT steps")
@@ -257,6 +268,17 @@ class RunInterrupted(UserInputError):
     exit_code = 130  # the shell's code for a run ended by SIGINT
 
 
+def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fresh: bool) -> list | None:
+    """The warm start's demonstrations when it will run (sft.steps > 0 and no warm start cached
+    in `out`, or --fresh), made before anything is removed: a demonstrator that cannot answer
+    under this config fails while the earlier run is still there. None: no warm start to run."""
+    cached = os.path.exists(os.path.join(out, "warmstart", "config.json")) and not fresh
+    if cfg.sft.steps <= 0 or cached:
+        return None
+    embedding_row_groups(cfg, setup)  # refuses sft.tie_embedding_rows without a reading vocabulary
+    return flawed_demonstrations(cfg, setup)
+
+
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
@@ -265,17 +287,19 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     check_input_paths(cfg)
     check_fits(cfg)  # before the warm start compiles anything
     check_retriever(cfg)
-    out = output_path(cfg.train.output_dir)
+    out = output_dir_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
-    setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
-    prepare_output_dir(out, fresh=not resume)
+    check_cache_dir(cfg.train.get("compilation_cache_dir", None))
+    setup = build_setup(cfg)
+    demos = warm_start_demos(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
+    prepare_output_dir(out, fresh=not resume)  # every check done: only now touch the disk
     _log(f"output dir {out}")
     cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
     _log(f"compilation cache: {cache_dir or 'off'}")
     _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
     policy = None
     if cfg.sft.steps > 0:
-        ws = warm_start(cfg, setup, os.path.join(out, "warmstart"))
+        ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), demos)
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
     trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None)
@@ -312,6 +336,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     if n_eval:
         print(f"held-out EM: before {100 * summary['em_before']:.1f} after {100 * summary['em_after']:.1f} "
               f"gain {100 * (summary['em_after'] - summary['em_before']):.1f}", flush=True)
+    release_output_dir(out)
     return summary
 
 
@@ -382,12 +407,18 @@ def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
     out_abs = os.path.abspath(os.path.expanduser(out))
     if os.path.exists(out_abs) and not os.path.isdir(out_abs):
         raise UserInputError(f"--out {out} is a file, not a directory: give a new directory")
+    if not os.path.isdir(existing_parent(out_abs)):
+        raise UserInputError(f"--out {out}: {existing_parent(out_abs)} is a file, not a directory: give a new "
+                             "directory")
     run_dir = os.path.abspath(os.path.expanduser(checkpoint))
     if os.path.basename(run_dir.rstrip(os.sep)) in ("checkpoints", "best"):
         run_dir = os.path.dirname(run_dir.rstrip(os.sep))
     if is_same_or_parent(run_dir, out_abs) or is_same_or_parent(out_abs, run_dir):
         raise UserInputError(f"--out {out} is (or holds, or lies inside) the checkpoint directory {checkpoint}: "
                              "give a directory outside the training run")
+    if enclosing_run(out_abs) is not None:  # another run's directory holds only what that run writes
+        raise UserInputError(f"--out {out} lies inside the run directory {enclosing_run(out_abs)} (it has a run "
+                             "marker, .memsearcher-run): give a directory outside any training run")
     if os.path.isdir(out_abs) and os.listdir(out_abs) and not overwrite:
         raise UserInputError(f"--out {out} is not empty (it holds {sorted(os.listdir(out_abs))[0]}, ...): give a "
                              "new directory, or --overwrite to replace only its model files")
@@ -461,6 +492,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     if objectives is not None:
         cfg.world.objectives = objectives
     check_eval_args(cfg, checkpoint, split, limit)
+    check_eval_out(out, checkpoint or model_dir)
     validate(cfg, training=False)
     check_input_paths(cfg)
     check_retriever(cfg)
@@ -509,8 +541,8 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     print(f"peak tokens per question: mean {tokens['peak_tokens']:.1f}, max {tokens['peak_tokens_max']:.0f}; "
           f"tokens processed per question {tokens['tokens_per_question']:.1f}; searches {tokens['searches']:.2f}")
     if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "trajectories.jsonl"), "w", encoding="utf-8") as f:
+        paths = prepare_eval_out(out, checkpoint or model_dir)
+        with open(paths["trajectories.jsonl"], "w", encoding="utf-8") as f:
             for name, t, r in all_trajs:
                 f.write(json.dumps({
                     "benchmark": name, "question": t.question, "golds": t.golds, "answer": r.answer, "em": r.em,
@@ -518,6 +550,6 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                     "context_tokens": t.context_tokens,
                     "conversations": [setup.builder.decode(c.prompt_ids + c.response_ids)
                                       for c in t.conversations]}) + "\n")
-        with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        with open(paths["results.json"], "w", encoding="utf-8") as f:
             json.dump({"benchmarks": rows, "context_by_turn": table, "tokens": tokens}, f, indent=2)
     return {"benchmarks": rows, "context_by_turn": table, "tokens": tokens}

@@ -1,24 +1,49 @@
 """A run's output directory: what a run may write there, and what `--fresh` may remove.
 
 `train` and `pretrain` both resume from their output directory and, with `--fresh`, start over
-there. Starting over removes only the entries that kind of run writes, after refusing (before
-any work) a directory that holds anything else, the working or home directory, or a file.
+there. Before any work a run refuses: an output dir that is a file or blank; a non-empty one that
+no run of its kind marked (`RUN_MARKER`) -- a directory of the user's; one another process is
+running in (`RUN_LOCK`); and for --fresh the working or home directory, or a directory holding
+anything a run of that kind did not write, at the top or inside its own entries (logs/,
+checkpoints/, warmstart/, ...). Starting over then removes those entries by name and nothing else.
+`eval --out` has a marker of its own (`EVAL_MARKER`): it rewrites only a directory it wrote.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shutil
 import time
 
 from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.models.hf_io import TOKENIZER_FILES, is_model_file
 
 RUN_MARKER = ".memsearcher-run"
+# Held (fcntl.flock) by the process running in the directory, for the run's life; holds its pid.
+RUN_LOCK = ".memsearcher-run.lock"
+STAGING_PREFIX = ".tmp-export-"  # hf_io's staging dirs beside warmstart/, lora_base/, base/ (a killed export's)
 # What a training run writes in train.output_dir; `train --fresh` removes these and nothing else.
-RUN_ENTRIES = frozenset({RUN_MARKER, "checkpoints", "best", "logs", "warmstart", "lora_base", "summary.json",
-                         "learning_curve.png"})
+RUN_ENTRIES = frozenset({RUN_MARKER, RUN_LOCK, "checkpoints", "best", "logs", "warmstart", "lora_base",
+                         "summary.json", "learning_curve.png"})
 # What a pretraining run writes there (`base`: its export, when train.export_dir is left empty).
-PRETRAIN_ENTRIES = frozenset({RUN_MARKER, "checkpoints", "logs", "vocab", "base", "summary.json"})
+PRETRAIN_ENTRIES = frozenset({RUN_MARKER, RUN_LOCK, "checkpoints", "logs", "vocab", "base", "summary.json"})
+# `eval --out`: its marker and the two files it writes.
+EVAL_MARKER = ".memsearcher-eval"
+EVAL_FILES = ("results.json", "trajectories.jsonl")
+
+_STEP = re.compile(r"\d+(\.orbax-checkpoint-tmp-\d+)?$")  # checkpoints/<step>, or one orbax is writing
+_ITEMS = ("params", "opt_state", "meta")  # the items a checkpoint step holds (rl/trainer.py, pretrain.py)
+# MetricsWriter's files (a .tmp: a resume's truncation that was killed), TensorBoard's, W&B's folder.
+_LOGS = re.compile(r"(metrics|samples)\.jsonl(\.tmp)?$|events\.out\.tfevents\.|wandb$")
+
+
+def existing_parent(path: str) -> str:
+    """`path` if it exists, else its nearest ancestor that does (a file there: nothing can be made under it)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def is_same_or_parent(path: str, other: str) -> bool:
@@ -27,11 +52,100 @@ def is_same_or_parent(path: str, other: str) -> bool:
     return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
 
 
+def output_dir_path(value: str, key: str = "train.output_dir") -> str:
+    """`value` made absolute (a remote gs://, s3:// path as it is); a blank value is refused: an
+    empty path would be the working directory."""
+    if not str(value).strip():
+        raise UserInputError(f"{key}={value!r} is blank: give the run a directory of its own (e.g. runs/default)")
+    return value if "://" in value else os.path.abspath(os.path.expanduser(value))
+
+
+def check_cache_dir(configured: str | None) -> None:
+    """The persistent compilation cache's directory (compile_stats.resolve_cache_dir): a blank
+    one is refused before any work (it would become a directory named " ")."""
+    from memsearcher_jax.compile_stats import resolve_cache_dir
+
+    try:
+        resolve_cache_dir(configured)
+    except ValueError as e:
+        raise UserInputError(str(e)) from None
+
+
+def _marker_kind(out: str) -> str | None:
+    """The command named by the run marker in `out` ("train", "pretrain"), None when the marker
+    names none (a marker a user made by hand, `touch`)."""
+    try:
+        with open(os.path.join(out, RUN_MARKER), encoding="utf-8") as f:
+            written_by = json.load(f).get("written_by", "")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return written_by.split()[-1] if written_by.startswith("memsearcher-jax ") else None
+
+
+def _allowed_inside(entry: str, name: str, is_dir: bool) -> bool:
+    """Whether `entry/name` is something a run writes there (logs, checkpoint steps, model files)."""
+    if entry in ("checkpoints", "best"):
+        return is_dir and bool(_STEP.match(name))
+    if entry == "logs":
+        return bool(_LOGS.match(name))
+    if entry == "vocab":
+        return not is_dir and name in TOKENIZER_FILES
+    if entry in ("warmstart", "lora_base", "base"):
+        return not is_dir and (is_model_file(name) or name == "base_manifest.json")
+    return False
+
+
+def foreign_entries(out: str, entries: frozenset = RUN_ENTRIES) -> list[str]:
+    """Paths in `out` that no run with these `entries` wrote: at the top, inside its directories
+    (logs/, checkpoints/, warmstart/, ...) and inside each checkpoint step (its items and orbax's
+    own `_`-named and commit files)."""
+    found = []
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if name.startswith(STAGING_PREFIX) and os.path.isdir(path):
+            continue
+        if name not in entries:
+            found.append(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            for inner in sorted(os.listdir(path)):
+                inner_path = os.path.join(path, inner)
+                if not _allowed_inside(name, inner, os.path.isdir(inner_path)):
+                    found.append(inner_path)
+                elif name in ("checkpoints", "best"):
+                    found += [os.path.join(inner_path, item) for item in sorted(os.listdir(inner_path))
+                              if not (item.split(".")[0] in _ITEMS or item.startswith("_")
+                                      or item == "commit_success.txt")]
+        elif name in (RUN_MARKER, RUN_LOCK, "summary.json", "learning_curve.png") and os.path.isdir(path):
+            found.append(path)
+    return found
+
+
+def _refuse_unmarked(out: str, kind: str, fresh: bool) -> None:
+    """A non-empty directory without a run marker of this kind is not this kind of run's: refused."""
+    # The user's own files first in the message: they are what makes the directory theirs.
+    present = sorted(os.listdir(out), key=lambda n: (n in RUN_ENTRIES | PRETRAIN_ENTRIES, n))
+    mine = "train" if kind == "training" else "pretrain"
+    marked = _marker_kind(out) if RUN_MARKER in present else "absent"
+    what = "--fresh with " if fresh else ""
+    if marked == "absent" and present:
+        # A run from before markers has checkpoints; a summary and a plot alone may well be the user's.
+        older = set(present) <= RUN_ENTRIES | PRETRAIN_ENTRIES and os.path.isdir(os.path.join(out, "checkpoints"))
+        raise UserInputError(f"{what}train.output_dir={out} is not empty (it holds {os.path.join(out, present[0])}"
+                             f"{f' and {len(present) - 1} more' if len(present) > 1 else ''}) and has no "
+                             f"{RUN_MARKER} marker, so no memsearcher-jax {kind} run made it; nothing was removed "
+                             "or written. Choose a new or empty train.output_dir"
+                             + (f", or, if it is an older run's directory (from before 2026-11-24), mark it (touch "
+                                f"{os.path.join(out, RUN_MARKER)}) and run again" if older else ""))
+    if marked not in ("absent", None, mine):
+        raise UserInputError(f"{what}train.output_dir={out} is the directory of a `memsearcher-jax {marked}` run, "
+                             f"not of a {kind} run; nothing was removed or written: choose another train.output_dir")
+
+
 def check_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, kind: str = "training") -> None:
-    """Refuse, before any work, an output dir the run cannot write or (fresh) must not clear:
-    a file, an unwritable directory, and for --fresh `/`, the home or working directory (or a
-    parent of them), a directory holding anything a run of this kind did not write there, and one
-    without the marker a run writes first (`RUN_MARKER`)."""
+    """Refuse, before any work, an output dir the run must not write in or (fresh) clear: a file,
+    an unwritable directory, a non-empty directory no run of this kind marked (`RUN_MARKER`);
+    for --fresh also `/`, the home or working directory (or a parent of them) and a directory
+    holding anything a run of this kind did not write there (`foreign_entries`)."""
     if "://" in out:  # gs://, s3://: written through etils.epath; nothing local to check
         if fresh:
             raise UserInputError(f"--fresh with the remote train.output_dir={out}: it is never cleared from here; "
@@ -39,48 +153,148 @@ def check_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, ki
         return
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserInputError(f"train.output_dir={out} is a file, not a directory: choose another train.output_dir")
-    parent = out
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
+    parent = existing_parent(out)
+    if not os.path.isdir(parent):
+        raise UserInputError(f"train.output_dir={out}: {parent} is a file, not a directory; choose another "
+                             "train.output_dir")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserInputError(f"train.output_dir={out}: {parent} is not writable; choose another train.output_dir")
-    if not fresh or not os.path.isdir(out):
+    outer = enclosing_run(os.path.dirname(out))
+    if outer is not None:  # a run's directory holds only what that run writes (its --fresh would refuse)
+        raise UserInputError(f"train.output_dir={out} lies inside the run directory {outer} (it has a {RUN_MARKER} "
+                             "marker): give the run a directory of its own, outside any other run's")
+    if not os.path.isdir(out):
         return
-    for name, where in (("the working directory", os.getcwd()), ("your home directory", os.path.expanduser("~"))):
-        if is_same_or_parent(out, where):
-            raise UserInputError(f"--fresh with train.output_dir={out}: that is {name} (or holds it); --fresh only "
-                                 "clears a run's own directory: give train.output_dir a directory of its own")
-    present = set(os.listdir(out))
-    foreign = sorted(present - entries)
-    if present and not foreign and RUN_MARKER not in present:
-        # Entries with a run's names but no marker: a directory of the user's that happens to
-        # hold a `logs` or `checkpoints` of their own, or a run from before markers (2026-11-24).
-        raise UserInputError(f"--fresh with train.output_dir={out}: it has no {RUN_MARKER} marker, so no "
-                             f"memsearcher-jax {kind} run is known to have made it; nothing was removed. If it is "
-                             f"an older run's directory, mark it (touch {os.path.join(out, RUN_MARKER)}) and "
-                             "run again, or choose another train.output_dir")
+    if fresh:
+        for name, where in (("the working directory", os.getcwd()), ("your home directory", os.path.expanduser("~"))):
+            if is_same_or_parent(out, where):
+                raise UserInputError(f"--fresh with train.output_dir={out}: that is {name} (or holds it); --fresh "
+                                     "only clears a run's own directory: give train.output_dir a directory of its own")
+    foreign = foreign_entries(out, entries) if fresh else []
     if foreign:
-        raise UserInputError(f"--fresh with train.output_dir={out}: it holds {os.path.join(out, foreign[0])}"
+        raise UserInputError(f"--fresh with train.output_dir={out}: it holds {foreign[0]}"
                              f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no {kind} run "
                              "wrote; nothing was removed. Move those files or choose another train.output_dir")
+    _refuse_unmarked(out, kind, fresh)
+
+
+# Locks this process holds, by directory: a second job in the same process (a bench, a test)
+# takes the lock again instead of refusing itself; another process is refused.
+_held: dict[str, int] = {}
+
+
+def lock_output_dir(out: str) -> None:
+    """Hold `out`'s RUN_LOCK for the rest of the process (or until `release_output_dir`); refuse,
+    naming the other process, while another process holds it. Remote directories are not locked
+    (no flock there); on a multi-host job only the first host locks (the others share the run)."""
+    if "://" in out or os.path.realpath(out) in _held:
+        return
+    import jax  # only here: the rest of this module needs no JAX
+
+    if jax.process_index() != 0:
+        return
+    path = os.path.join(out, RUN_LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        other = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserInputError(f"train.output_dir={out} is in use by another memsearcher-jax process (pid {other}): "
+                             "two runs in one directory would mix their checkpoints and logs; wait for it to end "
+                             "or choose another train.output_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held[os.path.realpath(out)] = fd
+
+
+def release_output_dir(out: str) -> None:
+    """Let go of `out`'s lock (the lock file stays: removing it would let two runs lock two files)."""
+    fd = _held.pop(os.path.realpath(out), None) if "://" not in out else None
+    if fd is not None:
+        os.close(fd)
 
 
 def prepare_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, kind: str = "training") -> None:
-    """Create the output dir with its marker; fresh: first remove what an earlier run wrote
-    there (`entries`), after `check_output_dir` has refused anything else."""
+    """Create the output dir with its marker and lock it (`lock_output_dir`); fresh: then remove
+    what an earlier run wrote there (`entries`, except the marker and the lock), after
+    `check_output_dir` has refused anything else (checked again under the lock)."""
     check_output_dir(out, fresh, entries, kind)
     if "://" in out:
         return
-    if fresh and os.path.isdir(out):
-        for name in sorted(set(os.listdir(out)) & entries):
-            path = os.path.join(out, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
     os.makedirs(out, exist_ok=True)
     marker = os.path.join(out, RUN_MARKER)
     if not os.path.exists(marker):
         with open(marker, "w", encoding="utf-8") as f:
             json.dump({"written_by": f"memsearcher-jax {'train' if kind == 'training' else 'pretrain'}",
                        "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=2)
+    lock_output_dir(out)
+    if not fresh:
+        return
+    check_output_dir(out, fresh, entries, kind)  # what another process may have written meanwhile
+    for name in sorted(set(os.listdir(out)) & (entries - {RUN_MARKER, RUN_LOCK})):
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    for name in os.listdir(out):
+        if name.startswith(STAGING_PREFIX):
+            shutil.rmtree(os.path.join(out, name))
+
+
+def enclosing_run(path: str) -> str | None:
+    """The run directory (one holding `RUN_MARKER`) that `path` is or lies inside, if any."""
+    here = os.path.realpath(path)
+    while True:
+        if os.path.isfile(os.path.join(here, RUN_MARKER)):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+
+
+def _source_dir(source: str) -> str:
+    """A --checkpoint's run directory (its checkpoints/ or best/ given: the run above), or a --model dir."""
+    path = os.path.abspath(os.path.expanduser(source)).rstrip(os.sep)
+    return os.path.dirname(path) if os.path.basename(path) in ("checkpoints", "best") else path
+
+
+def check_eval_out(out: str, source: str | None = None) -> None:
+    """Refuse, before any model is loaded, an `eval --out` it must not write in: a file (or a path
+    under one), the evaluated run or model directory or a directory inside a run's, and a non-empty
+    directory an earlier `eval` did not write (no `EVAL_MARKER`): its results.json and
+    trajectories.jsonl are the user's."""
+    if not out:
+        return
+    path = os.path.abspath(os.path.expanduser(out))
+    parent = existing_parent(path)
+    if not os.path.isdir(parent):
+        raise UserInputError(f"--out {out}: {parent} is a file, not a directory; give a new directory")
+    if source and (is_same_or_parent(_source_dir(source), path) or is_same_or_parent(path, _source_dir(source))):
+        raise UserInputError(f"--out {out} is (or holds, or lies inside) the evaluated directory {source}: give a "
+                             "directory of its own")
+    run = enclosing_run(parent)
+    if run is not None:
+        raise UserInputError(f"--out {out} lies inside the run directory {run} (it has a {RUN_MARKER} marker): "
+                             "a run's directory holds only what the run writes; give a directory outside it")
+    if os.path.isdir(path) and os.listdir(path) and not os.path.exists(os.path.join(path, EVAL_MARKER)):
+        held = sorted(os.listdir(path))
+        raise UserInputError(f"--out {out} is not empty (it holds {os.path.join(path, held[0])}"
+                             f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}) and no earlier eval wrote it "
+                             f"(no {EVAL_MARKER} marker); nothing was written. Give a new or empty directory")
+
+
+def prepare_eval_out(out: str, source: str | None = None) -> dict[str, str]:
+    """`check_eval_out` again (the evaluation may have taken hours), then the directory with its
+    marker; returns the paths of the files eval writes there ({name: path})."""
+    check_eval_out(out, source)
+    path = os.path.abspath(os.path.expanduser(out))
+    os.makedirs(path, exist_ok=True)
+    marker = os.path.join(path, EVAL_MARKER)
+    if not os.path.exists(marker):
+        with open(marker, "w", encoding="utf-8") as f:
+            json.dump({"written_by": "memsearcher-jax eval", "files": list(EVAL_FILES),
+                       "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=2)
+    return {name: os.path.join(path, name) for name in EVAL_FILES}

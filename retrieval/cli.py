@@ -72,7 +72,7 @@ def register(subparsers) -> None:
         description="Stream a jsonl corpus into a saved index directory (manifest.json + index + doc store).",
         epilog=_INDEX_EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--corpus", required=True, help="jsonl corpus, one {\"id\", \"contents\"} object per line")
-    p.add_argument("--out", required=True, help="output directory (created; must not already hold an index)")
+    p.add_argument("--out", required=True, help="output directory: new or empty (or an index's, with --overwrite)")
     p.add_argument("--encoder", help="local Hugging Face BERT directory (required unless --index-type bm25; "
                                      "no default)")
     p.add_argument("--index-type", default="flat", choices=(*INDEX_TYPES, "bm25"),
@@ -126,14 +126,47 @@ def register(subparsers) -> None:
     s.set_defaults(func=run_serve)
 
 
+RUN_MARKER = ".memsearcher-run"  # retrieval stands apart: the name, not the module
+
+
+def check_index_out(out: str, overwrite: bool) -> str:
+    """Why `index --out` must not be written (before the corpus is read), "" when it may: a file
+    (or a path under one), a non-empty directory that holds no index (the user's files), or an
+    index without --overwrite. An index's directory holds only what `index` writes there."""
+    path = os.path.abspath(os.path.expanduser(out))
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"--out {out!r}: {parent} is a file, not a directory; give a new directory"
+    here = parent
+    while True:  # a training run's directory (its marker, memsearcher_jax.run_dir.RUN_MARKER) holds only the run's
+        if os.path.isfile(os.path.join(here, RUN_MARKER)):
+            return f"--out {out!r} lies inside the training run directory {here}; give a directory outside it"
+        if os.path.dirname(here) == here:
+            break
+        here = os.path.dirname(here)
+    if not os.path.isdir(path) or not os.listdir(path):
+        return ""
+    if not os.path.exists(os.path.join(path, MANIFEST)):
+        held = sorted(os.listdir(path))
+        return (f"--out {out!r} is not empty and holds no index (it holds {os.path.join(path, held[0])}"
+                f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}); nothing was written. Give a new or "
+                "empty directory")
+    if not overwrite:
+        return f"{out!r} already holds an index; pass --overwrite to replace it"
+    return ""
+
+
 def run_index(args) -> int:
     from retrieval.corpus import CorpusFormatError, ReadStats, read_corpus
 
     if not os.path.isfile(args.corpus):
         print(f"error: corpus file {args.corpus!r} not found", file=sys.stderr)
         return 2
-    if os.path.exists(os.path.join(args.out, MANIFEST)) and not args.overwrite:
-        print(f"error: {args.out!r} already holds an index; pass --overwrite to replace it", file=sys.stderr)
+    refused = check_index_out(args.out, args.overwrite)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
         return 2
     stats = ReadStats()
     passages = read_corpus(args.corpus, skip_bad=args.skip_bad_lines, dedupe=args.dedupe, stats=stats)

@@ -74,7 +74,7 @@ def test_fresh_refuses_the_working_home_and_root_directories(where, tmp_path, ca
 
 
 def test_fresh_removes_only_what_a_run_wrote(tmp_path):
-    from memsearcher_jax.run_dir import RUN_MARKER, check_output_dir, prepare_output_dir
+    from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER, check_output_dir, prepare_output_dir, release_output_dir
 
     out = tmp_path / "run"
     for sub in ("checkpoints/3", "best/2", "logs", "warmstart", "lora_base"):
@@ -82,7 +82,8 @@ def test_fresh_removes_only_what_a_run_wrote(tmp_path):
     for name in ("summary.json", "learning_curve.png", RUN_MARKER, "logs/metrics.jsonl"):
         (out / name).write_text("{}")
     prepare_output_dir(str(out), fresh=True)
-    assert sorted(os.listdir(out)) == [RUN_MARKER]  # a new marker, everything else gone
+    release_output_dir(str(out))
+    assert sorted(os.listdir(out)) == [RUN_MARKER, RUN_LOCK]  # the marker and the lock, everything else gone
     (out / "mine.txt").write_text("x")
     with pytest.raises(ValueError, match="mine.txt"):
         check_output_dir(str(out), fresh=True)
@@ -93,19 +94,20 @@ def test_fresh_removes_only_what_a_run_wrote(tmp_path):
 def test_fresh_needs_the_run_marker_before_removing_anything(tmp_path):
     """Names alone do not make a run's directory: a user's `logs` and `checkpoints` without the
     marker stay; an empty directory and a marked one are fine."""
-    from memsearcher_jax.run_dir import RUN_MARKER, check_output_dir, prepare_output_dir
+    from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER, check_output_dir, prepare_output_dir, release_output_dir
 
     out = tmp_path / "mine"
     (out / "logs").mkdir(parents=True)
     (out / "checkpoints").mkdir()
-    (out / "logs" / "diary.txt").write_text("x")
+    (out / "logs" / "metrics.jsonl").write_text("x")
     with pytest.raises(ValueError, match=RUN_MARKER) as err:
         prepare_output_dir(str(out), fresh=True)
     assert "nothing was removed" in str(err.value)
-    assert (out / "logs" / "diary.txt").read_text() == "x"
-    (out / RUN_MARKER).write_text("{}")      # an older run's directory, marked by its owner
+    assert (out / "logs" / "metrics.jsonl").read_text() == "x"
+    (out / RUN_MARKER).write_text("")      # an older run's directory, marked by its owner (touch)
     prepare_output_dir(str(out), fresh=True)
-    assert sorted(os.listdir(out)) == [RUN_MARKER]
+    release_output_dir(str(out))
+    assert sorted(os.listdir(out)) == [RUN_MARKER, RUN_LOCK]
     empty = tmp_path / "empty"
     empty.mkdir()
     check_output_dir(str(empty), fresh=True)

@@ -871,6 +871,7 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     from memsearcher_jax.errors import UserInputError
     from memsearcher_jax.experiment import TrainConfigError
     from memsearcher_jax.pretrain import run as pretrain
+    from memsearcher_jax.run_dir import RUN_MARKER
 
     monkeypatch.setattr(pretrain, "init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
@@ -881,6 +882,10 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     with pytest.raises(UserInputError, match=r"notes\.txt.*no pretraining run wrote"):
         pretrain.run_pretrain(cfg, resume=False)
     assert (run / "notes.txt").exists() and (run / "checkpoints" / "100").is_dir()
+    with pytest.raises(UserInputError, match=r"notes\.txt.*no .memsearcher-run marker"):  # resuming there too
+        pretrain.run_pretrain(cfg)
+    (run / "notes.txt").unlink()
+    (run / RUN_MARKER).write_text("")  # a pretraining run's directory from here on
 
     mine = tmp_path / "my_models"
     mine.mkdir()

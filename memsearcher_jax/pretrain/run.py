@@ -45,7 +45,14 @@ from memsearcher_jax.pretrain.probes import (
 )
 from memsearcher_jax.rl.sft import SFTTrainer
 from memsearcher_jax.rl.trainer import MetricsWriter
-from memsearcher_jax.run_dir import PRETRAIN_ENTRIES, check_output_dir, prepare_output_dir
+from memsearcher_jax.run_dir import (
+    PRETRAIN_ENTRIES,
+    check_cache_dir,
+    check_output_dir,
+    output_dir_path,
+    prepare_output_dir,
+    release_output_dir,
+)
 
 
 def _log(msg: str):
@@ -97,10 +104,11 @@ def _prepare_run(cfg: ml_collections.ConfigDict, resume: bool) -> tuple[str, str
     the persistent compilation cache (every rows x width x loss-slot shape is a program: a
     resumed run loads them instead of compiling)."""
     t = cfg.train
-    out = os.path.abspath(os.path.expanduser(t.output_dir))
+    out = output_dir_path(t.output_dir)
     export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
     check_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
     check_base_export_dir(export_dir, out)
+    check_cache_dir(t.get("compilation_cache_dir", None))
     if resume:
         check_vocab_settings(os.path.join(out, "vocab"), cfg)
     prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
@@ -123,7 +131,7 @@ def checkpoint_model(cfg: ml_collections.ConfigDict, step: int = 0) -> tuple[int
     train.output_dir. Reads the params and nothing else, and writes nothing, so the run may still
     be training."""
     validate_pretrain(cfg)
-    out = os.path.abspath(os.path.expanduser(cfg.train.output_dir))
+    out = output_dir_path(cfg.train.output_dir)
     vocab_dir, ckpt_dir = os.path.join(out, "vocab"), os.path.join(out, "checkpoints")
     # Finished checkpoints only: orbax writes a step under a temporary name and renames it when done.
     steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
@@ -215,4 +223,5 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     _log(f"final probe on reserved names: {100 * final['accuracy']:.1f}% over 2/8/16 passages "
          f"(worst relation {100 * final['worst_relation']:.1f}%), multi-objective "
          f"{100 * final['multi']['accuracy']:.1f}%; base written to {export_dir}")
+    release_output_dir(out)
     return summary

@@ -1,0 +1,442 @@
+"""What the tool will not do to your files (issue 56): `train`, `pretrain`, `eval`, `export-hf`,
+`index` and the benches' `--out`, pointed at a directory of the user's own files, at a file, at a
+run's directory, run twice at once. Each command is run as a user would (`main(argv)`); where the
+refusal must come before any work, the first expensive step is replaced by one that fails the
+test if it is reached."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from memsearcher_jax import jobs
+from memsearcher_jax.bases import DEFAULT_BASE
+from memsearcher_jax.cli import main
+from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+BASE_V8 = os.path.join(ROOT, "configs", "base_v8.py")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _files(root) -> dict:
+    """Every file under root with its contents, and every directory (what must survive)."""
+    found = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs:
+            found[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = b""
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                found[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
+    return found
+
+
+def _no_work(monkeypatch):
+    """The first expensive step of train and eval fails the test: refusals must come before it."""
+    def started(*a, **k):
+        raise AssertionError("the job started working before refusing")
+    monkeypatch.setattr(jobs, "build_setup", started)
+
+
+def _tiny(tmp_path) -> list[str]:
+    from tests.test_train_step import SMALL
+
+    return [f"--config.{k}={v}" for k, v in SMALL + [("world.cache_dir", str(tmp_path / "worlds"))]]
+
+
+def _users_dir(path):
+    """A directory of the user's own: a summary and a plot with a run's names, and notes."""
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({"em_before": 0.9}))
+    (path / "learning_curve.png").write_bytes(b"\x89PNG my plot")
+    (path / "notes.md").write_text("mine")
+    return path
+
+
+def _marked_run(path, kind="train"):
+    """A run's directory as `train` leaves it (marker, logs, warm start, a checkpoint step)."""
+    (path / "logs").mkdir(parents=True)
+    (path / RUN_MARKER).write_text(json.dumps({"written_by": f"memsearcher-jax {kind}"}))
+    (path / "logs" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (path / "warmstart").mkdir()
+    (path / "warmstart" / "config.json").write_text("{}")
+    (path / "checkpoints" / "1" / "params").mkdir(parents=True)
+    (path / "checkpoints" / "1" / "_CHECKPOINT_METADATA").write_text("{}")
+    (path / "summary.json").write_text(json.dumps({"em_before": 0.5}))
+    return path
+
+
+# ----------------------------------------------------------------------------- 1: train / pretrain into your directory
+
+def test_train_refuses_a_directory_of_your_own_files(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    mine = _users_dir(tmp_path / "mine")
+    before = _files(mine)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={mine}")
+    assert code == 2, msg
+    assert f"train.output_dir={mine} is not empty" in msg and RUN_MARKER in msg and "notes.md" in msg
+    assert "Traceback" not in msg and _files(mine) == before
+    (mine / "notes.md").unlink()  # a summary and a plot alone: still yours, and no hint to mark it as a run's
+    before = _files(mine)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={mine}")
+    assert code == 2 and "is not empty" in msg and "touch" not in msg, msg
+    assert "Traceback" not in msg and _files(mine) == before
+
+
+def test_train_names_how_to_mark_a_run_directory_from_before_markers(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    old = _marked_run(tmp_path / "old")
+    (old / RUN_MARKER).unlink()
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={old}")
+    assert code == 2 and f"touch {old / RUN_MARKER}" in msg, msg
+
+
+def test_train_refuses_a_pretraining_runs_directory(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    run = _marked_run(tmp_path / "base_run", kind="pretrain")
+    before = _files(run)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={run}")
+    assert code == 2 and "memsearcher-jax pretrain` run" in msg, msg
+    assert _files(run) == before
+
+
+def test_pretrain_refuses_a_directory_of_your_own_files(tmp_path, capsys, monkeypatch):
+    from memsearcher_jax.pretrain import run as pretrain
+
+    monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    mine = _users_dir(tmp_path / "mine")
+    before = _files(mine)
+    code, msg = _run(capsys, "pretrain", "--config", BASE_V8, f"--config.train.output_dir={mine}")
+    assert code == 2 and "is not empty" in msg and "pretraining run" in msg, msg
+    assert _files(mine) == before
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_a_blank_output_dir_is_refused_not_the_working_directory(value, tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={value}")
+    assert code == 2 and "train.output_dir=" in msg and "blank" in msg, msg
+    assert os.listdir(work) == []
+
+
+def test_a_blank_compilation_cache_is_refused(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMSEARCHER_JAX_COMPILATION_CACHE", " ")
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path),
+                     f"--config.train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "MEMSEARCHER_JAX_COMPILATION_CACHE=' ' is blank" in msg, msg
+    assert not (tmp_path / " ").exists() and not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- 3: --fresh removes only the run's own
+
+@pytest.mark.parametrize("foreign", ["logs/my_analysis.ipynb", "warmstart/mynotes/", "checkpoints/notes.txt",
+                                     "checkpoints/1/my_eval.json", "best/", "mine.txt"])
+def test_fresh_refuses_a_foreign_file_inside_the_runs_own_directories(foreign, tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    run = _marked_run(tmp_path / "run")
+    if foreign == "best/":  # best/ holds checkpoint steps only
+        (run / "best").mkdir()
+        foreign = "best/latest.txt"
+    path = run / foreign.rstrip("/")
+    if foreign.endswith("/"):
+        path.mkdir(parents=True)
+        (path / "a.txt").write_text("mine")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("mine")
+    before = _files(run)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={run}",
+                     "--fresh")
+    assert code == 2 and str(path) in msg and "nothing was removed" in msg, msg
+    assert _files(run) == before
+
+
+def test_fresh_removes_nothing_when_the_job_fails_before_its_first_step(tmp_path, monkeypatch):
+    """The demonstrator that cannot answer under a config (world.objectives=9 with the default
+    turns) fails before the earlier run is removed, not after."""
+    def fails(*a, **k):
+        raise RuntimeError("row 0: script did not answer within 4 turns")
+    monkeypatch.setattr(jobs, "flawed_demonstrations", fails)
+    run = _marked_run(tmp_path / "run")
+    before = _files(run)
+    with pytest.raises(RuntimeError, match="did not answer"):
+        main(["train", "--config", DEFAULT, *_tiny(tmp_path), "--config.sft.steps=2",
+              f"--config.train.output_dir={run}", "--fresh"])
+    assert _files(run) == before
+
+
+def test_fresh_removes_the_runs_files_by_name(tmp_path):
+    from memsearcher_jax.run_dir import prepare_output_dir, release_output_dir
+
+    run = _marked_run(tmp_path / "run")
+    for name in ("logs/samples.jsonl", "logs/metrics.jsonl.tmp", "logs/wandb/run-1/files/config.yaml",
+                 "logs/events.out.tfevents.1.vm", "checkpoints/2.orbax-checkpoint-tmp-7/params/x",
+                 "warmstart/model.safetensors", "warmstart/tokenizer.json", "lora_base/config.json",
+                 "best/3/meta/metadata", "learning_curve.png", ".tmp-export-abc/config.json"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("run's")
+    prepare_output_dir(str(run), fresh=True)
+    release_output_dir(str(run))
+    assert sorted(os.listdir(run)) == [RUN_MARKER, RUN_LOCK]
+
+
+# ----------------------------------------------------------------------------- 5: one process per run directory
+
+def _hold_lock(directory) -> subprocess.Popen:
+    """Another process holding `directory`'s run lock (as a running train does), until killed."""
+    code = ("import fcntl, os, sys, time\n"
+            f"fd = os.open({str(directory / RUN_LOCK)!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "os.write(fd, str(os.getpid()).encode())\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_train_in_a_running_runs_directory_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_MARKER).write_text(json.dumps({"written_by": "memsearcher-jax train"}))
+    other = _hold_lock(run)
+    try:
+        code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={run}",
+                         "--config.train.steps=1")
+    finally:
+        other.kill()
+        other.wait()
+    assert code == 2, msg
+    assert f"train.output_dir={run} is in use" in msg and f"pid {other.pid}" in msg
+    assert sorted(os.listdir(run)) == [RUN_MARKER, RUN_LOCK]  # nothing written: no log, no checkpoint
+
+
+def test_a_second_pretrain_in_a_running_runs_directory_is_refused(tmp_path, capsys, monkeypatch):
+    from memsearcher_jax.pretrain import run as pretrain
+
+    monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_MARKER).write_text(json.dumps({"written_by": "memsearcher-jax pretrain"}))
+    other = _hold_lock(run)
+    try:
+        code, msg = _run(capsys, "pretrain", "--config", BASE_V8, f"--config.train.output_dir={run}")
+    finally:
+        other.kill()
+        other.wait()
+    assert code == 2 and f"pid {other.pid}" in msg, msg
+
+
+def test_the_lock_is_held_until_released_and_then_free(tmp_path):
+    from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lock_output_dir(str(run))
+    lock_output_dir(str(run))  # the same process again (a bench's next job): no refusal
+    probe = ("import sys; from memsearcher_jax.run_dir import lock_output_dir\n"
+             f"lock_output_dir({str(run)!r})\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    held = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert held.returncode != 0 and f"pid {os.getpid()}" in held.stderr
+    release_output_dir(str(run))
+    free = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert free.returncode == 0, free.stderr
+
+
+# ----------------------------------------------------------------------------- 2: eval --out
+
+def test_eval_out_refuses_your_results_before_any_work(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.json").write_text('{"mine": 1}')
+    (mine / "trajectories.jsonl").write_text("mine\n")
+    before = _files(mine)
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE, "--out", str(mine))
+    assert code == 2 and f"--out {mine} is not empty" in msg and "results.json" in msg, msg
+    assert _files(mine) == before
+
+
+def test_eval_out_a_file_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    afile = tmp_path / "out.json"
+    afile.write_text("mine")
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE, "--out", str(afile))
+    assert code == 2 and "is a file" in msg, msg
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE, "--out", str(afile / "sub"))
+    assert code == 2 and "is a file" in msg, msg
+    assert afile.read_text() == "mine"
+
+
+def test_eval_out_inside_a_run_or_the_model_is_refused(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    run = _marked_run(tmp_path / "run")
+    before = _files(run)
+    for out in (run / "checkpoints" / "1", run / "eval"):
+        code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE, "--out", str(out))
+        assert code == 2 and f"inside the run directory {run}" in msg, msg
+    assert _files(run) == before
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE, "--out",
+                     os.path.join(DEFAULT_BASE, "eval"))
+    assert code == 2 and "the evaluated directory" in msg, msg
+    assert not os.path.exists(os.path.join(DEFAULT_BASE, "eval"))
+
+
+def test_eval_out_rewrites_only_an_earlier_evals_files(tmp_path):
+    from memsearcher_jax.run_dir import EVAL_MARKER, check_eval_out, prepare_eval_out
+
+    out = tmp_path / "eval"
+    paths = prepare_eval_out(str(out))
+    assert sorted(os.listdir(out)) == [EVAL_MARKER] and set(paths) == {"results.json", "trajectories.jsonl"}
+    (out / "results.json").write_text("{}")
+    (out / "my_notes.md").write_text("mine")
+    check_eval_out(str(out))  # an earlier eval's directory: its two files may be replaced
+    (out / EVAL_MARKER).unlink()
+    with pytest.raises(ValueError, match="no earlier eval wrote it"):
+        check_eval_out(str(out))
+
+
+# ----------------------------------------------------------------------------- export-hf, index, benches
+
+def test_export_out_inside_another_run_is_refused(tmp_path, capsys):
+    run = _marked_run(tmp_path / "other_run")
+    before = _files(run)
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(tmp_path / "some_run"), "--out", str(run / "hf"))
+    assert code == 2 and f"inside the run directory {run}" in msg, msg
+    assert _files(run) == before
+
+
+def _corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f"Title {i}\npassage {i} about things"}) + "\n"
+                            for i in range(5)))
+    return str(path)
+
+
+def test_index_out_refuses_your_directory_and_a_file(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "docs.jsonl").write_text("my documents")
+    before = _files(mine)
+    code, msg = _run(capsys, "index", "--corpus", _corpus(tmp_path), "--out", str(mine), "--index-type", "bm25")
+    assert code == 2 and "holds no index" in msg and "docs.jsonl" in msg, msg
+    assert _files(mine) == before
+    code, msg = _run(capsys, "index", "--corpus", _corpus(tmp_path), "--out", str(mine / "docs.jsonl"),
+                     "--index-type", "bm25")
+    assert code == 2 and "is a file" in msg, msg
+    assert _files(mine) == before
+    code, msg = _run(capsys, "index", "--corpus", _corpus(tmp_path), "--out", str(tmp_path / "idx"),
+                     "--index-type", "bm25")
+    assert code == 0, msg
+    code, msg = _run(capsys, "index", "--corpus", _corpus(tmp_path), "--out", str(tmp_path / "idx"),
+                     "--index-type", "bm25", "--overwrite")
+    assert code == 0, msg
+
+
+def test_paper_tables_out_a_file_is_a_message(tmp_path, capsys):
+    import paper_tables
+
+    afile = tmp_path / "tables"
+    afile.write_text("mine")
+    assert paper_tables.main(["--workflows", "react", "--out", str(afile)]) == 2
+    assert "is a file" in capsys.readouterr().err and afile.read_text() == "mine"
+
+
+def test_learning_bench_refuses_a_file_and_an_earlier_runs_seed(tmp_path, capsys, monkeypatch):
+    import learning
+
+    monkeypatch.setattr(learning, "train_job", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    afile = tmp_path / "bench"
+    afile.write_text("mine")
+    assert learning.main(["--seeds", "1", "--out", str(afile)]) == 2
+    assert "is a file" in capsys.readouterr().err and afile.read_text() == "mine"
+    earlier = tmp_path / "earlier"
+    _marked_run(earlier / "seed0")
+    before = _files(earlier)
+    assert learning.main(["--seeds", "2", "--out", str(earlier)]) == 2
+    err = capsys.readouterr().err
+    assert f"already holds {earlier / 'seed0'}" in err and "--fresh" in err
+    assert _files(earlier) == before
+
+
+def test_main_job_bench_refuses_an_out_under_a_file(tmp_path, capsys):
+    import main_job
+
+    afile = tmp_path / "f"
+    afile.write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        main_job.main(["--baseline", "HEAD", "--out", str(afile / "sub")])
+    assert e.value.code == 2 and "lies under a file" in capsys.readouterr().err
+
+
+def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
+    from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = _hold_lock(run)
+    proc.kill()
+    proc.wait()
+    time.sleep(0.1)
+    lock_output_dir(str(run))  # the file is left, the lock went with its process
+    assert (run / RUN_LOCK).read_text() == str(os.getpid())
+    release_output_dir(str(run))
+
+
+def test_train_refuses_an_output_dir_inside_another_run(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    run = _marked_run(tmp_path / "run")
+    before = _files(run)
+    inner = run / "checkpoints" / "1" / "again"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, *_tiny(tmp_path), f"--config.train.output_dir={inner}")
+    assert code == 2 and f"lies inside the run directory {run}" in msg, msg
+    assert _files(run) == before
+
+
+def test_export_out_under_a_file_is_refused_before_the_checkpoint_is_read(tmp_path, capsys):
+    afile = tmp_path / "f"
+    afile.write_text("mine")
+    code, msg = _run(capsys, "export-hf", "--checkpoint", str(tmp_path / "no_run"), "--out", str(afile / "hf"))
+    assert code == 2 and f"{afile} is a file" in msg, msg
+    assert afile.read_text() == "mine"
+
+
+def test_index_out_inside_a_run_is_refused(tmp_path, capsys):
+    from retrieval import cli as retrieval_cli
+
+    assert retrieval_cli.RUN_MARKER == RUN_MARKER
+    run = _marked_run(tmp_path / "run")
+    before = _files(run)
+    code, msg = _run(capsys, "index", "--corpus", _corpus(tmp_path), "--out", str(run / "checkpoints" / "idx"),
+                     "--index-type", "bm25")
+    assert code == 2 and f"inside the training run directory {run}" in msg, msg
+    assert _files(run) == before
+
+
+def test_context_bench_refuses_a_warm_start_dir_it_did_not_cache(tmp_path, capsys):
+    import context
+
+    ws = tmp_path / "out" / "warmstart_react0.5"
+    ws.mkdir(parents=True)
+    (ws / "tokenizer.json").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        context.main(["--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and "holds no cached warm start" in capsys.readouterr().err
+    assert (ws / "tokenizer.json").read_text() == "mine"
