@@ -165,16 +165,19 @@ def check_retriever(cfg: ml_collections.ConfigDict) -> None:
             retriever.check_reachable()
 
 
-def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
-    """The local files and directories the config names exist (before any world or model is built)."""
+def check_input_paths(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """The local files and directories the job reads exist (before any world or model is built).
+    Evaluation (training=False) never reads data.train_path, so it is not asked for."""
     wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
     if not cfg.world.enabled:
-        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)]
+        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
+        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
     if cfg.retrieval.kind == "index":
         wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
     for key, value, exists in wanted:
         if value and "://" not in value and not exists(os.path.expanduser(value)):
-            raise UserInputError(f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file'}")
+            what = "directory" if exists is os.path.isdir else "file or directory"
+            raise UserInputError(f"{key}={value}: no such {what}")
 
 
 def compile_summary(what: str, count: compile_stats.CompileCount, history: list[dict] | None = None) -> str:
@@ -442,7 +445,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         cfg.world.objectives = objectives
     check_eval_args(cfg, checkpoint, split, limit)
     validate(cfg, training=False)
-    check_input_paths(cfg)
+    check_input_paths(cfg, training=False)
     check_retriever(cfg)
     setup = build_setup(cfg, training=False)
     if model_dir:

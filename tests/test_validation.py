@@ -1,0 +1,79 @@
+"""Validation (issue 56): bad input is refused with one line naming it (exit 2) before any work,
+and good input is accepted.
+
+Each test runs the CLI as a user would (`main(argv)`, in process) and asserts the exit status
+and the message, or that the job ran."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from memsearcher_jax.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+RECIPE = os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _write_jsonl(path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- item 0: eval with the recipe
+
+@pytest.fixture(scope="module")
+def tiny_real_data(tmp_path_factory):
+    """A tiny Qwen2 model directory with the Qwen tokenizer, a bamboogle set of two questions and
+    a BM25 index over four passages: what `eval` with the recipe config reads."""
+    from flax import nnx
+
+    from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
+    from tests.assets import qwen_tokenizer_dir
+
+    d = tmp_path_factory.mktemp("real")
+    mc = ModelConfig(vocab_size=151_680, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                     num_kv_heads=1, head_dim=16)
+    save_pretrained(Qwen2(mc, rngs=nnx.Rngs(0)), str(d / "model"), tokenizer_dir=qwen_tokenizer_dir())
+    _write_jsonl(d / "data" / "bamboogle" / "test.jsonl",
+                 [{"id": str(i), "question": f"Who wrote book {i}?", "golden_answers": [f"author {i}"]}
+                  for i in range(2)])
+    _write_jsonl(d / "corpus.jsonl", [{"id": str(i), "contents": f"Book {i}\nBook {i} was written by author {i}."}
+                                      for i in range(4)])
+    assert main(["index", "--corpus", str(d / "corpus.jsonl"), "--out", str(d / "idx"), "--index-type", "bm25"]) == 0
+    return d
+
+
+def test_eval_with_the_recipe_config_does_not_ask_for_its_training_data(tiny_real_data, tmp_path, capsys,
+                                                                        monkeypatch):
+    """The recipe names data.train_path=data/nq_hotpotqa_train, which evaluation never reads: it
+    was refused ('no such file') although every path eval reads was there."""
+    d = tiny_real_data
+    monkeypatch.chdir(tmp_path)  # no data/nq_hotpotqa_train here
+    code, msg = _run(capsys, "eval", "--config", RECIPE, "--model", str(d / "model"), "--split", "bamboogle",
+                     "--config.world.enabled=false", f"--config.data.eval_path={d / 'data'}",
+                     "--config.retrieval.kind=index", f"--config.retrieval.index_dir={d / 'idx'}",
+                     "--config.agent.max_new_tokens=4", "--config.agent.eval_max_turns=2", "--limit", "1")
+    assert code == 0, msg
+    assert "data.train_path" not in msg
+    assert any(line.split()[:2] == ["bamboogle", "1"] for line in msg.splitlines()), msg
+    # the paths eval does read are still checked, before any model is loaded
+    code, msg = _run(capsys, "eval", "--config", RECIPE, "--model", str(d / "model"), "--split", "bamboogle",
+                     "--config.world.enabled=false", f"--config.data.eval_path={tmp_path / 'nope'}",
+                     "--config.retrieval.kind=index", f"--config.retrieval.index_dir={d / 'idx'}")
+    assert code == 2 and f"data.eval_path={tmp_path / 'nope'}: no such file or directory" in msg, msg
+    # and training still asks for its data
+    code, msg = _run(capsys, "train", "--config", RECIPE, f"--config.model.source={d / 'model'}",
+                     f"--config.data.eval_path={d / 'data'}", f"--config.train.output_dir={tmp_path / 'run'}",
+                     "--config.retrieval.kind=index", f"--config.retrieval.index_dir={d / 'idx'}")
+    assert code == 2 and "data.train_path=data/nq_hotpotqa_train: no such file" in msg, msg
+    assert not (tmp_path / "run").exists()
