@@ -250,7 +250,9 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     check_retriever(cfg)
     out = output_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
-    setup = build_setup(cfg)  # the last step that can refuse the config: only then touch the disk
+    setup = build_setup(cfg)  # the last steps that can refuse the config: only then touch the disk
+    if cfg.model.source != "init":
+        check_same_tokenizer(os.path.expanduser(cfg.model.source), setup, key="model.source")
     prepare_output_dir(out, fresh=not resume)
     _log(f"output dir {out}")
     cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
@@ -412,16 +414,18 @@ def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, spli
         _checkpoint_manager(checkpoint)  # FileNotFoundError naming it
 
 
-def check_same_tokenizer(model_dir: str, setup: Setup) -> None:
-    """A synthetic-world evaluation of --model must read with the model's own tokenizer: a model
-    directory without its base's reading_vocab.json makes the world build another vocabulary."""
+def check_same_tokenizer(model_dir: str, setup: Setup, key: str = "--model") -> None:
+    """A synthetic-world job (evaluation of --model, training from model.source: `key`) must read
+    with the model's own tokenizer: a model directory without its base's reading_vocab.json makes
+    the world build another vocabulary (and another world)."""
     mine, used = os.path.join(model_dir, "tokenizer.json"), os.path.join(setup.tokenizer_dir, "tokenizer.json")
     if setup.world is None or not os.path.isfile(mine) or os.path.abspath(mine) == os.path.abspath(used):
         return
     with open(mine, "rb") as a, open(used, "rb") as b:
         if a.read() == b.read():
             return
-    raise TrainConfigError(f"--model {model_dir}: its tokenizer.json differs from the synthetic world's "
+    named = f"{key} {model_dir}" if key.startswith("--") else f"{key}={model_dir}"
+    raise TrainConfigError(f"{named}: its tokenizer.json differs from the synthetic world's "
                            f"({used}), so its answers would be read with another vocabulary. "
                            + ("" if os.path.isfile(os.path.join(model_dir, "reading_vocab.json")) else
                               f"{model_dir} has no reading_vocab.json: copy it from the base the model was "

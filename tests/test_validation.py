@@ -77,3 +77,23 @@ def test_eval_with_the_recipe_config_does_not_ask_for_its_training_data(tiny_rea
                      "--config.retrieval.kind=index", f"--config.retrieval.index_dir={d / 'idx'}")
     assert code == 2 and "data.train_path=data/nq_hotpotqa_train: no such file" in msg, msg
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- item 6: train and eval agree
+
+def test_train_from_a_model_without_its_reading_vocab_is_refused_as_eval_refuses_it(tmp_path, capsys):
+    """Without reading_vocab.json the synthetic world builds another tokenizer and other questions
+    (655/171 instead of 643/180): `eval` refused that model; `train` trained on it. Both refuse now,
+    naming the file, before the output directory is made."""
+    import shutil
+
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_BASE, model, ignore=shutil.ignore_patterns("reading_vocab.json"))
+    out = tmp_path / "run"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.model.source={model}",
+                     f"--config.train.output_dir={out}", f"--config.world.cache_dir={tmp_path / 'worlds'}",
+                     "--config.sft.steps=0", "--config.train.steps=0", "--config.train.eval_questions=0")
+    assert code == 2 and f"model.source={model}" in msg and f"{model} has no reading_vocab.json" in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and not out.exists()
