@@ -45,6 +45,7 @@ from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import check_output_dir, is_same_or_parent, prepare_output_dir
 from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.validation import episode_problems, refuse
 
 
 def _log(msg: str):
@@ -253,6 +254,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     setup = build_setup(cfg)  # the last steps that can refuse the config: only then touch the disk
     if cfg.model.source != "init":
         check_same_tokenizer(os.path.expanduser(cfg.model.source), setup, key="model.source")
+    refuse(episode_problems(cfg, setup))
     prepare_output_dir(out, fresh=not resume)
     _log(f"output dir {out}")
     cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
@@ -454,6 +456,8 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     setup = build_setup(cfg, training=False)
     if model_dir:
         check_same_tokenizer(model_dir, setup)
+    refuse(episode_problems(cfg, setup, training=False, workflow=workflow), "evaluation config")
+    if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:
         policy, _ = restore_policy(checkpoint)

@@ -97,3 +97,46 @@ def test_train_from_a_model_without_its_reading_vocab_is_refused_as_eval_refuses
                      "--config.sft.steps=0", "--config.train.steps=0", "--config.train.eval_questions=0")
     assert code == 2 and f"model.source={model}" in msg and f"{model} has no reading_vocab.json" in msg, msg
     assert len(msg.strip().splitlines()) == 1 and not out.exists()
+
+
+# ----------------------------------------------------------------------------- item 7 and the objectives traceback
+
+def test_objectives_the_turns_or_the_context_cannot_hold_are_named_before_any_work(tmp_path, capsys):
+    """world.objectives=9 with the default turns: a RuntimeError from the demonstrator (32 lines)
+    after the output dir was made. world.objectives=100 with sft.steps=0: 166 s of training on
+    prompts of >1024 tokens, every response 1 token, exit 0. Both are one line now, exit 2, and
+    the output dir is not made."""
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    out, worlds = tmp_path / "run", f"--config.world.cache_dir={tmp_path / 'worlds'}"
+    common = ("train", "--config", DEFAULT, f"--config.train.output_dir={out}", worlds,
+              "--config.train.steps=0", "--config.train.eval_questions=0")
+    code, msg = _run(capsys, *common, "--config.world.objectives=9")
+    assert code == 2 and "agent.max_turns=4" in msg and "need up to 18 turns" in msg, msg
+    assert "Traceback" not in msg and len(msg.strip().splitlines()) == 1 and not out.exists()
+    code, msg = _run(capsys, *common, "--config.world.objectives=100", "--config.sft.steps=0")
+    assert code == 2 and "agent.max_context_tokens=1024" in msg and "first prompt is" in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and not out.exists()
+    code, msg = _run(capsys, "eval", "--config", DEFAULT, "--model", DEFAULT_BASE, "--objectives", "100", worlds)
+    assert code == 2 and "invalid evaluation config: agent.max_context_tokens=1024" in msg, msg
+
+
+def test_episode_checks_accept_what_fits(tmp_path):
+    """The same checks pass when the turns are raised to what they name, and on the default config;
+    the prompt they measure is the one the turn loop builds (system, question, empty memory)."""
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import agent_config, build_setup
+    from memsearcher_jax.validation import episode_problems, first_prompt_tokens
+
+    worlds = ("world.cache_dir", str(tmp_path / "worlds"))
+    cfg = load_config(DEFAULT, [worlds, ("world.objectives", "9")])
+    setup = build_setup(cfg)
+    assert [p.split(":")[0] for p in episode_problems(cfg, setup)] == ["agent.max_turns=4"]
+    cfg.agent.max_turns = 18
+    assert episode_problems(cfg, setup) == [] and episode_problems(cfg, setup, training=False) == []
+    default = load_config(DEFAULT, [worlds])
+    default_setup = build_setup(default)
+    assert episode_problems(default, default_setup) == []
+    q = default_setup.train_questions[0]["question"]
+    assert first_prompt_tokens(default_setup, agent_config(default), q) == \
+        len(default_setup.builder.memsearcher_context(q, ""))

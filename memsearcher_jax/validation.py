@@ -1,0 +1,88 @@
+"""Checks of a config against its built set-up (the tokenizer and the questions): what the config
+alone cannot tell, refused before any model is loaded, any warm start runs or the output
+directory is made.
+
+    episode_problems(cfg, setup, training=True)   # [] or one line per problem, naming the key
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from memsearcher_jax.agent.rollout import AgentConfig
+from memsearcher_jax.agent.trajectory import Trajectory
+from memsearcher_jax.agent.workflows import get_workflow
+from memsearcher_jax.data.synthetic import objectives_of
+from memsearcher_jax.experiment import Setup, agent_config, demo_questions, eval_questions
+
+# The first prompt grows with the question's length alone: the longest few questions bound it.
+LONGEST_QUESTIONS = 8
+
+
+def first_prompt_tokens(setup: Setup, agent: AgentConfig, question: str) -> int:
+    """Tokens of the first act call's context for `question`, built by the workflow as the turn
+    loop builds it (AgentRunner._run: start, then open_turn of turn 0)."""
+    wf = get_workflow(agent.workflow)
+    t = Trajectory(traj_id=0, group_id=0, question=question, golds=[])
+    wf.start(t, setup.builder, agent)
+    wf.open_turn(t, 0, setup.builder, agent)
+    return len(t.final.prompt_ids) + len(t.final.response_ids)
+
+
+def prompt_problems(cfg: ml_collections.ConfigDict, setup: Setup, agent: AgentConfig,
+                    questions: list[dict]) -> list[str]:
+    """The first prompt of every question must leave room for a whole act (min of
+    agent.max_new_tokens and agent.max_response_tokens) within agent.max_context_tokens: a longer
+    one gets a 1-token response (or none) on every turn and trains on nothing."""
+    longest = sorted(questions, key=lambda q: len(q["question"]), reverse=True)[:LONGEST_QUESTIONS]
+    if not longest:
+        return []
+    worst = max(first_prompt_tokens(setup, agent, q["question"]) for q in longest)
+    room = min(agent.max_new_tokens, agent.max_response_tokens)
+    if worst + room <= agent.max_context_tokens:
+        return []
+    objectives = f", world.objectives={cfg.world.objectives}" if setup.world is not None else ""
+    return [f"agent.max_context_tokens={agent.max_context_tokens}: the longest question's first prompt is {worst} "
+            f"tokens ({agent.workflow} workflow{objectives}), and a response needs up to {room} more "
+            "(agent.max_new_tokens, agent.max_response_tokens); raise agent.max_context_tokens to >= "
+            f"{worst + room}" + (" or lower world.objectives" if objectives and cfg.world.objectives > 1 else "")]
+
+
+def demo_turn_problems(cfg: ml_collections.ConfigDict, setup: Setup) -> list[str]:
+    """The warm start's demonstrator searches each hop of each objective in its own turn, then
+    answers: a question of n objectives needs up to 2n + 1 turns, and it has max(4, agent.max_turns)."""
+    if cfg.sft.steps <= 0 or setup.world is None:
+        return []
+    rows = demo_questions(cfg, setup)
+    need = max((sum(int(o["hops"]) for o in objectives_of(r)) + 1 for r in rows), default=0)
+    turns = max(4, cfg.agent.max_turns)
+    if need <= turns:
+        return []
+    return [f"agent.max_turns={cfg.agent.max_turns}: the warm start's demonstrations of world.objectives="
+            f"{cfg.world.objectives} questions need up to {need} turns (one search per hop of each objective, then "
+            f"the answer); raise agent.max_turns to >= {need}, lower world.objectives, or set sft.steps=0"]
+
+
+def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True,
+                     workflow: str | None = None) -> list[str]:
+    """Whether the episodes the job will run can run: training (its rollouts, its held-out
+    evaluations and its warm start's demonstrations) or evaluation (workflow: --workflow)."""
+    agent = agent_config(cfg)
+    if training:
+        questions = setup.train_questions + eval_questions(cfg, setup)
+        return prompt_problems(cfg, setup, agent, questions) + demo_turn_problems(cfg, setup)
+    agent = agent.evaluation(cfg.agent.eval_max_turns)
+    if workflow:
+        agent = dataclasses.replace(agent, workflow=workflow)
+    return prompt_problems(cfg, setup, agent, setup.train_questions + setup.eval_questions)
+
+
+def refuse(problems: list[str], what: str = "training config") -> None:
+    """TrainConfigError listing `problems` (one line when there is one); nothing when there are none."""
+    from memsearcher_jax.experiment import TrainConfigError
+
+    if len(problems) == 1:
+        raise TrainConfigError(f"invalid {what}: {problems[0]}")
+    if problems:
+        raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
