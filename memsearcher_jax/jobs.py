@@ -45,7 +45,7 @@ from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import check_output_dir, is_same_or_parent, prepare_output_dir
 from memsearcher_jax.token_metrics import trajectory_token_metrics
-from memsearcher_jax.validation import episode_problems, refuse
+from memsearcher_jax.validation import check_same_experiment, episode_problems, record_config, refuse
 
 
 def _log(msg: str):
@@ -251,11 +251,15 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     check_retriever(cfg)
     out = output_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
+    if resume:
+        check_same_experiment(cfg, out)
     setup = build_setup(cfg)  # the last steps that can refuse the config: only then touch the disk
     if cfg.model.source != "init":
         check_same_tokenizer(os.path.expanduser(cfg.model.source), setup, key="model.source")
     refuse(episode_problems(cfg, setup))
     prepare_output_dir(out, fresh=not resume)
+    if jax.process_index() == 0:
+        record_config(cfg, out)
     _log(f"output dir {out}")
     cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
     _log(f"compilation cache: {cache_dir or 'off'}")

@@ -140,3 +140,51 @@ def test_episode_checks_accept_what_fits(tmp_path):
     q = default_setup.train_questions[0]["question"]
     assert first_prompt_tokens(default_setup, agent_config(default), q) == \
         len(default_setup.builder.memsearcher_context(q, ""))
+
+
+# ----------------------------------------------------------------------------- item 4: resuming another experiment
+
+@pytest.mark.slow
+def test_resume_refuses_another_experiment_and_allows_more_steps(tmp_path, capsys):
+    """A memsearcher run resumed with agent.workflow=react reused its warm start, mixed two
+    workflows in one curve and kept the old em_before (exit 0); only the model shape was compared.
+    The run's config is recorded when it starts; a resume that changes the experiment is refused
+    naming each key with both values, one that changes the steps or the cadence runs on."""
+    import json
+
+    from tests.test_train_step import SMALL
+
+    out = tmp_path / "run"
+    args = ["train", "--config", DEFAULT, *[f"--config.{k}={v}" for k, v in SMALL],
+            f"--config.world.cache_dir={tmp_path / 'worlds'}", f"--config.train.output_dir={out}",
+            "--config.train.save_every=1"]
+    assert main(args + ["--config.train.steps=1"]) == 0
+    recorded = json.loads((out / "logs" / "run_config.json").read_text())
+    assert recorded["agent"]["workflow"] == "memsearcher" and recorded["train"]["steps"] == 1
+    metrics = (out / "logs" / "metrics.jsonl").read_text()
+    code, msg = _run(capsys, *args, "--config.train.steps=2", "--config.agent.workflow=react",
+                     "--config.rl.kl_coef=0.01")
+    assert code == 2 and "agent.workflow 'memsearcher' -> 'react'" in msg and "rl.kl_coef 0.001 -> 0.01" in msg, msg
+    assert "checkpoint step 1" in msg and "--fresh" in msg and len(msg.strip().splitlines()) == 1
+    assert (out / "logs" / "metrics.jsonl").read_text() == metrics  # nothing ran
+    code, msg = _run(capsys, *args, "--config.train.steps=2", "--config.train.save_every=2",
+                     "--config.train.log_samples_every=1")
+    assert code == 0, msg
+    assert [json.loads(line)["step"] for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_changed_keys_names_the_experiment_and_lets_the_cadence_change():
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.validation import changed_keys, config_record
+
+    base = config_record(load_config(DEFAULT))
+    now = config_record(load_config(DEFAULT, [("train.steps", "99"), ("train.eval_every", "5"), ("mesh.fsdp", "2"),
+                                              ("world.objectives", "2"), ("sft.steps", "10"),
+                                              ("rl.reward_fn", "m:f"), ("data.train_path", "x")]))
+    assert [k for k, _, _ in changed_keys(base, now)] == ["data.train_path", "rl.reward_fn", "sft.steps",
+                                                          "world.objectives"]
+    cosine = config_record(load_config(DEFAULT, [("optim.schedule", "cosine")]))
+    longer = config_record(load_config(DEFAULT, [("optim.schedule", "cosine"), ("train.steps", "99")]))
+    assert changed_keys(cosine, longer) == [("train.steps", 10, 99)]  # the schedule's length
+    del now["world"]["objectives"]  # a key only one version has is not compared
+    assert "world.objectives" not in [k for k, _, _ in changed_keys(base, now)]
