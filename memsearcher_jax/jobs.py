@@ -45,7 +45,13 @@ from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import check_output_dir, is_same_or_parent, prepare_output_dir
 from memsearcher_jax.token_metrics import trajectory_token_metrics
-from memsearcher_jax.validation import check_same_experiment, episode_problems, record_config, refuse
+from memsearcher_jax.validation import (
+    cache_dir_problems,
+    check_same_experiment,
+    episode_problems,
+    record_config,
+    refuse,
+)
 
 
 def _log(msg: str):
@@ -200,6 +206,7 @@ def check_resumable(trainer, out: str) -> int | None:
     try:
         meta = trainer.checkpoints.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # noqa: BLE001 - any unreadable metadata is reported the same way
+        trainer.close()
         raise UserInputError(f"the checkpoint of step {step} in {out}/checkpoints cannot be read ({type(e).__name__}: "
                              f"{e}); it may be truncated: remove {out}/checkpoints/{step} to resume from the step "
                              "before, or start over with --fresh") from None
@@ -209,6 +216,7 @@ def check_resumable(trainer, out: str) -> int | None:
     differ = sorted(k for k in now if k in saved and k != "dtype" and saved[k] != now[k]
                     and not isinstance(now[k], (tuple, list)))
     if differ:
+        trainer.close()
         what = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in differ[:4])
         raise UserInputError(f"{out} holds a run of another model (checkpoint step {step}: {what}): resume it with "
                              "the config it was started with, or pass --fresh, or choose another train.output_dir")
@@ -233,6 +241,8 @@ def run_grpo(trainer, step: int | None) -> None:
         raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. "
                              f"{f'Checkpoint {kept} is kept' if kept is not None else 'No checkpoint yet'}: fix the "
                              "retriever, then resume with the same command") from None
+    finally:
+        trainer.close()  # its checkpoints are written; no thread is left to the interpreter's exit
 
 
 class RunInterrupted(UserInputError):
@@ -247,6 +257,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     validate(cfg)
     check_train_values(cfg)
     check_input_paths(cfg)
+    refuse(cache_dir_problems(cfg.train.get("compilation_cache_dir", None)))
     check_fits(cfg)  # before the warm start compiles anything
     check_retriever(cfg)
     out = output_path(cfg.train.output_dir)

@@ -12,6 +12,7 @@ import os
 
 import ml_collections
 
+from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import AgentConfig
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
@@ -163,3 +164,28 @@ def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config_record(cfg), f, indent=2)
+
+
+# ----------------------------------------------------------------------------- files the job will write
+
+def cache_dir_problems(configured: str | None) -> list[str]:
+    """The persistent compilation cache (train.compilation_cache_dir, or the environment's
+    override) must be a directory the job can make and write: a file there, or under it, was a
+    FileExistsError / NotADirectoryError traceback."""
+    path = compile_stats.resolve_cache_dir(configured)
+    if not path:
+        return []
+    env = os.environ.get(compile_stats.CACHE_DIR_ENV)
+    named = (f"${compile_stats.CACHE_DIR_ENV}={env}" if env is not None
+             else f"train.compilation_cache_dir={configured if configured is not None else path}")
+    fix = (f"point {'it' if env is not None else 'train.compilation_cache_dir'} at a directory, or set it to '' "
+           "for no cache")
+    parent = path
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        where = "is a file" if parent == path else f"lies under the file {parent}"
+        return [f"{named}: {path} {where}, not a directory; {fix}"]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"{named}: {parent} is not writable; {fix}"]
+    return []

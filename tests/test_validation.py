@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +24,13 @@ def _run(capsys, *argv) -> tuple[int, str]:
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out + captured.err
+
+
+def _error_lines(output: str) -> list[str]:
+    """The lines of the error message: everything after the job's last log line."""
+    lines = output.strip().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("memsearcher-jax: "))
+    return lines[first:]
 
 
 def _write_jsonl(path, rows) -> None:
@@ -188,3 +197,76 @@ def test_changed_keys_names_the_experiment_and_lets_the_cadence_change():
     assert changed_keys(cosine, longer) == [("train.steps", 10, 99)]  # the schedule's length
     del now["world"]["objectives"]  # a key only one version has is not compared
     assert "world.objectives" not in [k for k, _, _ in changed_keys(base, now)]
+
+
+# ----------------------------------------------------------------------------- tracebacks where a message belongs
+
+@pytest.mark.parametrize("kind", ["directory", "json"])
+def test_a_config_that_is_a_directory_or_json_is_named(kind, tmp_path, capsys):
+    path = tmp_path / ("configs" if kind == "directory" else "c.json")
+    path.mkdir() if kind == "directory" else path.write_text("{}")
+    code, msg = _run(capsys, "train", "--config", str(path), f"--config.train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and f"--config {path}" in msg and "Traceback" not in msg, msg
+    assert ("is a directory" if kind == "directory" else "not a .json") in msg
+    assert len(msg.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["config", "env"])
+def test_a_compilation_cache_at_a_file_or_under_one_is_named(where, tmp_path, capsys, monkeypatch):
+    from memsearcher_jax.compile_stats import CACHE_DIR_ENV
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    out = tmp_path / "run"
+    for path, words in ((afile, "is a file"), (afile / "sub", f"lies under the file {afile}")):
+        if where == "env":
+            monkeypatch.setenv(CACHE_DIR_ENV, str(path))
+            extra, named = [], f"${CACHE_DIR_ENV}={path}"
+        else:
+            monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+            extra, named = [f"--config.train.compilation_cache_dir={path}"], f"train.compilation_cache_dir={path}"
+        code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                         f"--config.world.cache_dir={tmp_path / 'worlds'}", *extra)
+        assert code == 2 and named in msg and words in msg, msg
+        assert len(msg.strip().splitlines()) == 1 and not out.exists() and afile.read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_pretrain_checkpoint_of_another_shape_or_truncated_is_one_line(tmp_path, capsys):
+    """`pretrain --probe-step` on a run of another model shape or on a truncated checkpoint, and a
+    resumed `pretrain` with another shape: 100-150 lines of Orbax traceback, now one line naming
+    the checkpoint (exit 2), and nothing of the run is changed."""
+    import shutil
+
+    overrides = [
+        ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
+        ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
+        ("model.positional_heads", "((1,),)"), ("first_phase.steps", "1"), ("first_phase.batch_size", "4"),
+        ("train.batch_size", "2"), ("train.steps", "3"), ("train.save_every", "3"), ("train.probe_every", "3"),
+        ("train.probe_items", "4"), ("train.final_probe_items", "4"), ("train.warmup", "1"), ("train.min_len", "512"),
+        ("train.decay_steps", "0"), ("third_phase.start", "2"), ("train.output_dir", str(tmp_path / "run"))]
+    argv = ["pretrain", "--config", os.path.join(ROOT, "configs", "base_v2.py"),
+            *(f"--config.{k}={v}" for k, v in overrides)]
+    assert main(argv) == 0
+    ckpt = tmp_path / "run" / "checkpoints"
+    before = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*"))
+    wider = ["--config.model.hidden_size=64", "--config.model.intermediate_size=128"]
+    code, msg = _run(capsys, *argv, *wider, "--probe-step", "3", "--probe-items", "2")
+    assert code == 2 and f"checkpoint 3 in {ckpt}" in msg and "another shape" in msg, msg
+    assert "Traceback" not in msg and len(_error_lines(msg)) == 1, msg
+    # resumed: in its own process, whose exit printed asyncio's "Event loop is closed" 24 times
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "memsearcher_jax.cli", *argv, *wider, "--config.train.steps=4"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and f"checkpoint 3 in {ckpt}" in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("memsearcher-jax: checkpoint 3"), done.stderr[-3000:]
+    assert "Event loop is closed" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*")) == before
+    for path in (ckpt / "3" / "params").rglob("*"):
+        if path.is_file() and path.stat().st_size > 64:
+            with open(path, "r+b") as f:
+                f.truncate(path.stat().st_size // 2)
+    shutil.rmtree(tmp_path / "run" / "base")
+    code, msg = _run(capsys, *argv, "--probe-step", "3", "--probe-items", "2")
+    assert code == 2 and f"checkpoint 3 in {ckpt}" in msg and "truncated" in msg and "Traceback" not in msg, msg
+    assert len(_error_lines(msg)) == 1, msg

@@ -123,6 +123,14 @@ class Trainer:
             self._best = ocp.CheckpointManager(self.out_dir / "best", options=opts)
         return self._best
 
+    def close(self) -> None:
+        """Finish pending saves and stop the checkpoint managers' threads (a run that stops on an
+        error otherwise leaves them to die with the interpreter, printing asyncio errors)."""
+        for manager in (self._ckpt, self._best):
+            if manager is not None:
+                manager.close()
+        self._ckpt = self._best = None
+
     def _evaluate(self, metrics: dict) -> None:
         got = self.evaluate(self.sampler)
         metrics.update({f"eval/{k}": v for k, v in got.items() if isinstance(v, (int, float))})
