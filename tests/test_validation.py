@@ -270,3 +270,76 @@ def test_pretrain_checkpoint_of_another_shape_or_truncated_is_one_line(tmp_path,
     code, msg = _run(capsys, *argv, "--probe-step", "3", "--probe-items", "2")
     assert code == 2 and f"checkpoint 3 in {ckpt}" in msg and "truncated" in msg and "Traceback" not in msg, msg
     assert len(_error_lines(msg)) == 1, msg
+
+
+# ----------------------------------------------------------------------------- damaged indexes, odd corpora
+
+def _passages(n: int) -> list[dict]:
+    return [{"id": str(i), "contents": f"Title {i}\npassage number {i} about things"} for i in range(n)]
+
+
+def _truncate(path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.fixture(scope="module")
+def bm25_index(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bm25")
+    _write_jsonl(d / "c.jsonl", _passages(4))
+    assert main(["index", "--corpus", str(d / "c.jsonl"), "--out", str(d / "idx"), "--index-type", "bm25"]) == 0
+    return d / "idx"
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "bm25/vocab.index.json", "bm25/data.csc.index.npy",
+                                  "docs/offsets.npy", "docs/docs.jsonl"])
+def test_a_damaged_index_file_is_named(name, bm25_index, tmp_path, capsys):
+    """A corrupt manifest.json or BM25 file: exit 1 and a JSON or numpy message naming no file.
+    Now exit 2 naming the file, from serve-retriever and from a job that searches the index."""
+    import shutil
+
+    damaged = tmp_path / "idx"
+    shutil.copytree(bm25_index, damaged)
+    _truncate(damaged / name)
+    code, msg = _run(capsys, "serve-retriever", "--index", str(damaged), "--port", "1")
+    assert code == 2 and str(damaged / name) in msg and "memsearcher-jax index" in msg, msg
+    assert "serving" not in msg and len(msg.strip().splitlines()) == 1
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={tmp_path / 'run'}",
+                     f"--config.world.cache_dir={tmp_path / 'worlds'}", "--config.retrieval.kind=index",
+                     f"--config.retrieval.index_dir={damaged}", "--config.sft.steps=0")
+    assert code == 2 and str(damaged / name) in msg and "Traceback" not in msg, msg
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_serve_retriever_on_a_truncated_faiss_index_is_named(tmp_path, capsys):
+    from tests.assets import minilm_encoder_dir
+
+    _write_jsonl(tmp_path / "c.jsonl", _passages(4))
+    assert main(["index", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "idx"), "--index-type",
+                 "flat", "--encoder", minilm_encoder_dir(), "--no-progress"]) == 0
+    faiss_file = tmp_path / "idx" / "index.faiss"
+    _truncate(faiss_file)
+    code, msg = _run(capsys, "serve-retriever", "--index", str(tmp_path / "idx"), "--port", "1", "--no-warmup")
+    assert code == 2 and f"{faiss_file} cannot be read" in msg and "truncated" in msg, msg
+    assert "Traceback" not in msg and "serving" not in msg
+
+
+def test_a_corpus_of_stopwords_is_named(tmp_path, capsys):
+    _write_jsonl(tmp_path / "c.jsonl", [{"id": str(i), "contents": "the of and, is a!"} for i in range(3)])
+    code, msg = _run(capsys, "index", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "idx"),
+                     "--index-type", "bm25")
+    assert code == 2 and "none of the 3 passages holds a word BM25 can index" in msg, msg
+    assert "max() arg" not in msg
+
+
+def test_skipped_lines_do_not_ask_for_the_flag_that_skipped_them(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    good = [json.dumps(p).encode() for p in _passages(3)]
+    corpus.write_bytes(b"\n".join([good[0], '{"id": "9", "contents": "caf\u00e9"}'.encode("latin-1"), *good[1:]]))
+    code, msg = _run(capsys, "index", "--corpus", str(corpus), "--out", str(tmp_path / "a"), "--index-type", "bm25")
+    assert code == 2 and "line 2: not UTF-8" in msg and "--skip-bad-lines" in msg, msg
+    code, msg = _run(capsys, "index", "--corpus", str(corpus), "--out", str(tmp_path / "b"), "--index-type", "bm25",
+                     "--skip-bad-lines")
+    assert code == 0 and "skipped 1 bad line" in msg and "line 2: not UTF-8" in msg, msg
+    assert "--skip-bad-lines" not in msg
