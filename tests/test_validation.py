@@ -343,3 +343,28 @@ def test_skipped_lines_do_not_ask_for_the_flag_that_skipped_them(tmp_path, capsy
                      "--skip-bad-lines")
     assert code == 0 and "skipped 1 bad line" in msg and "line 2: not UTF-8" in msg, msg
     assert "--skip-bad-lines" not in msg
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--workflows", "bogus"], "--workflows 'bogus'"),
+    (["--objectives", "abc"], "--objectives 'abc'"),
+    (["--objectives", "0"], "--objectives '0'"),
+    (["--train-objectives", "0"], "--train-objectives 0"),
+    (["--workflows", "react", "--objectives", "1", "--budgets", ""], "settings.json cannot be read"),
+])
+def test_paper_tables_bad_arguments_are_one_line(argv, named, tmp_path, capsys, monkeypatch):
+    """bench/paper_tables.py: tracebacks before; one line and exit 2 now, before anything is written."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import paper_tables
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "settings.json").write_text("written by hand, not JSON")
+    monkeypatch.setattr(sys, "argv", ["paper_tables.py", *argv, "--out", str(out)])
+    capsys.readouterr()
+    code = paper_tables.cli()
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert os.listdir(out) == ["settings.json"]
