@@ -68,6 +68,27 @@ def demo_turn_problems(cfg: ml_collections.ConfigDict, setup: Setup) -> list[str
             f"the answer); raise agent.max_turns to >= {need}, lower world.objectives, or set sft.steps=0"]
 
 
+def demo_retrieval_problems(cfg: ml_collections.ConfigDict, setup: Setup, probes: int = 4) -> list[str]:
+    """The warm start's demonstrator searches the world's queries and records the facts they find:
+    a retriever serving another corpus finds none ("did not retrieve the hop-1 fact", a traceback
+    after the warm start began). A few of its first searches, tried now, tell."""
+    if cfg.sft.steps <= 0 or setup.world is None:
+        return []
+    rows = [o for r in demo_questions(cfg, setup)[:probes] for o in objectives_of(r)][:probes]
+    queries = [o["queries"][0] for o in rows]
+    found = setup.retriever.search(queries, cfg.agent.default_top_n) if queries else []
+    missed = [(q, o["facts"][0]) for q, o, hits in zip(queries, rows, found)
+              if o["facts"][0] not in " ".join(h.contents for h in hits[:cfg.agent.default_top_n])]
+    if not missed:
+        return []
+    where = {"http": f"retrieval.url={cfg.retrieval.url}", "index": f"retrieval.index_dir={cfg.retrieval.index_dir}"}
+    served = where.get(cfg.retrieval.kind, f"retrieval.kind={cfg.retrieval.kind}")
+    return [f"{served}: the retriever does not serve the synthetic world's passages ({len(missed)} of {len(queries)} "
+            f"of the warm start's first searches missed their fact, e.g. {missed[0][0]!r} did not return "
+            f"{missed[0][1]!r}); the warm start's demonstrations need the world's corpus ({setup.world.corpus}): "
+            "index and serve that, use retrieval.kind=bm25, or set sft.steps=0"]
+
+
 def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True,
                      workflow: str | None = None) -> list[str]:
     """Whether the episodes the job will run can run: training (its rollouts, its held-out
@@ -75,7 +96,8 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
     agent = agent_config(cfg)
     if training:
         questions = setup.train_questions + eval_questions(cfg, setup)
-        return prompt_problems(cfg, setup, agent, questions) + demo_turn_problems(cfg, setup)
+        return (prompt_problems(cfg, setup, agent, questions) + demo_turn_problems(cfg, setup)
+                + demo_retrieval_problems(cfg, setup))
     agent = agent.evaluation(cfg.agent.eval_max_turns)
     if workflow:
         agent = dataclasses.replace(agent, workflow=workflow)

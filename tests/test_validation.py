@@ -368,3 +368,14 @@ def test_paper_tables_bad_arguments_are_one_line(argv, named, tmp_path, capsys, 
     err = capsys.readouterr().err
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
     assert os.listdir(out) == ["settings.json"]
+
+
+def test_a_retriever_of_another_corpus_with_a_warm_start_is_named_before_any_work(bm25_index, tmp_path, capsys):
+    """The warm start's demonstrator searched a retriever serving another corpus and stopped with
+    a RuntimeError ("did not retrieve the hop-1 fact") after the output dir was made."""
+    out = tmp_path / "run"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                     f"--config.world.cache_dir={tmp_path / 'worlds'}", "--config.retrieval.kind=index",
+                     f"--config.retrieval.index_dir={bm25_index}")
+    assert code == 2 and f"retrieval.index_dir={bm25_index}" in msg and "synthetic world's passages" in msg, msg
+    assert "sft.steps=0" in msg and len(msg.strip().splitlines()) == 1 and not out.exists()
