@@ -124,11 +124,9 @@ class Trainer:
         return self._best
 
     def close(self) -> None:
-        """Finish pending saves and stop the checkpoint managers' threads (a run that stops on an
-        error otherwise leaves them to die with the interpreter, printing asyncio errors)."""
-        for manager in (self._ckpt, self._best):
-            if manager is not None:
-                manager.close()
+        """Finish pending saves and stop the managers' threads (left to exit, they print asyncio errors)."""
+        for manager in (m for m in (self._ckpt, self._best) if m is not None):
+            manager.close()
         self._ckpt = self._best = None
 
     def _evaluate(self, metrics: dict) -> None:
