@@ -35,18 +35,16 @@ from memsearcher_jax.experiment import (
     lora_fields,
     output_path,
     sampling_mesh,
-    validate,
 )
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
-from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import check_output_dir, is_same_or_parent, prepare_output_dir
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.validation import (
-    cache_dir_problems,
+    check_config,
     check_same_experiment,
     episode_problems,
     record_config,
@@ -143,50 +141,6 @@ def _write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=2)
 
 
-def check_train_values(cfg: ml_collections.ConfigDict) -> None:
-    """Values experiment.validate lets through that would train on nothing or end in a traceback."""
-    problems = []
-    if cfg.rl.group_size < 2:
-        problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
-                        "with each other, so it needs >= 2 (a group of one never learns)")
-    bad_ids = [v for v in cfg.agent.stop_token_ids if isinstance(v, bool) or not isinstance(v, int) or v < 0]
-    if bad_ids:
-        problems.append(f"agent.stop_token_ids={tuple(cfg.agent.stop_token_ids)}: expected token ids (integers >= 0, "
-                        f"e.g. --config.agent.stop_token_ids=151643,151645), got {bad_ids[0]!r}")
-    if cfg.world.enabled and cfg.world.num_entities < 1:
-        problems.append(f"world.num_entities={cfg.world.num_entities}: the synthetic world needs >= 1 entity")
-    m = cfg.model
-    if m.source == "init" and (m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads):
-        problems.append(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
-                        "(each KV head serves a whole group of query heads)")
-    if problems:
-        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
-
-
-def check_retriever(cfg: ml_collections.ConfigDict) -> None:
-    """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
-    if cfg.retrieval.kind == "http":
-        from retrieval.client import HTTPRetriever
-
-        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
-            retriever.check_reachable()
-
-
-def check_input_paths(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
-    """The local files and directories the job reads exist (before any world or model is built).
-    Evaluation (training=False) never reads data.train_path, so it is not asked for."""
-    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
-    if not cfg.world.enabled:
-        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
-        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
-    if cfg.retrieval.kind == "index":
-        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
-    for key, value, exists in wanted:
-        if value and "://" not in value and not exists(os.path.expanduser(value)):
-            what = "directory" if exists is os.path.isdir else "file or directory"
-            raise UserInputError(f"{key}={value}: no such {what}")
-
-
 def compile_summary(what: str, count: compile_stats.CompileCount, history: list[dict] | None = None) -> str:
     """One line: the programs `what` built (and, for GRPO steps, the last step that built one)."""
     line = (f"compiles, {what}: {count.programs} new programs, {count.compiled} compiled by XLA, "
@@ -254,12 +208,7 @@ class RunInterrupted(UserInputError):
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
-    validate(cfg)
-    check_train_values(cfg)
-    check_input_paths(cfg)
-    refuse(cache_dir_problems(cfg.train.get("compilation_cache_dir", None)))
-    check_fits(cfg)  # before the warm start compiles anything
-    check_retriever(cfg)
+    check_config(cfg)
     out = output_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
     if resume:
@@ -280,7 +229,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         ws = warm_start(cfg, setup, os.path.join(out, "warmstart"))
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
-    trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None)
+    trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None, checked=True)
     resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
@@ -465,9 +414,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     if objectives is not None:
         cfg.world.objectives = objectives
     check_eval_args(cfg, checkpoint, split, limit)
-    validate(cfg, training=False)
-    check_input_paths(cfg, training=False)
-    check_retriever(cfg)
+    check_config(cfg, training=False)
     setup = build_setup(cfg, training=False)
     if model_dir:
         check_same_tokenizer(model_dir, setup)

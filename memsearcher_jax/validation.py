@@ -1,8 +1,11 @@
-"""Checks of a config against its built set-up (the tokenizer and the questions): what the config
-alone cannot tell, refused before any model is loaded, any warm start runs or the output
-directory is made.
+"""A config's checks, before any work; every message names the key and what was expected.
 
-    episode_problems(cfg, setup, training=True)   # [] or one line per problem, naming the key
+    check_config(cfg, training=True)              # the one pass over the config: its values
+                                                  # (experiment.config_problems), the files it
+                                                  # names, the cache; then the plan, the retriever
+    episode_problems(cfg, setup, training=True)   # against the built set-up (tokenizer, questions):
+                                                  # what the config alone cannot tell
+Both run before any model is loaded, any warm start runs or the output directory is made.
 """
 from __future__ import annotations
 
@@ -18,7 +21,15 @@ from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
 from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import Setup, agent_config, demo_questions, eval_questions
+from memsearcher_jax.experiment import (
+    Setup,
+    agent_config,
+    config_problems,
+    demo_questions,
+    eval_questions,
+    refuse,
+)
+from memsearcher_jax.planner import check_fits
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.
 LONGEST_QUESTIONS = 8
@@ -102,16 +113,6 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
     if workflow:
         agent = dataclasses.replace(agent, workflow=workflow)
     return prompt_problems(cfg, setup, agent, setup.train_questions + setup.eval_questions)
-
-
-def refuse(problems: list[str], what: str = "training config") -> None:
-    """TrainConfigError listing `problems` (one line when there is one); nothing when there are none."""
-    from memsearcher_jax.experiment import TrainConfigError
-
-    if len(problems) == 1:
-        raise TrainConfigError(f"invalid {what}: {problems[0]}")
-    if problems:
-        raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
 
 
 # ----------------------------------------------------------------------------- resuming a run
@@ -211,3 +212,40 @@ def cache_dir_problems(configured: str | None) -> list[str]:
     if not os.access(parent, os.W_OK | os.X_OK):
         return [f"{named}: {parent} is not writable; {fix}"]
     return []
+
+
+def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """The local files and directories the job reads exist. Evaluation (training=False) never
+    reads data.train_path, so it is not asked for."""
+    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
+    if not cfg.world.enabled:
+        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
+        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
+    if cfg.retrieval.kind == "index":
+        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
+    return [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
+            for key, value, exists in wanted
+            if value and "://" not in value and not exists(os.path.expanduser(value))]
+
+
+def check_retriever(cfg: ml_collections.ConfigDict) -> None:
+    """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
+    if cfg.retrieval.kind == "http":
+        from retrieval.client import HTTPRetriever
+
+        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
+            retriever.check_reachable()
+
+
+def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """The one pass over a config before any work: every problem of its values, of the files it
+    names and of the compilation cache, reported together (TrainConfigError); then what needs sane
+    values to be asked: whether training fits its devices (planner.check_fits, PlanError with the
+    table) and whether an HTTP retriever answers."""
+    problems = config_problems(cfg, training) + input_path_problems(cfg, training)
+    if training:
+        problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
+    refuse(problems, "training config" if training else "evaluation config")
+    if training:
+        check_fits(cfg)  # before the warm start compiles anything
+    check_retriever(cfg)

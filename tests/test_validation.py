@@ -379,3 +379,37 @@ def test_a_retriever_of_another_corpus_with_a_warm_start_is_named_before_any_wor
                      f"--config.retrieval.index_dir={bm25_index}")
     assert code == 2 and f"retrieval.index_dir={bm25_index}" in msg and "synthetic world's passages" in msg, msg
     assert "sft.steps=0" in msg and len(msg.strip().splitlines()) == 1 and not out.exists()
+
+
+# ----------------------------------------------------------------------------- issue 58 item 5: one pass
+
+def test_one_pass_reports_every_problem_of_a_config_together(tmp_path, capsys, monkeypatch):
+    """The value rules (experiment), the training values, the input paths and the compilation
+    cache were separate validators, each stopping at its own first problem: a config with one
+    problem of each kind took four runs to fix. One pass names them all in one message."""
+    from memsearcher_jax.compile_stats import CACHE_DIR_ENV
+
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={tmp_path / 'run'}",
+                     "--config.rl.group_size=1", "--config.agent.stop_token_ids=abc", "--config.rl.max_refill=-1",
+                     f"--config.data.tokenizer_dir={tmp_path / 'nope'}",
+                     f"--config.train.compilation_cache_dir={afile}")
+    assert code == 2, msg
+    for named in ("rl.group_size=1", "agent.stop_token_ids", "rl.max_refill must be >= 0",
+                  f"data.tokenizer_dir={tmp_path / 'nope'}: no such directory", f"compilation_cache_dir={afile}"):
+        assert named in msg, (named, msg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_group_size_has_one_rule_and_evaluation_asks_for_no_groups():
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.experiment import TrainConfigError, config_problems, validate
+
+    for size in ("0", "1"):
+        cfg = load_config(DEFAULT, [("rl.group_size", size)])
+        with pytest.raises(TrainConfigError, match=f"rl.group_size={size}: .* needs >= 2"):
+            validate(cfg)
+        assert config_problems(cfg, training=False) == []
+    assert config_problems(load_config(DEFAULT, [("rl.group_size", "2")])) == []
