@@ -41,9 +41,12 @@ import time
 import jax
 import ml_collections
 
+from memsearcher_jax.agent.workflows import workflow_names
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn, read_metrics
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
+    TrainConfigError,
     build_sampler,
     build_setup,
     eval_runner,
@@ -418,8 +421,12 @@ def check_settings(out: str, settings: dict) -> None:
             json.dump(settings, f, indent=1)
         os.replace(tmp, path)
         return
-    with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except ValueError as e:  # not JSON (or not UTF-8): not a file this script wrote whole
+        raise UserInputError(f"--out {out}: {path} cannot be read ({type(e).__name__}: {e}); it records the "
+                             "settings of the run there: restore it, or choose another --out") from None
     diff = first_difference(saved, settings)
     if diff is not None:
         raise SystemExit(f"--out {out} holds a run with other settings ({diff}); its finished phases would be mixed "
@@ -454,6 +461,26 @@ def provenance(base: ml_collections.ConfigDict, argv, seed: int) -> dict:
             "command": "python bench/paper_tables.py " + " ".join(argv)}
 
 
+def counts_arg(text: str, flag: str, empty_ok: bool = False) -> tuple[int, ...]:
+    """'1,2,8' -> (1, 2, 8); UserInputError naming `flag` unless comma-separated whole numbers >= 1."""
+    try:
+        counts = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        counts = ()
+    if (not counts and not empty_ok) or any(n < 1 for n in counts) or (text.strip() and not counts):
+        raise UserInputError(f"{flag} {text!r}: expected comma-separated whole numbers >= 1 (e.g. 1,2,8)")
+    return counts
+
+
+def cli() -> int:
+    """main() as a command: bad input is one line on stderr and exit 2, not a traceback."""
+    try:
+        return main()
+    except UserInputError as e:
+        print(f"paper_tables: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, overrides = parse_args(argv)
@@ -462,7 +489,7 @@ def main(argv=None) -> int:
         print(f"paper_tables: --out {args.out}: {existing_parent(root)} is a file, not a directory; give a new or "
               "empty directory (or this bench's earlier --out)", file=sys.stderr)
         return 2
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    seeds = counts_arg(args.seeds, "--seeds") if args.seeds.strip() != "0" else (0,)
     reports = {}
     for seed in seeds:
         base = load_config(args.config, overrides)
@@ -506,8 +533,14 @@ def seeds_table1(reports: dict) -> str:
 def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -> dict:
     """Every table for one seed, into `out` (resumable: see the module docstring)."""
     workflows = [w for w in args.workflows.split(",") if w]
-    objectives = tuple(int(n) for n in args.objectives.split(",") if n)
-    budgets = tuple(int(b) for b in args.budgets.split(",") if b)
+    unknown = [w for w in workflows if w not in workflow_names()]
+    if unknown or not workflows:
+        raise TrainConfigError(f"--workflows {args.workflows!r}: expected some of {', '.join(workflow_names())}, "
+                             f"comma-separated{f'; {unknown[0]!r} is none of them' if unknown else ''}")
+    objectives = counts_arg(args.objectives, "--objectives")
+    budgets = counts_arg(args.budgets, "--budgets", empty_ok=True)
+    if args.train_objectives < 1:
+        raise UserInputError(f"--train-objectives {args.train_objectives}: expected a whole number >= 1")
     eval_q = args.eval_questions or (QUICK_EVAL_QUESTIONS if args.quick else base.train.eval_questions)
     cfgs = {w: workflow_config(base, w, os.path.join(out, w), args.train_objectives) for w in workflows}
     for cfg in cfgs.values():  # every workflow's config is checked before anything trains
@@ -550,4 +583,4 @@ def write_report(report: dict, out: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -40,6 +40,12 @@ def load_config_module(path: str):
     """Execute a config file (no argument part) and return it as a module."""
     if not os.path.exists(path):
         raise ConfigError(f"config file not found: {path}")
+    if os.path.isdir(path):
+        raise ConfigError(f"--config {path} is a directory: give a config file (e.g. configs/default.py)")
+    if not path.endswith(".py"):
+        raise ConfigError(f"--config {path}: a config is a Python file with get_config() (e.g. configs/default.py), "
+                          f"not a {os.path.splitext(path)[1] or 'file without an extension'}; override values "
+                          "with --config.SECTION.KEY=VALUE")
     spec = importlib.util.spec_from_file_location(f"_memsearcher_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     # A config may import helpers that sit beside it: its folder goes on sys.path while it runs,

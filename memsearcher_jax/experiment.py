@@ -140,14 +140,31 @@ def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
         raise TrainConfigError(f"sampler.{e}") from None
 
 
-def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
-    """Cheap checks with messages naming the key; everything typed is validated by its dataclass.
+def refuse(problems: list[str], what: str = "training config") -> None:
+    """TrainConfigError listing `problems` (one line when there is one); nothing when there are none."""
+    if len(problems) == 1:
+        raise TrainConfigError(f"invalid {what}: {problems[0]}")
+    if problems:
+        raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
 
-    training=False (evaluation) does not ask for training data."""
+
+def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """TrainConfigError listing every problem `config_problems` finds (nothing when there are none)."""
+    refuse(config_problems(cfg, training))
+
+
+def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """Cheap checks with messages naming the key, then the typed dataclasses' own checks (when
+    the rest passed: they assume sane values). training=False (evaluation) asks for no training
+    data and no groups. The one place of these rules; validation.check_config adds the files."""
     problems = []
-    for key in ("batch_questions", "group_size", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
+    for key in ("batch_questions", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
         if cfg.rl[key] < 1:
             problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
+    if training and cfg.rl.group_size < 2:  # evaluation samples one episode a question: no groups
+        problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
+                        "with each other, so it needs >= 2 (a group of one never learns)")
+    problems += value_problems(cfg)
     trajectories = cfg.rl.batch_questions * cfg.rl.group_size
     if cfg.rl.optimizer_steps > trajectories >= 1:
         problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} "
@@ -211,13 +228,30 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
         problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
     if problems:
-        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+        return problems
     try:
         agent_config(cfg)
         grpo_config(cfg)
         loop_config(cfg)
     except (ValueError, TypeError) as e:
-        raise TrainConfigError(f"invalid training config: {e}") from e
+        return [str(e)]
+    return []
+
+
+def value_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """Values the typed dataclasses let through that would end in a traceback."""
+    problems = []
+    bad_ids = [v for v in cfg.agent.stop_token_ids if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad_ids:
+        problems.append(f"agent.stop_token_ids={tuple(cfg.agent.stop_token_ids)}: expected token ids (integers >= 0, "
+                        f"e.g. --config.agent.stop_token_ids=151643,151645), got {bad_ids[0]!r}")
+    if cfg.world.enabled and cfg.world.num_entities < 1:
+        problems.append(f"world.num_entities={cfg.world.num_entities}: the synthetic world needs >= 1 entity")
+    m = cfg.model
+    if m.source == "init" and (m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads):
+        problems.append(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
+                        "(each KV head serves a whole group of query heads)")
+    return problems
 
 
 def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
@@ -464,13 +498,15 @@ def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, base_dir: st
 
 
 def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: CausalLM | None = None,
-                  progress: bool = True, base_dir: str | None = None) -> Trainer:
-    """Validate, check the plan fits, then build the learner, the sampler and the turn loop.
+                  progress: bool = True, base_dir: str | None = None, checked: bool = False) -> Trainer:
+    """Validate, check the plan fits (unless `checked`: the caller ran validation.check_config),
+    then build the learner, the sampler and the turn loop.
 
     base_dir: for LoRA (model.lora_rank > 0), the directory `policy`'s base weights came from
     (the warm start's); see lora_base_dir."""
-    validate(cfg)
-    check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
+    if not checked:
+        validate(cfg)
+        check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
     if jax.process_count() > 1 and cfg.rl.batch_questions % jax.process_count():
         raise TrainConfigError(f"rl.batch_questions={cfg.rl.batch_questions} must be a multiple of the "
                                f"{jax.process_count()} hosts (each rolls out an equal slice)")

@@ -35,12 +35,10 @@ from memsearcher_jax.experiment import (
     load_policy,
     lora_fields,
     sampling_mesh,
-    validate,
 )
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
-from memsearcher_jax.planner import check_fits
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import (
@@ -56,6 +54,13 @@ from memsearcher_jax.run_dir import (
     release_output_dir,
 )
 from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.validation import (
+    check_config,
+    check_same_experiment,
+    episode_problems,
+    record_config,
+    refuse,
+)
 
 
 def _log(msg: str):
@@ -167,47 +172,6 @@ def _write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=2)
 
 
-def check_train_values(cfg: ml_collections.ConfigDict) -> None:
-    """Values experiment.validate lets through that would train on nothing or end in a traceback."""
-    problems = []
-    if cfg.rl.group_size < 2:
-        problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
-                        "with each other, so it needs >= 2 (a group of one never learns)")
-    bad_ids = [v for v in cfg.agent.stop_token_ids if isinstance(v, bool) or not isinstance(v, int) or v < 0]
-    if bad_ids:
-        problems.append(f"agent.stop_token_ids={tuple(cfg.agent.stop_token_ids)}: expected token ids (integers >= 0, "
-                        f"e.g. --config.agent.stop_token_ids=151643,151645), got {bad_ids[0]!r}")
-    if cfg.world.enabled and cfg.world.num_entities < 1:
-        problems.append(f"world.num_entities={cfg.world.num_entities}: the synthetic world needs >= 1 entity")
-    m = cfg.model
-    if m.source == "init" and (m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads):
-        problems.append(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
-                        "(each KV head serves a whole group of query heads)")
-    if problems:
-        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
-
-
-def check_retriever(cfg: ml_collections.ConfigDict) -> None:
-    """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
-    if cfg.retrieval.kind == "http":
-        from retrieval.client import HTTPRetriever
-
-        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
-            retriever.check_reachable()
-
-
-def check_input_paths(cfg: ml_collections.ConfigDict) -> None:
-    """The local files and directories the config names exist (before any world or model is built)."""
-    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
-    if not cfg.world.enabled:
-        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)]
-    if cfg.retrieval.kind == "index":
-        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
-    for key, value, exists in wanted:
-        if value and "://" not in value and not exists(os.path.expanduser(value)):
-            raise UserInputError(f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file'}")
-
-
 def compile_summary(what: str, count: compile_stats.CompileCount, history: list[dict] | None = None) -> str:
     """One line: the programs `what` built (and, for GRPO steps, the last step that built one)."""
     line = (f"compiles, {what}: {count.programs} new programs, {count.compiled} compiled by XLA, "
@@ -227,6 +191,7 @@ def check_resumable(trainer, out: str) -> int | None:
     try:
         meta = trainer.checkpoints.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # noqa: BLE001 - any unreadable metadata is reported the same way
+        trainer.close()
         raise UserInputError(f"the checkpoint of step {step} in {out}/checkpoints cannot be read ({type(e).__name__}: "
                              f"{e}); it may be truncated: remove {out}/checkpoints/{step} to resume from the step "
                              "before, or start over with --fresh") from None
@@ -236,6 +201,7 @@ def check_resumable(trainer, out: str) -> int | None:
     differ = sorted(k for k in now if k in saved and k != "dtype" and saved[k] != now[k]
                     and not isinstance(now[k], (tuple, list)))
     if differ:
+        trainer.close()
         what = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in differ[:4])
         raise UserInputError(f"{out} holds a run of another model (checkpoint step {step}: {what}): resume it with "
                              "the config it was started with, or pass --fresh, or choose another train.output_dir")
@@ -260,6 +226,8 @@ def run_grpo(trainer, step: int | None) -> None:
         raise UserInputError(f"stopped at step {trainer.step + 1}: {e}. "
                              f"{f'Checkpoint {kept} is kept' if kept is not None else 'No checkpoint yet'}: fix the "
                              "retriever, then resume with the same command") from None
+    finally:
+        trainer.close()  # its checkpoints are written; no thread is left to the interpreter's exit
 
 
 class RunInterrupted(UserInputError):
@@ -282,17 +250,20 @@ def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fre
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
-    validate(cfg)
-    check_train_values(cfg)
-    check_input_paths(cfg)
-    check_fits(cfg)  # before the warm start compiles anything
-    check_retriever(cfg)
+    check_config(cfg)
     out = output_dir_path(cfg.train.output_dir)
     check_output_dir(out, fresh=not resume)
     check_cache_dir(cfg.train.get("compilation_cache_dir", None))
+    if resume:
+        check_same_experiment(cfg, out)
     setup = build_setup(cfg)
+    if cfg.model.source != "init":
+        check_same_tokenizer(os.path.expanduser(cfg.model.source), setup, key="model.source")
+    refuse(episode_problems(cfg, setup))
     demos = warm_start_demos(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
     prepare_output_dir(out, fresh=not resume)  # every check done: only now touch the disk
+    if jax.process_index() == 0:
+        record_config(cfg, out)
     _log(f"output dir {out}")
     cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
     _log(f"compilation cache: {cache_dir or 'off'}")
@@ -302,7 +273,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), demos)
         policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                  scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
-    trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None)
+    trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None, checked=True)
     resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
@@ -460,16 +431,18 @@ def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, spli
         _checkpoint_manager(checkpoint)  # FileNotFoundError naming it
 
 
-def check_same_tokenizer(model_dir: str, setup: Setup) -> None:
-    """A synthetic-world evaluation of --model must read with the model's own tokenizer: a model
-    directory without its base's reading_vocab.json makes the world build another vocabulary."""
+def check_same_tokenizer(model_dir: str, setup: Setup, key: str = "--model") -> None:
+    """A synthetic-world job (evaluation of --model, training from model.source: `key`) must read
+    with the model's own tokenizer: a model directory without its base's reading_vocab.json makes
+    the world build another vocabulary (and another world)."""
     mine, used = os.path.join(model_dir, "tokenizer.json"), os.path.join(setup.tokenizer_dir, "tokenizer.json")
     if setup.world is None or not os.path.isfile(mine) or os.path.abspath(mine) == os.path.abspath(used):
         return
     with open(mine, "rb") as a, open(used, "rb") as b:
         if a.read() == b.read():
             return
-    raise TrainConfigError(f"--model {model_dir}: its tokenizer.json differs from the synthetic world's "
+    named = f"{key} {model_dir}" if key.startswith("--") else f"{key}={model_dir}"
+    raise TrainConfigError(f"{named}: its tokenizer.json differs from the synthetic world's "
                            f"({used}), so its answers would be read with another vocabulary. "
                            + ("" if os.path.isfile(os.path.join(model_dir, "reading_vocab.json")) else
                               f"{model_dir} has no reading_vocab.json: copy it from the base the model was "
@@ -493,12 +466,12 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
         cfg.world.objectives = objectives
     check_eval_args(cfg, checkpoint, split, limit)
     check_eval_out(out, checkpoint or model_dir)
-    validate(cfg, training=False)
-    check_input_paths(cfg)
-    check_retriever(cfg)
+    check_config(cfg, training=False)
     setup = build_setup(cfg, training=False)
     if model_dir:
         check_same_tokenizer(model_dir, setup)
+    refuse(episode_problems(cfg, setup, training=False, workflow=workflow), "evaluation config")
+    if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:
         policy, _ = restore_policy(checkpoint)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from memsearcher_jax.errors import UserInputError
 from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.index import read_manifest, write_manifest
@@ -80,13 +81,51 @@ class BM25Retriever:
         m = read_manifest(index_dir)
         if m["kind"] != "bm25":
             raise ValueError(f"{index_dir!r} holds a {m['kind']!r} index, not bm25")
-        model = bm25s.BM25.load(os.path.join(index_dir, BM25_DIR), mmap=mmap, show_progress=False)
-        return cls(model, DocStore(os.path.join(index_dir, DOCS_DIR)))
+        try:
+            model = bm25s.BM25.load(os.path.join(index_dir, BM25_DIR), mmap=mmap, show_progress=False)
+            docs = DocStore(os.path.join(index_dir, DOCS_DIR))
+        except (ValueError, OSError, KeyError, EOFError) as e:  # a damaged array, JSON or store file
+            where = _unreadable_file(index_dir) or f"a file in {os.path.join(index_dir, BM25_DIR)}"
+            raise UserInputError(f"the BM25 index in {index_dir} cannot be read: {where} is damaged or missing "
+                                 f"({type(e).__name__}: {str(e)[:200]}); rebuild it with `memsearcher-jax index`"
+                                 ) from None
+        return cls(model, docs)
+
+
+def _unreadable_file(index_dir: str) -> str | None:
+    """The first file of a saved BM25 index that does not parse (bm25s's own errors name none)."""
+    import json
+
+    from retrieval.corpus import DocStore
+
+    for sub in (BM25_DIR, DOCS_DIR):
+        folder = os.path.join(index_dir, sub)
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                if name.endswith(".npy"):
+                    np.load(path, mmap_mode="r")
+                elif name.endswith(".json"):
+                    with open(path, encoding="utf-8") as f:
+                        json.load(f)
+            except (ValueError, OSError, EOFError):
+                return path
+    docs = os.path.join(index_dir, DOCS_DIR)
+    try:
+        DocStore(docs).close()
+    except (ValueError, OSError):
+        return os.path.join(docs, DocStore.DOCS)
+    return None
 
 
 def _index(texts: list[str], k1: float = 1.5, b: float = 0.75):
+    tokens = _tokenize(texts, return_ids=True)
+    if not tokens.vocab:  # bm25s would fail with "max() arg is an empty sequence"
+        raise UserInputError(f"none of the {len(texts)} passages holds a word BM25 can index (every word is an "
+                             "English stopword or punctuation): give passages with text")
     model = _bm25s().BM25(k1=k1, b=b)
-    model.index(_tokenize(texts, return_ids=True), show_progress=False)
+    model.index(tokens, show_progress=False)
     return model
 
 

@@ -216,9 +216,9 @@ def run_serve(args) -> int:
         manifest = read_manifest(args.index)
         retriever = load_retriever(args.index, encoder_dir=args.encoder, nprobe=args.nprobe,
                                    ef_search=args.ef_search)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # a missing or damaged index: bad input, named
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     busy = port_in_use(args.host, args.port)
     if busy:
         print(f"error: cannot serve on {args.host}:{args.port}: {busy}; choose another --port", file=sys.stderr)

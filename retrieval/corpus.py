@@ -86,8 +86,8 @@ def read_corpus(path: str, *, skip_bad: bool = False, dedupe: bool = False,
             try:
                 passage = parse_line(_decode(raw, line_no), line_no)
             except CorpusFormatError as e:
-                if not skip_bad:
-                    raise
+                if not skip_bad:  # the way past it, named only where it was not taken
+                    raise CorpusFormatError(f"{e}; --skip-bad-lines skips such lines (counted)") from None
                 stats.skip(e)
                 continue
             if passage is None:
@@ -108,7 +108,7 @@ def _decode(raw: bytes, line_no: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CorpusFormatError(f"corpus line {line_no}: not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
-                                "re-encode the file or pass --skip-bad-lines") from None
+                                "re-encode the file") from None
 
 
 class DocLookup(Protocol):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from memsearcher_jax.errors import UserInputError
 from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.encoder import DenseEncoder, EncoderConfig
@@ -96,7 +97,13 @@ class DenseRetriever:
         if encoder is None:
             encoder = DenseEncoder(EncoderConfig(**m["encoder"]))
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap and cfg.type == "flat" else 0
-        index = faiss.read_index(os.path.join(index_dir, INDEX_FILE), flags)
+        path = os.path.join(index_dir, INDEX_FILE)
+        try:
+            index = faiss.read_index(path, flags)
+        except RuntimeError as e:  # faiss reports a short or damaged file as a RuntimeError
+            detail = (str(e).strip().splitlines() or [""])[-1][:200]
+            raise UserInputError(f"{path} cannot be read ({detail}): it is truncated or damaged; rebuild the index "
+                                 "with `memsearcher-jax index`") from None
         set_search_params(index, cfg)
         return cls(index, DocStore(os.path.join(index_dir, DOCS_DIR)), encoder, cfg)
 

@@ -19,6 +19,8 @@ import sys
 
 import numpy as np
 
+from memsearcher_jax.errors import UserInputError
+
 INDEX_TYPES = ("flat", "ivf_flat", "ivf_pq", "hnsw")
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -155,10 +157,17 @@ def read_manifest(index_dir: str) -> dict:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{index_dir!r} has no {MANIFEST}; expected a directory written by "
                                 "`memsearcher-jax index`")
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (ValueError, OSError) as e:  # JSON and UTF-8 errors are ValueErrors
+        raise UserInputError(f"{path} cannot be read ({type(e).__name__}: {e}): the index is damaged; rebuild it "
+                             "with `memsearcher-jax index`") from None
+    if not isinstance(manifest, dict):
+        raise UserInputError(f"{path}: expected a JSON object, got {type(manifest).__name__}; rebuild the index "
+                             "with `memsearcher-jax index`")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {manifest.get('format_version')!r}; expected {FORMAT_VERSION}")
+        raise UserInputError(f"{path}: format_version {manifest.get('format_version')!r}; expected {FORMAT_VERSION}")
     if manifest.get("kind") not in ("dense", "bm25"):
-        raise ValueError(f"{path}: kind {manifest.get('kind')!r}; expected 'dense' or 'bm25'")
+        raise UserInputError(f"{path}: kind {manifest.get('kind')!r}; expected 'dense' or 'bm25'")
     return manifest

@@ -117,7 +117,8 @@ def test_training_config_is_validated_before_anything_runs():
                       [("rl.group_size", "0"), ("retrieval.kind", "http"), ("agent.top_p", "1.5")])
     with pytest.raises(TrainConfigError) as e:
         validate(cfg)
-    assert "rl.group_size must be >= 1" in str(e.value) and "retrieval.kind=http needs retrieval.url" in str(e.value)
+    assert "rl.group_size=0" in str(e.value) and "needs >= 2" in str(e.value)
+    assert "retrieval.kind=http needs retrieval.url" in str(e.value)
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), [("agent.top_p", "1.5")])
     with pytest.raises(TrainConfigError, match=r"top_p must be in \(0, 1\]"):
         validate(cfg)

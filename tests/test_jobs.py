@@ -35,7 +35,7 @@ def _eval_args(worlds, *extra):
 def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from memsearcher_jax import experiment, jobs
+    from memsearcher_jax import experiment, validation
     from memsearcher_jax.jobs import restore_policy
     from memsearcher_jax.models import from_pretrained, param_dict
 
@@ -46,7 +46,7 @@ def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsy
 
     monkeypatch.setattr(experiment, "GRPOLearner", refuse)
     monkeypatch.setattr(experiment, "check_fits", refuse)
-    monkeypatch.setattr(jobs, "check_fits", refuse)
+    monkeypatch.setattr(validation, "check_fits", refuse)
     hf_dir = str(d / "hf")
     assert main(["export-hf", "--checkpoint", out, "--out", hf_dir]) == 0
     assert os.path.isfile(os.path.join(hf_dir, "tokenizer.json"))  # the world's tokenizer went along

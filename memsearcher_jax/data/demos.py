@@ -51,6 +51,7 @@ from memsearcher_jax.agent.workflows.memory_ops import (
     render_bank,
 )
 from memsearcher_jax.data.synthetic import objectives_of
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.qa_metrics import (
     normalize_answer,
     token_f1,
@@ -277,6 +278,10 @@ class _MemoryOpsBuilder(_Builder):
 RECORDERS = {"memsearcher": _Builder, "react": _ReactBuilder, "mem1": _Mem1Builder, "memory_ops": _MemoryOpsBuilder}
 
 
+class DemoScriptError(UserInputError):
+    """The demonstrator cannot script a question with this retriever or these turns."""
+
+
 def make_demonstrations(world_rows: Sequence[dict], builder: PromptBuilder, retriever, seed: int = 0,
                         config: DemoConfig | None = None) -> list[Demonstration]:
     """One scripted demonstration per question row (synthetic-world rows with `queries`, `facts`;
@@ -359,7 +364,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
 
     def next_turn() -> Conversation:
         if len(kinds) >= cfg.max_turns:
-            raise RuntimeError(f"row {row.get('id', idx)}: script did not answer within {cfg.max_turns} turns "
+            raise DemoScriptError(f"row {row.get('id', idx)}: script did not answer within {cfg.max_turns} turns "
                                f"({len(objs)} objectives); raise agent.max_turns")
         return tb.new_turn()
 
@@ -379,8 +384,9 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             text = " ".join(h.contents for h in hits)
             new_fact = facts[hop] if facts[hop] in text else None
             if new_fact is None and not vague_pending:
-                raise RuntimeError(f"row {row.get('id', idx)}: query {query!r} did not retrieve the hop-{hop + 1} "
-                                   f"fact {facts[hop]!r}; the world's queries must retrieve their passages")
+                raise DemoScriptError(f"row {row.get('id', idx)}: query {query!r} did not retrieve the hop-{hop + 1} "
+                                      f"fact {facts[hop]!r}; the world's queries must retrieve their passages (the "
+                                      "retriever must serve the synthetic world's corpus)")
             if new_fact is not None:
                 found.append(new_fact)
                 hop += 1

@@ -59,14 +59,32 @@ def _log(msg: str):
     print(f"[pretrain {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def _readable(read, ckpt_dir: str, step: int, fix: str):
+    """read(): a checkpoint written by a model of another shape, or a truncated one, is one line
+    naming it (Orbax and TensorStore raise many types, with a hundred lines of traceback)."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is reported the same way
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserInputError(f"checkpoint {step} in {ckpt_dir} cannot be read as this config's model "
+                             f"({type(e).__name__}: {detail}): it was written by a model of another shape (model.*) "
+                             f"or is truncated; {fix}") from None
+
+
 def _restore(manager, trainer: SFTTrainer, cfg: ml_collections.ConfigDict, vocab: ReadingVocab) -> int:
     """Loads the latest checkpoint into the trainer; returns its step (0 if none)."""
     if manager.latest_step() is None:
         return 0
     abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-    got = manager.restore(manager.latest_step(), args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract(trainer.params)),
-        opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state))))
+    try:
+        got = _readable(lambda: manager.restore(manager.latest_step(), args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract(trainer.params)),
+            opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state)))),
+            str(manager.directory), manager.latest_step(),
+            "resume with the config the run was started with, or pass --fresh to start over")
+    except UserInputError:
+        manager.close()  # its threads would print asyncio errors at exit
+        raise
     trainer.params, trainer.opt_state, step = got["params"], got["opt_state"], manager.latest_step()
     _log(f"resumed at step {step}")
     if cfg.model.recode_values_on_resume:  # a run begun without tied values switches to them
@@ -145,7 +163,9 @@ def checkpoint_model(cfg: ml_collections.ConfigDict, step: int = 0) -> tuple[int
     vocab, builder, trainer = _trainer(cfg, vocab_dir)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trainer.params)
     # A bare checkpointer on the params item: a CheckpointManager here could tidy the running run's files.
-    trainer.params = ocp.StandardCheckpointer().restore(os.path.join(ckpt_dir, str(step), "params"), abstract)
+    trainer.params = _readable(lambda: ocp.StandardCheckpointer().restore(os.path.join(ckpt_dir, str(step), "params"),
+                                                                         abstract),
+                               ckpt_dir, step, "give the config the run was started with, or another --probe-step")
     return step, vocab, builder, trainer.model()
 
 

@@ -123,6 +123,12 @@ class Trainer:
             self._best = ocp.CheckpointManager(self.out_dir / "best", options=opts)
         return self._best
 
+    def close(self) -> None:
+        """Finish pending saves and stop the managers' threads (left to exit, they print asyncio errors)."""
+        for manager in (m for m in (self._ckpt, self._best) if m is not None):
+            manager.close()
+        self._ckpt = self._best = None
+
     def _evaluate(self, metrics: dict) -> None:
         got = self.evaluate(self.sampler)
         metrics.update({f"eval/{k}": v for k, v in got.items() if isinstance(v, (int, float))})

@@ -1,0 +1,251 @@
+"""A config's checks, before any work; every message names the key and what was expected.
+
+    check_config(cfg, training=True)              # the one pass over the config: its values
+                                                  # (experiment.config_problems), the files it
+                                                  # names, the cache; then the plan, the retriever
+    episode_problems(cfg, setup, training=True)   # against the built set-up (tokenizer, questions):
+                                                  # what the config alone cannot tell
+Both run before any model is loaded, any warm start runs or the output directory is made.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+
+from memsearcher_jax import compile_stats
+from memsearcher_jax.agent.rollout import AgentConfig
+from memsearcher_jax.agent.trajectory import Trajectory
+from memsearcher_jax.agent.workflows import get_workflow
+from memsearcher_jax.data.synthetic import objectives_of
+from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.experiment import (
+    Setup,
+    agent_config,
+    config_problems,
+    demo_questions,
+    eval_questions,
+    refuse,
+)
+from memsearcher_jax.planner import check_fits
+
+# The first prompt grows with the question's length alone: the longest few questions bound it.
+LONGEST_QUESTIONS = 8
+
+
+def first_prompt_tokens(setup: Setup, agent: AgentConfig, question: str) -> int:
+    """Tokens of the first act call's context for `question`, built by the workflow as the turn
+    loop builds it (AgentRunner._run: start, then open_turn of turn 0)."""
+    wf = get_workflow(agent.workflow)
+    t = Trajectory(traj_id=0, group_id=0, question=question, golds=[])
+    wf.start(t, setup.builder, agent)
+    wf.open_turn(t, 0, setup.builder, agent)
+    return len(t.final.prompt_ids) + len(t.final.response_ids)
+
+
+def prompt_problems(cfg: ml_collections.ConfigDict, setup: Setup, agent: AgentConfig,
+                    questions: list[dict]) -> list[str]:
+    """The first prompt of every question must leave room for a whole act (min of
+    agent.max_new_tokens and agent.max_response_tokens) within agent.max_context_tokens: a longer
+    one gets a 1-token response (or none) on every turn and trains on nothing."""
+    longest = sorted(questions, key=lambda q: len(q["question"]), reverse=True)[:LONGEST_QUESTIONS]
+    if not longest:
+        return []
+    worst = max(first_prompt_tokens(setup, agent, q["question"]) for q in longest)
+    room = min(agent.max_new_tokens, agent.max_response_tokens)
+    if worst + room <= agent.max_context_tokens:
+        return []
+    objectives = f", world.objectives={cfg.world.objectives}" if setup.world is not None else ""
+    return [f"agent.max_context_tokens={agent.max_context_tokens}: the longest question's first prompt is {worst} "
+            f"tokens ({agent.workflow} workflow{objectives}), and a response needs up to {room} more "
+            "(agent.max_new_tokens, agent.max_response_tokens); raise agent.max_context_tokens to >= "
+            f"{worst + room}" + (" or lower world.objectives" if objectives and cfg.world.objectives > 1 else "")]
+
+
+def demo_turn_problems(cfg: ml_collections.ConfigDict, setup: Setup) -> list[str]:
+    """The warm start's demonstrator searches each hop of each objective in its own turn, then
+    answers: a question of n objectives needs up to 2n + 1 turns, and it has max(4, agent.max_turns)."""
+    if cfg.sft.steps <= 0 or setup.world is None:
+        return []
+    rows = demo_questions(cfg, setup)
+    need = max((sum(int(o["hops"]) for o in objectives_of(r)) + 1 for r in rows), default=0)
+    turns = max(4, cfg.agent.max_turns)
+    if need <= turns:
+        return []
+    return [f"agent.max_turns={cfg.agent.max_turns}: the warm start's demonstrations of world.objectives="
+            f"{cfg.world.objectives} questions need up to {need} turns (one search per hop of each objective, then "
+            f"the answer); raise agent.max_turns to >= {need}, lower world.objectives, or set sft.steps=0"]
+
+
+def demo_retrieval_problems(cfg: ml_collections.ConfigDict, setup: Setup, probes: int = 4) -> list[str]:
+    """The warm start's demonstrator searches the world's queries and records the facts they find:
+    a retriever serving another corpus finds none ("did not retrieve the hop-1 fact", a traceback
+    after the warm start began). A few of its first searches, tried now, tell."""
+    if cfg.sft.steps <= 0 or setup.world is None:
+        return []
+    rows = [o for r in demo_questions(cfg, setup)[:probes] for o in objectives_of(r)][:probes]
+    queries = [o["queries"][0] for o in rows]
+    found = setup.retriever.search(queries, cfg.agent.default_top_n) if queries else []
+    missed = [(q, o["facts"][0]) for q, o, hits in zip(queries, rows, found)
+              if o["facts"][0] not in " ".join(h.contents for h in hits[:cfg.agent.default_top_n])]
+    if not missed:
+        return []
+    where = {"http": f"retrieval.url={cfg.retrieval.url}", "index": f"retrieval.index_dir={cfg.retrieval.index_dir}"}
+    served = where.get(cfg.retrieval.kind, f"retrieval.kind={cfg.retrieval.kind}")
+    return [f"{served}: the retriever does not serve the synthetic world's passages ({len(missed)} of {len(queries)} "
+            f"of the warm start's first searches missed their fact, e.g. {missed[0][0]!r} did not return "
+            f"{missed[0][1]!r}); the warm start's demonstrations need the world's corpus ({setup.world.corpus}): "
+            "index and serve that, use retrieval.kind=bm25, or set sft.steps=0"]
+
+
+def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True,
+                     workflow: str | None = None) -> list[str]:
+    """Whether the episodes the job will run can run: training (its rollouts, its held-out
+    evaluations and its warm start's demonstrations) or evaluation (workflow: --workflow)."""
+    agent = agent_config(cfg)
+    if training:
+        questions = setup.train_questions + eval_questions(cfg, setup)
+        return (prompt_problems(cfg, setup, agent, questions) + demo_turn_problems(cfg, setup)
+                + demo_retrieval_problems(cfg, setup))
+    agent = agent.evaluation(cfg.agent.eval_max_turns)
+    if workflow:
+        agent = dataclasses.replace(agent, workflow=workflow)
+    return prompt_problems(cfg, setup, agent, setup.train_questions + setup.eval_questions)
+
+
+# ----------------------------------------------------------------------------- resuming a run
+
+RUN_CONFIG = os.path.join("logs", "run_config.json")  # in the output dir; --fresh removes logs/ with it
+# Keys a resumed run may change: how long it runs, how often it logs, evaluates and saves, where
+# its files and caches are, how the same computation is laid out or batched. Every other key
+# (workflow, objectives, world, warm start, reward, losses, optimizer, data, model) is the
+# experiment: a resume that changes one mixes two experiments in one curve and one summary.
+RESUMABLE = ("train.steps", "train.save_every", "train.keep", "train.eval_every", "train.log_samples_every",
+             "train.samples_per_log", "train.wandb_project", "train.compilation_cache_dir", "train.output_dir",
+             "world.cache_dir", "retrieval.url", "model.dtype", "model.remat", "sampler.batch_size",
+             "sampler.prefill_query_block", "rl.micro_batch_size", "rl.logprob_batch_size", "rl.logits_chunk",
+             "mesh.", "hardware.")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_record(cfg: ml_collections.ConfigDict) -> dict:
+    """The config as the run records it (JSON: tuples become lists)."""
+    return json.loads(json.dumps(cfg.to_dict(), default=str))
+
+
+def changed_keys(recorded: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(key, recorded value, value now) for every key of both that changes the experiment. A key
+    only one of them has (a config of another version) is not compared. train.steps is the
+    experiment under a cosine schedule, whose length it sets."""
+    old, new = _flat(recorded), _flat(now)
+    free = [k for k in RESUMABLE if not (k == "train.steps" and new.get("optim.schedule") == "cosine")]
+    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys())
+            if old[k] != new[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
+
+
+def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
+    """A resumed run (a local output dir holding RUN_CONFIG) must keep the recorded experiment:
+    TrainConfigError naming each changed key with both values."""
+    path = os.path.join(out, RUN_CONFIG)
+    if "://" in out or not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"{path} cannot be read ({type(e).__name__}: {e}): it records the run's config; "
+                             "restore it, or pass --fresh to start over") from None
+    changed = changed_keys(recorded, config_record(cfg))
+    if changed:
+        what = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changed[:6])
+        more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+        ckpts = os.path.join(out, "checkpoints")
+        steps = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) if os.path.isdir(ckpts) else []
+        at = f"checkpoint step {steps[-1]}: " if steps else ""
+        raise UserInputError(f"train.output_dir={out} holds a run of another experiment ({at}{what}{more}; recorded in "
+                             f"{path}): resume it with those settings, or pass --fresh, or choose another "
+                             "train.output_dir (only the steps, the logging, evaluation and checkpoint cadence, "
+                             "paths and batching may change on resume)")
+
+
+def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
+    """Write RUN_CONFIG once, when the run starts (a run from before records its config now)."""
+    path = os.path.join(out, RUN_CONFIG)
+    if "://" in out or os.path.exists(path):
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config_record(cfg), f, indent=2)
+
+
+# ----------------------------------------------------------------------------- files the job will write
+
+def cache_dir_problems(configured: str | None) -> list[str]:
+    """The persistent compilation cache (train.compilation_cache_dir, or the environment's
+    override) must be a directory the job can make and write: a file there, or under it, was a
+    FileExistsError / NotADirectoryError traceback."""
+    path = compile_stats.resolve_cache_dir(configured)
+    if not path:
+        return []
+    env = os.environ.get(compile_stats.CACHE_DIR_ENV)
+    named = (f"${compile_stats.CACHE_DIR_ENV}={env}" if env is not None
+             else f"train.compilation_cache_dir={configured if configured is not None else path}")
+    fix = (f"point {'it' if env is not None else 'train.compilation_cache_dir'} at a directory, or set it to '' "
+           "for no cache")
+    parent = path
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        where = "is a file" if parent == path else f"lies under the file {parent}"
+        return [f"{named}: {path} {where}, not a directory; {fix}"]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"{named}: {parent} is not writable; {fix}"]
+    return []
+
+
+def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """The local files and directories the job reads exist. Evaluation (training=False) never
+    reads data.train_path, so it is not asked for."""
+    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
+    if not cfg.world.enabled:
+        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
+        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
+    if cfg.retrieval.kind == "index":
+        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
+    return [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
+            for key, value, exists in wanted
+            if value and "://" not in value and not exists(os.path.expanduser(value))]
+
+
+def check_retriever(cfg: ml_collections.ConfigDict) -> None:
+    """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
+    if cfg.retrieval.kind == "http":
+        from retrieval.client import HTTPRetriever
+
+        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
+            retriever.check_reachable()
+
+
+def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """The one pass over a config before any work: every problem of its values, of the files it
+    names and of the compilation cache, reported together (TrainConfigError); then what needs sane
+    values to be asked: whether training fits its devices (planner.check_fits, PlanError with the
+    table) and whether an HTTP retriever answers."""
+    problems = config_problems(cfg, training) + input_path_problems(cfg, training)
+    if training:
+        problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
+    refuse(problems, "training config" if training else "evaluation config")
+    if training:
+        check_fits(cfg)  # before the warm start compiles anything
+    check_retriever(cfg)
