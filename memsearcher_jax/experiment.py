@@ -212,6 +212,21 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> li
         problems.append("data.train_path is required when world.enabled is false")
     if not training and not cfg.world.enabled and not cfg.data.eval_path:
         problems.append("data.eval_path (a directory of evaluation sets) is required when world.enabled is false")
+    problems += model_problems(cfg)
+    if problems:
+        return problems
+    try:
+        agent_config(cfg)
+        grpo_config(cfg)
+        loop_config(cfg)
+    except (ValueError, TypeError) as e:
+        return [str(e)]
+    return []
+
+
+def model_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The model section's values: dtypes, LoRA settings, and a source that exists."""
+    problems = []
     for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
         if cfg.model[key] not in DTYPES:
             problems.append(f"model.{key} must be one of {DTYPES}, got {cfg.model[key]!r}")
@@ -227,15 +242,7 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> li
             problems.append(f"model.lora_alpha must be > 0, got {lora['lora_alpha']}")
     if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
         problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
-    if problems:
-        return problems
-    try:
-        agent_config(cfg)
-        grpo_config(cfg)
-        loop_config(cfg)
-    except (ValueError, TypeError) as e:
-        return [str(e)]
-    return []
+    return problems
 
 
 def value_problems(cfg: ml_collections.ConfigDict) -> list[str]:

@@ -223,9 +223,8 @@ class Trainer:
         return bool(np.sum(multihost_utils.process_allgather(np.asarray(len(kept), np.int32))) > 0)
 
     def train_step(self) -> dict:
-        """One GRPO step: rollout (under zero_std, dynamic sampling), then the update. Under zero_std
-        a step whose groups all tie has nothing to learn (every advantage 0: only KL, entropy and
-        AdamW's momentum and decay would move the weights), so its update is skipped and counted."""
+        """One GRPO step: rollout (under zero_std, dynamic sampling), then the update. Under zero_std a step
+        whose groups all tie has nothing to learn (all advantages 0), so its update is skipped and counted."""
         loop = self.loop
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
         self.runner.stats = type(self.runner.stats)()
@@ -244,8 +243,7 @@ class Trainer:
         self.skipped_updates += 0 if update_any else 1
         self.step += 1
         stats = self.runner.stats
-        # Multi-host: the rollout metrics (rewards, turns, timings) are this host's trajectories;
-        # "rows" and the update's metrics are global.
+        # Multi-host: rollout metrics are this host's trajectories; "rows" and the update's are global.
         metrics = rollout_metrics(trajs, results, num_rows)
         metrics.update(filtered_groups=dropped, refill_rounds=refills, skipped_update=int(not update_any), **skip,
                        **update)
