@@ -489,7 +489,12 @@ def main(argv=None) -> int:
         print(f"paper_tables: --out {args.out}: {existing_parent(root)} is a file, not a directory; give a new or "
               "empty directory (or this bench's earlier --out)", file=sys.stderr)
         return 2
-    seeds = counts_arg(args.seeds, "--seeds") if args.seeds.strip() != "0" else (0,)
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        raise UserInputError(f"--seeds {args.seeds!r}: expected comma-separated whole numbers >= 0 (e.g. 0,1,2)")
     reports = {}
     for seed in seeds:
         base = load_config(args.config, overrides)

@@ -330,3 +330,11 @@ def test_eval_gives_each_objective_memory_and_table2_reads_four_objectives():
     two = {"memsearcher": {"grpo": {2: {"prompt_tokens_by_turn": by_turn}}}}
     assert pt.table2_objectives({"workflows": four, "train_objectives": 2}) == 4
     assert pt.table2_objectives({"workflows": two, "train_objectives": 2}) == 2
+
+
+def test_bad_seeds_are_one_line(capsys, tmp_path, monkeypatch):
+    """--seeds: whole numbers >= 0; anything else is one line on stderr and exit 2, before any work."""
+    for bad in ("a", "-1", ""):
+        monkeypatch.setattr("sys.argv", ["paper_tables.py", "--seeds", bad, "--out", str(tmp_path / "o")])
+        assert pt.cli() == 2
+        assert "--seeds" in capsys.readouterr().err and not (tmp_path / "o").exists()
