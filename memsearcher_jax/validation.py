@@ -195,7 +195,10 @@ def cache_dir_problems(configured: str | None) -> list[str]:
     """The persistent compilation cache (train.compilation_cache_dir, or the environment's
     override) must be a directory the job can make and write: a file there, or under it, was a
     FileExistsError / NotADirectoryError traceback."""
-    path = compile_stats.resolve_cache_dir(configured)
+    try:
+        path = compile_stats.resolve_cache_dir(configured)
+    except ValueError as e:  # a blank directory (it would become a directory named " ")
+        return [str(e)]
     if not path:
         return []
     env = os.environ.get(compile_stats.CACHE_DIR_ENV)
