@@ -294,9 +294,12 @@ def test_two_processes_match_one_process_and_checkpoints_cross_layouts(tmp_path)
     single, multi, eight = (_load(os.path.join(out, f"trained_{t}.npz")) for t in ("single", "multi", "eight"))
     initial_gap = _max_diff(single, _load(os.path.join(out, "restored_multi.npz")))
     assert initial_gap == 0.0  # the 1-process checkpoint restores bit-exactly on 2 processes
-    assert _max_diff(multi, single) < 1e-5
-    assert _max_diff(eight, single) < 1e-5
-    assert _max_diff(eight, multi) < 1e-5
+    # Packed rows (rl.pack_rows) come in blocks whose row count is a multiple of the mesh's batch
+    # shards, so 8 devices sum the same tokens in another grouping than 1; AdamW's normalised step
+    # turns those last-bit differences into up to ~1e-5 on near-zero gradients (measured 1.09e-5).
+    assert _max_diff(multi, single) < 3e-5
+    assert _max_diff(eight, single) < 3e-5
+    assert _max_diff(eight, multi) < 1e-5  # the same 8 shards: the same grouping
     # The 2-process checkpoint restores on 1 process x 8 devices to what the 2 processes held.
     assert _max_diff(_load(os.path.join(out, "restored_eight.npz")), multi) == 0.0
     # The step moved the weights (else equality would be vacuous), from the same start everywhere.

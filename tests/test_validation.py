@@ -240,8 +240,9 @@ def test_pretrain_checkpoint_of_another_shape_or_truncated_is_one_line(tmp_path,
 
     from tests.test_pretrain import BASE_V8, SHORT_CONFIG
 
-    short = tmp_path / "short_base.py"
-    short.write_text(SHORT_CONFIG.format(base=BASE_V8))
+    short = tmp_path / "short_base.py"  # base_v8's first two phases, at steps 0 and 2 of 3
+    short.write_text(SHORT_CONFIG.format(base=BASE_V8).replace("c.phases[:3], (0, 2, 3), (4, 2, 2)",
+                                                                 "c.phases[:2], (0, 2), (4, 2)"))
     overrides = [
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
