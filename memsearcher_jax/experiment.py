@@ -295,16 +295,24 @@ def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
     return counts
 
 
+def auto_flag(cfg: ml_collections.ConfigDict, section: str, key: str) -> str:
+    """A setting that is "auto", True or False (a bool or its spelling), as "auto" / "true" / "false";
+    UserInputError naming the key for anything else."""
+    value = cfg[section].get(key, "auto")
+    mode = str(value).strip().lower()
+    if mode not in ("auto", "true", "false"):
+        raise UserInputError(f"{section}.{key}={value!r}: expected auto, True or False")
+    return mode
+
+
 def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
     """Whether the system prompts state the N-answer format (`agent.multi_answer_prompt`): "auto"
     states it when the task asks several questions at once, in the world (world.objectives) or in
     the warm start's demonstrations (sft.demo_objectives); True / False force it."""
-    value = str(cfg.agent.get("multi_answer_prompt", "auto")).strip().lower()
-    if value == "auto":
+    mode = auto_flag(cfg, "agent", "multi_answer_prompt")
+    if mode == "auto":
         return cfg.world.objectives > 1 or max(demo_objective_counts(cfg)) > 1
-    if value in ("true", "false"):
-        return value == "true"
-    raise ValueError(f"agent.multi_answer_prompt={cfg.agent.multi_answer_prompt!r}: expected auto, True or False")
+    return mode == "true"
 
 
 def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:

@@ -23,6 +23,7 @@ from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
     Setup,
     TrainConfigError,
+    auto_flag,
     build_sampler,
     build_setup,
     build_trainer,
@@ -88,26 +89,13 @@ def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None =
                      max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len)
 
 
-TIE_MODES = ("auto", "true", "false")
-
-
-def tie_mode(cfg: ml_collections.ConfigDict) -> str:
-    """`sft.tie_embedding_rows` as "auto", "true" or "false" (a bool or its spelling is accepted)."""
-    value = cfg.sft.get("tie_embedding_rows", "auto")
-    mode = str(value).strip().lower()
-    if mode not in TIE_MODES:
-        raise UserInputError(f"sft.tie_embedding_rows={value!r}: expected auto (tie where the model has a reading "
-                             "vocabulary), True or False")
-    return mode
-
-
 def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:
     """The reading vocabulary's name rows (a group per type) and value rows (a group per kind), which
     SFT then moves together, as pretraining did; None when `sft.tie_embedding_rows` is off, or "auto"
     on a model without a reading vocabulary (a real checkpoint, a random init). Untied, SFT on
     demonstrations about training entities moves those names' rows alone, and a held-out name (never
     asked about in training) no longer looks like them (docs/lab/2026-11-29-reading-v8-ships.md)."""
-    mode = tie_mode(cfg)
+    mode = auto_flag(cfg, "sft", "tie_embedding_rows")
     has_vocab = ReadingVocab.exists(setup.tokenizer_dir)
     if mode == "false" or (mode == "auto" and not has_vocab):
         return None
