@@ -1,8 +1,9 @@
 """Ours vs Google Tunix (google-tunix 0.1.7), side by side on one checkpoint, and vs a floor.
 
     bench/peers_setup.sh                      # once: Tunix's own venv (it pins safetensors<0.8)
-    python bench/peers.py [--quick] [--small] [--rows update,plain1,plain8,agent,plain32]
-                          [--results FILE.jsonl] [--update-rows 16 --micro 8] [--layers N] [--repeats 2]
+    python bench/peers.py [--quick] [--small] [--rows update,agent_update,plain1,plain8,agent,plain32]
+                          [--results FILE.jsonl] [--update-rows 16 --micro 8] [--agent-rows 128]
+                          [--layers N] [--repeats 2]
     python bench/peers.py --table FILE.jsonl   # the table of rows measured so far
 
 One random-weight Qwen2.5-0.5B-shaped f32 checkpoint (HF format; --small: a smaller shape) is
@@ -36,6 +37,13 @@ Rows:
   Our learner alone holds five parameter-sized f32 arrays (params, reference, AdamW's two
   moments, the gradient sum: ~10 GB at 0.5B) before activations; where that does not fit,
   --layers N keeps the shape's widths and vocabulary with N layers (the rows say so).
+- agent_update: the same update (and log-prob pass) on agent-shaped rows, --agent-rows
+  conversations of 70-400 tokens shaped like the default job's (bench/peers_agent.py): ours
+  packed (rl.pack_rows), Tunix padded as its GRPO learner pads (prompts left-padded to the longest
+  context, completions right-padded to the longest response). A check round of ours comes first
+  (old/ref log-probs, the step's loss through our packed micro-batches); Tunix's first round
+  compares its step loss (the mean over its micro-batches) and times nothing unless the two
+  agree within peers_agent.LOSS_TOL; then Tunix and ours alternate. Floors count real tokens only.
 - whole GRPO step: not run; Tunix's loop could run on CPU (docs/benchmarks.md, "Against Tunix"), but it is
   rollout + reference log-probs + this update, each measured here, and it needs the actor,
   its AdamW state, the reference and the rollout model in memory at once.
@@ -65,6 +73,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers_agent  # noqa: E402  (bench/peers_agent.py: the agent-shaped update rows)
 from learner import forward_flops  # noqa: E402  (bench/learner.py: the learner floor's FLOP count, shared)
 from sampler import floor_seconds, measure_machine, small_config  # noqa: E402  (bench/sampler.py)
 
@@ -233,11 +242,13 @@ def tunix_batch(rows: dict, old: np.ndarray, ref: np.ndarray) -> str:
 
 def ours_update_worker(spec: dict) -> dict:
     """One round of our side in its own process: [first round: old/ref log-probs near the
-    model's own (written for Tunix), the loss of micro-batch 0], a warm-up step, timed steps."""
+    model's own (written for Tunix), the loss], a warm-up step, timed steps (repeats 0: none,
+    the check alone). spec["kind"] "agent": agent-shaped rows (bench/peers_agent.py), the loss
+    the whole step's through the packed micro-batches; else micro-batch 0's, unpacked."""
     import jax.experimental.compilation_cache.compilation_cache as cc
     jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.expanduser(XLA_CACHE), "ours"))
     cc.reset_cache()
-    micro = spec["micro"]
+    micro, agent = spec["micro"], spec.get("kind") == "agent"
     learner = GRPOLearner(from_pretrained(spec["dir"], dtype="float32"),
                           GRPOConfig(optimizer_steps=1, micro_batch_size=micro, logprob_batch_size=micro,
                                      shuffle_rows=False, min_seq_len=64, loss=LOSS,
@@ -249,22 +260,34 @@ def ours_update_worker(spec: dict) -> dict:
         lp = learner.compute_logprobs(learner.params, rows)
         noise = np.random.RandomState(1)
         old, ref = ((lp + 0.3 * noise.randn(*lp.shape) * d["loss_mask"]).astype(np.float32) for _ in range(2))
-        out["tunix_batch"] = tunix_batch(d, old, ref)
-        m = d["loss_mask"][:micro]
-        mb = {"tokens": d["tokens"][:micro], "attention": d["attention"][:micro], "loss_mask": m,
-              "weights": m / m.sum(), "advantages": d["advantages"][:micro], "old_logp": old[:micro],
-              "ref_logp": ref[:micro]}
-        loss_fn = jax.jit(micro_batch_loss, static_argnums=(1, 3))
-        out["loss"] = float(loss_fn(learner.params, learner.graphdef, jax.tree.map(jnp.asarray, mb), LOSS)[0])
-    learner.train_on_rows(rows, np.random.default_rng(0))  # warm-up (compiles, or loads the cached programs)
+        if agent:
+            out["tunix_batch"] = npz(**peers_agent.tunix_agent_layout(d, old, ref))
+            out["loss"] = peers_agent.packed_step_loss(learner, rows, old, ref)
+        else:
+            out["tunix_batch"] = tunix_batch(d, old, ref)
+            out["loss"] = micro_batch0_loss(learner, d, old, ref, micro)
     out["update"], out["logps"] = [], []
+    if spec["repeats"] == 0:
+        return out
+    learner.train_on_rows(rows, np.random.default_rng(0))  # warm-up (compiles, or loads the cached programs)
     for _ in range(spec["repeats"]):
         t0 = time.perf_counter()
         got = learner.train_on_rows(rows, np.random.default_rng(0))
         total = time.perf_counter() - t0
         out["update"].append(total - got["time_logprobs"])
         out["logps"].append(got["time_logprobs"] / 2)  # old and ref: two passes
+        out["pad_frac"] = got["pad_frac_packed"] if learner.config.pack_rows else got["pad_frac_unpacked"]
     return out
+
+
+def micro_batch0_loss(learner, d: dict, old, ref, micro: int) -> float:
+    """The loss of the first `micro` rows, unpacked (the plain update row's check)."""
+    m = d["loss_mask"][:micro]
+    mb = {"tokens": d["tokens"][:micro], "attention": d["attention"][:micro], "loss_mask": m,
+          "weights": m / m.sum(), "advantages": d["advantages"][:micro], "old_logp": old[:micro],
+          "ref_logp": ref[:micro]}
+    loss_fn = jax.jit(micro_batch_loss, static_argnums=(1, 3))
+    return float(loss_fn(learner.params, learner.graphdef, jax.tree.map(jnp.asarray, mb), LOSS)[0])
 
 
 def run_ours_round(spec: dict) -> dict:
@@ -280,12 +303,19 @@ def run_ours_round(spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_tunix_round(venv: str, ckpt: str, cfg, batch: str, micro_batches: int, first: bool, repeats: int) -> dict:
+def run_tunix_round(venv: str, ckpt: str, cfg, batch: str, micro_batches: int, first: bool, repeats: int,
+                    expect: float | None = None) -> dict:
+    """One Tunix learner in its own worker: [first: the loss (micro-batch 0's; with `expect`, the
+    whole step's, and no timing at all unless it is within peers_agent.LOSS_TOL of `expect`)], a
+    warm-up step, timed steps, log-prob passes."""
     t = Tunix(venv)
     try:
         t(op="load", dir=ckpt, config=tunix_config(cfg))
         t(op="update_setup", lr=LR, clip=CLIP, kl_coef=KL_COEF, dual_clip=DUAL_CLIP, micro_batches=micro_batches)
-        out = {"loss": t(op="loss", batch=batch)["loss"]} if first else {}
+        out = {"loss": t(op="loss", batch=batch, all=expect is not None)["loss"]} if first else {}
+        if first and expect is not None and not abs(out["loss"] - expect) <= peers_agent.LOSS_TOL:
+            raise RuntimeError(f"the losses differ: ours {expect:.6f}, Tunix {out['loss']:.6f} "
+                               f"(tolerance {peers_agent.LOSS_TOL}); nothing timed")
         t(op="update", batch=batch)  # warm-up
         out["update"] = [t(op="update", batch=batch)["seconds"] for _ in range(repeats)]
         t(op="logps", batch=batch)
@@ -335,6 +365,48 @@ def update_rows(args, ckpt, cfg, rng, measure):
                  tunix_all=theirs["logps"], **common)]
 
 
+def agent_update_rows(args, ckpt, cfg, measure):
+    """The update on agent-shaped rows (bench/peers_agent.py): our check round first (old/ref
+    log-probs for both, the step's loss through the packed micro-batches), then rounds of Tunix
+    (its loss checked against ours before it times anything) and ours, alternating."""
+    n_rows, micro = args.agent_rows, args.micro
+    if n_rows % micro:
+        raise SystemExit(f"--agent-rows {n_rows} is not a multiple of --micro {micro}")
+    rows = peers_agent.make_agent_rows(cfg.vocab_size, n_rows)
+    spec = dict(dir=ckpt, rows=npz(**rows), micro=micro, kind="agent", logits_chunk=args.logits_chunk)
+    check = run_ours_round(dict(spec, first=True, repeats=0))
+    ours, theirs, loss_t, rates = {"update": [], "logps": []}, {"update": [], "logps": []}, None, []
+    for r in range(args.repeats):
+        rates.append(measure())
+        got_t = run_tunix_round(args.tunix_venv, ckpt, cfg, check["tunix_batch"], n_rows // micro, r == 0, 1,
+                                expect=check["loss"])
+        loss_t = got_t.get("loss", loss_t)
+        got = run_ours_round(dict(spec, first=False, repeats=1))
+        for k in ours:
+            ours[k] += got[k]
+            theirs[k] += got_t[k]
+        print(f"  agent update round {r + 1}: Tunix step {got_t['update']} logps {got_t['logps']}; ours step "
+              f"{got['update']} logps {got['logps']}", flush=True)
+    rate, bw = max(x[0] for x in rates), max(x[1] for x in rates)
+    fwd = peers_agent.agent_flops(cfg, rows)
+    trained = int(rows["loss_mask"].sum())
+    real = int(rows["attention"].sum())
+    t_slots = n_rows * (int(rows["context"].max()) + int((rows["attention"].sum(axis=1) - rows["context"]).max()))
+    pads = f"padding ours {100 * got['pad_frac']:.0f}% (packed), Tunix {100 * (1 - real / t_slots):.0f}%"
+    common = dict(batch=peers_agent.describe(rows), rate=rate, bw=bw)
+    name = f"agent-shaped rows (micro-batches: ours {micro} packed rows, Tunix {micro} conversations)"
+    return [dict(row=f"GRPO update, 1 optimizer step, {name}", work=f"{trained} trained tokens",
+                 ours=min(ours["update"]), tunix=min(theirs["update"]),
+                 floor=3 * fwd / rate + 7 * 4 * cfg.num_params() / bw,
+                 check=f"step loss ours {check['loss']:.6f} Tunix {loss_t:.6f} (gap "
+                       f"{abs(check['loss'] - loss_t):.1e}, tol {peers_agent.LOSS_TOL:.0e}); {pads}",
+                 tokens_per_s=[trained / min(ours["update"]), trained / min(theirs["update"])],
+                 ours_all=ours["update"], tunix_all=theirs["update"], **common),
+            dict(row=f"log-prob pass, {name}", work=f"{real} real tokens", ours=min(ours["logps"]),
+                 tunix=min(theirs["logps"]), floor=fwd / rate, check=pads, ours_all=ours["logps"],
+                 tunix_all=theirs["logps"], **common)]
+
+
 # ----------------------------------------------------------------------------- table and main
 
 def table(results: list[dict]) -> str:
@@ -356,6 +428,8 @@ def table(results: list[dict]) -> str:
 def run_row(case, args, ckpt, cfg, rng, measure, state) -> list[dict]:
     if case == "update":
         return update_rows(args, ckpt, cfg, rng, measure)
+    if case == "agent_update":
+        return agent_update_rows(args, ckpt, cfg, measure)
     if "sampler" not in state:  # loaded after the update rows, so no learner shares memory with them
         state["sampler"] = Sampler(from_pretrained(ckpt, dtype="float32"), cache_dtype=jnp.float32,
                                    buckets=BucketConfig(min_shared_prefix=64))
@@ -370,11 +444,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rows and repeats (a shared machine)")
     ap.add_argument("--small", action="store_true", help="a smaller model shape than Qwen2.5-0.5B")
-    ap.add_argument("--rows", default="", help="comma list of update,plain1,plain8,agent,plain32 (in that order "
-                                               "by default)")
+    ap.add_argument("--rows", default="", help="comma list of update,agent_update,plain1,plain8,agent,plain32 (in "
+                                               "that order by default)")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per side (update: rounds)")
     ap.add_argument("--update-rows", type=int, default=0, help="rows (B x G) of the update (default 16; quick 8)")
-    ap.add_argument("--micro", type=int, default=0, help="rows per micro-batch, both sides (default 8)")
+    ap.add_argument("--micro", type=int, default=0, help="rows per micro-batch, both sides (default 8; "
+                                                          "agent_update: ours packed rows, Tunix conversations)")
+    ap.add_argument("--agent-rows", type=int, default=0, help=f"conversations of agent_update (default "
+                                                              f"{peers_agent.ROWS}; quick {peers_agent.ROWS_QUICK})")
     ap.add_argument("--logits-chunk", type=int, default=0,
                     help="our rl.logits_chunk in the update (0: the [rows, seq, vocab] logits whole, as Tunix "
                          "holds them; > 0 recomputes the head per chunk: less memory, FLOPs the floor does not count)")
@@ -394,13 +471,16 @@ def main():
         with open(args.table) as f:
             print(table([json.loads(line) for line in f if line.strip()]))
         return
-    rows = [r for r in (args.rows or ("update,plain1,plain8" if args.quick else "update,plain1,plain8,agent,plain32"))
+    rows = [r for r in (args.rows or ("update,agent_update,plain1,plain8" if args.quick
+                                      else "update,agent_update,plain1,plain8,agent,plain32"))
             .split(",") if r]
-    bad = [r for r in rows if r not in ("update", "agent") and not (r.startswith("plain") and r[5:].isdigit())]
+    bad = [r for r in rows if r not in ("update", "agent_update", "agent") and not
+           (r.startswith("plain") and r[5:].isdigit())]
     if bad:
-        raise SystemExit(f"unknown --rows {bad}: use update, agent, plainB (B a batch size)")
+        raise SystemExit(f"unknown --rows {bad}: use update, agent_update, agent, plainB (B a batch size)")
     args.update_rows = args.update_rows or (8 if args.quick else 16)
     args.micro = args.micro or 8
+    args.agent_rows = args.agent_rows or (peers_agent.ROWS_QUICK if args.quick else peers_agent.ROWS)
     results_path = args.results or tempfile.mktemp(prefix="bench_peers_", suffix=".jsonl")
     cfg = (small_config() if args.small else ModelConfig.qwen2_5_0_5b()).replace(dtype="float32",
                                                                                   param_dtype="float32")

@@ -7,6 +7,7 @@ per stdout line; arrays travel in .npz files.
         -> {"seconds", "tokens": NPZ}   (NPZ holds rows of generated ids, padded with -1)
     {"op": "update_setup", "lr", "clip", "kl_coef", "dual_clip", "micro_batches"}
     {"op": "loss", "batch": NPZ}      -> {"loss"}     (grpo_loss_fn on micro-batch 0, no step)
+    {"op": "loss", "batch": NPZ, "all": true} -> {"loss"}  (the mean over every micro-batch, no step)
     {"op": "update", "batch": NPZ}    -> {"seconds"}  (one optimizer step: micro_batches train steps)
     {"op": "logps", "batch": NPZ}     -> {"seconds"}  (per-token log-probs of every micro-batch)
 
@@ -130,8 +131,13 @@ class Worker:
         return out
 
     def loss(self, req):
-        ex = self._examples(req["batch"], self.micro)[0]  # micro-batch 0, as on our side
-        loss, aux = nnx.jit(lambda m, e: self.loss_fn(m, e))(self.trainer.model, ex)
+        """Micro-batch 0's loss (as on our side); "all": the step's, every micro-batch's averaged
+        (what optax.MultiSteps' averaged gradient is the gradient of)."""
+        exs = self._examples(req["batch"], self.micro)
+        fn = nnx.jit(lambda m, e: self.loss_fn(m, e))
+        if req.get("all"):
+            return {"loss": float(np.mean([float(fn(self.trainer.model, ex)[0]) for ex in exs]))}
+        loss, aux = fn(self.trainer.model, exs[0])
         return {"loss": float(loss), "kl": float(aux["kl"]), "clipfrac": float(aux["pg_clipfrac"])}
 
     def update(self, req):

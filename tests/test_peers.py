@@ -116,3 +116,92 @@ def test_tunix_and_ours_agree_on_the_grpo_loss(tiny_update, monkeypatch):
     theirs = peers.run_tunix_round(peers.DEFAULT_VENV, ckpt, cfg, got["tunix_batch"], 2, True, 1)
     assert theirs["loss"] == pytest.approx(got["loss"], abs=1e-5)
     assert theirs["update"][0] > 0 and theirs["logps"][0] > 0
+
+
+# ----------------------------------------------------------------------------- agent-shaped update rows
+
+import peers_agent  # noqa: E402
+
+
+def test_agent_rows_follow_the_default_jobs_shape():
+    """Seeded (the same rows every run), 70-400-token conversations averaging 130-190 tokens,
+    the loss mask on each response only, laid out as pack_rows does (quarter-octave width)."""
+    rows = peers_agent.make_agent_rows(512, 128)
+    again = peers_agent.make_agent_rows(512, 128)
+    for k in rows:
+        np.testing.assert_array_equal(rows[k], again[k])
+    n = rows["attention"].sum(axis=1)
+    assert n.min() >= 60 and n.max() <= 400 and 130 <= n.mean() <= 190
+    assert rows["tokens"].shape == (128, 448)  # bucket(400, 64, 4 steps an octave): 256, 320, 384, 448, 512
+    ctx = rows["context"]
+    assert ctx.min() >= 64 and ctx.max() <= 100
+    for i in (0, 7, 127):
+        assert not rows["loss_mask"][i, :ctx[i]].any() and rows["loss_mask"][i, ctx[i]:n[i]].all()
+        assert not rows["loss_mask"][i, n[i]:].any() and (rows["tokens"][i, :n[i]] >= 10).all()
+    assert peers_agent.describe(rows).startswith("128 conversations of ")
+
+
+def test_tunix_agent_layout_left_pads_prompts_and_right_pads_completions():
+    rows = peers_agent.make_agent_rows(512, 6)
+    old = np.random.RandomState(2).randn(*rows["tokens"].shape).astype(np.float32)
+    t = peers_agent.tunix_agent_layout(rows, old, old + 1)
+    ctx, n = rows["context"], rows["attention"].sum(axis=1)
+    p, c = t["prompt_ids"].shape[1], t["completion_ids"].shape[1]
+    assert p == ctx.max() and c == (n - ctx).max()
+    for i in range(6):
+        k, r = ctx[i], n[i] - ctx[i]
+        np.testing.assert_array_equal(t["prompt_ids"][i, p - k:], rows["tokens"][i, :k])
+        assert (t["prompt_ids"][i, :p - k] == peers_agent.PAD).all()
+        np.testing.assert_array_equal(t["completion_ids"][i, :r], rows["tokens"][i, k:k + r])
+        assert (t["completion_ids"][i, r:] == peers_agent.PAD).all() and t["completion_mask"][i].sum() == r
+        np.testing.assert_array_equal(t["old_logps"][i, :r], old[i, k:k + r])
+        np.testing.assert_array_equal(t["ref_logps"][i, :r], old[i, k:k + r] + 1)
+
+
+def test_agent_floor_counts_each_conversation_alone():
+    cfg = tiny_config()
+    rows = peers_agent.make_agent_rows(512, 3)
+    n, ctx = rows["attention"].sum(axis=1), rows["context"]
+    want = sum(peers.forward_flops(cfg, 1, int(a), int(a - b)) for a, b in zip(n, ctx))
+    assert peers_agent.agent_flops(cfg, rows) == pytest.approx(want)
+    # Less than the padded rows would cost: attention over each conversation, not the widest.
+    assert want < peers.forward_flops(cfg, 3, rows["tokens"].shape[1], int((n - ctx).max()))
+
+
+@pytest.mark.slow
+def test_packed_step_loss_is_the_unpacked_one(tmp_path):
+    """The bench's check runs our packed micro-batches; they must give the unpacked step loss."""
+    from memsearcher_jax.models import from_pretrained
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
+    cfg = tiny_config()
+    save_pretrained(Qwen2(cfg, rngs=nnx.Rngs(0)), str(tmp_path))
+    d = peers_agent.make_agent_rows(cfg.vocab_size, 12)
+    rows = peers.row_batch(d)
+    noise = np.random.RandomState(3)
+    old, ref = ((-2.0 + 0.3 * noise.randn(*d["loss_mask"].shape)) * d["loss_mask"] for _ in range(2))
+    losses = []
+    for pack in (True, False):
+        learner = GRPOLearner(from_pretrained(str(tmp_path), dtype="float32"),
+                              GRPOConfig(optimizer_steps=1, micro_batch_size=4, shuffle_rows=False,
+                                         pack_rows=pack, loss=peers.LOSS))
+        losses.append(peers_agent.packed_step_loss(learner, rows, old.astype(np.float32), ref.astype(np.float32)))
+    assert np.isfinite(losses[0]) and losses[0] != 0.0
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(os.path.expanduser(os.path.join(peers.DEFAULT_VENV, "bin", "python"))),
+                    reason="no Tunix venv (bench/peers_setup.sh makes it)")
+def test_agent_update_rows_smoke_on_a_tiny_model(tmp_path, monkeypatch):
+    """The whole agent_update row at a tiny size: the losses agree, both sides timed, ours packs."""
+    import argparse
+    cfg = tiny_config()
+    ckpt = str(tmp_path / "ckpt")
+    save_pretrained(Qwen2(cfg, rngs=nnx.Rngs(0)), ckpt)
+    monkeypatch.setattr(peers, "XLA_CACHE", str(tmp_path / "xla"))
+    args = argparse.Namespace(agent_rows=8, micro=4, repeats=1, logits_chunk=0, tunix_venv=peers.DEFAULT_VENV)
+    update, logps = peers.agent_update_rows(args, ckpt, cfg, lambda: (1e10, 1e10))
+    assert update["ours"] > 0 and update["tunix"] > 0 and logps["ours"] > 0 and logps["tunix"] > 0
+    gap = float(update["check"].split("(gap ")[1].split(",")[0])
+    assert gap <= peers_agent.LOSS_TOL
+    assert "padding ours" in update["check"] and update["batch"].startswith("8 conversations")
