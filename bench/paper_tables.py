@@ -16,8 +16,9 @@ then evaluated greedily on the held-out questions:
 - Table 4: memsearcher EM against its memory budget (agent.memory_budget), by default the
   trained memsearcher model evaluated at each budget; `--budget-training` trains one per budget.
 
-Episodes get room for the task: training runs max(agent.max_turns, 2N+1) turns at N
-objectives (a 2-hop question needs two searches), evaluation max(agent.eval_max_turns, 2N+2).
+Episodes get room for the task: training runs max(agent.max_turns, 2N+2) turns at N objectives
+(a 2-hop question needs two searches, plus the answer and one spare), and enough for the largest
+demonstration (2M+1 at M objectives); evaluation max(agent.eval_max_turns, 2N+3).
 Results go to OUT/results.json and OUT/tables.md (with the date and the command), and
 OUT/prompt_tokens_by_turn.png; each workflow's run lives in OUT/<workflow>/.
 
@@ -49,6 +50,7 @@ from memsearcher_jax.experiment import (
     TrainConfigError,
     build_sampler,
     build_setup,
+    demo_objective_counts,
     eval_runner,
     evaluate,
     sampling_mesh,
@@ -96,14 +98,17 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
         # question with two answers, EM 0 at 1), and more than the training count, so that the
         # format and the habit of searching every question reach the counts evaluated.
         cfg.sft.demo_objectives = ",".join(str(k) for k in range(1, max(4, train_objectives) + 1))
-    cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(train_objectives))
+    # Turns and memory cover the largest demonstration too (4 objectives: 9 turns, ~70 tokens of
+    # facts), so that the warm start never shows an episode the workflow would cut short.
+    most = max(train_objectives, *demo_objective_counts(cfg))
+    cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(most) - 1, turns_for(train_objectives))
     cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
     cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)
     cfg.train.output_dir = out_dir
     cfg.train.eval_questions = 0  # the bench evaluates itself, at every objective count
     cfg.train.eval_every = 0
-    if memory_budget is not None:
-        cfg.agent.memory_budget = memory_budget
+    cfg.agent.memory_budget = (memory_budget if memory_budget is not None
+                               else max(cfg.agent.memory_budget, MEMORY_PER_OBJECTIVE * most))
     return cfg
 
 

@@ -82,7 +82,14 @@ def test_workflow_config_gives_room_for_the_objectives():
     base = load_config(os.path.join(ROOT, "configs/default.py"))
     cfg = pt.workflow_config(base, "react", "/tmp/x/react", 2, memory_budget=32)
     assert (cfg.agent.workflow, cfg.world.objectives, cfg.agent.memory_budget) == ("react", 2, 32)
-    assert cfg.agent.max_turns == max(base.agent.max_turns, 6) and cfg.train.eval_questions == 0  # 2N+2
+    # 2N+2 = 6 for the pairs trained, but the warm start shows up to 4 questions (2x4 searches + the
+    # answer): the turns and the training memory cover those demonstrations too
+    assert cfg.agent.max_turns == 9 and cfg.train.eval_questions == 0
+    default_budget = pt.workflow_config(base, "memsearcher", "/tmp/x/ms", 2)
+    assert default_budget.agent.memory_budget == pt.MEMORY_PER_OBJECTIVE * 4
+    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.validation import demo_turn_problems
+    assert demo_turn_problems(default_budget, build_setup(default_budget)) == []
     # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
     assert cfg.agent.max_context_tokens == cfg.agent.max_response_tokens == 4096 > base.agent.max_context_tokens
     assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
