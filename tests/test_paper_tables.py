@@ -109,6 +109,18 @@ def test_quick_overrides_yield_to_the_command_line():
     assert overrides.index(("train.steps", "5")) > overrides.index(("train.steps", str(pt.QUICK["train.steps"])))
 
 
+
+def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_line_wins():
+    from memsearcher_jax.config_utils import load_config
+
+    config = os.path.join(ROOT, "configs/default.py")
+    _, overrides = pt.parse_args([])
+    assert load_config(config, overrides).sft.steps == pt.BENCH["sft.steps"] > load_config(config).sft.steps
+    _, overrides = pt.parse_args(["--config.sft.steps=7"])
+    assert load_config(config, overrides).sft.steps == 7
+    _, overrides = pt.parse_args(["--quick"])
+    assert load_config(config, overrides).sft.steps == pt.QUICK["sft.steps"]
+
 TINY = ["--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
         "--config.model.num_layers=2", "--config.model.head_dim=16", "--config.sft.steps=1",
         "--config.sft.num_demos=8", "--config.sft.batch_size=4", "--config.train.steps=1",
@@ -329,8 +341,9 @@ def test_eval_gives_each_objective_memory_and_table2_reads_four_objectives():
     from memsearcher_jax.config_utils import load_config
 
     cfg = pt.workflow_config(load_config(os.path.join(ROOT, "configs/default.py")), "memsearcher", "/tmp/x/m", 2)
-    assert cfg.agent.memory_budget == 64  # training keeps the config's budget
-    assert [pt.eval_config(cfg, n).agent.memory_budget for n in (1, 2, 4, 8, 16)] == [64, 64, 128, 256, 512]
+    # training holds the largest demonstration's facts (4 objectives), the config's 64 being less
+    assert cfg.agent.memory_budget == pt.MEMORY_PER_OBJECTIVE * 4 == 128
+    assert [pt.eval_config(cfg, n).agent.memory_budget for n in (1, 2, 4, 8, 16)] == [128, 128, 128, 256, 512]
     assert pt.eval_config(cfg, 8, memory_budget=16).agent.memory_budget == 16  # Table 4's own budget wins
     by_turn = [{"turn": 1, "mean": 80.0, "max": 90, "n": 3}]
     four = {"memsearcher": {"grpo": {2: {"prompt_tokens_by_turn": by_turn}, 4: {"prompt_tokens_by_turn": by_turn}}}}
