@@ -54,6 +54,7 @@ from memsearcher_jax.experiment import (
     eval_runner,
     evaluate,
     sampling_mesh,
+    train_objective_counts,
     validate,
     with_objectives,
 )
@@ -73,7 +74,11 @@ BUDGETS = (16, 32, 64, 128)
 # turns, where 150 (the default job's) is one; after one pass its memory update copied the old memory
 # whole in 69% of pair updates (teacher-forced), after three in 96%
 # (docs/lab/2026-11-29-memsearcher-worse-at-pairs.md).
-BENCH = {"sft.steps": 450}
+#
+# GRPO trains on a mix of 1-4 questions at once, not on pairs alone: trained on pairs, a model keeps
+# the warm start's habit of answering a single question without searching (the demonstrator's
+# early-answer flaw), which GRPO never sees; greedy at 1 objective both models searched 0 times.
+BENCH = {"sft.steps": 450, "world.objectives_mix": "1,2,3,4"}
 QUICK = {"sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_questions": 8, "rl.group_size": 4,
          "rl.micro_batch_size": 16, "train.save_every": 5}
 QUICK_EVAL_QUESTIONS = 30
@@ -106,7 +111,7 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
         cfg.sft.demo_objectives = ",".join(str(k) for k in range(1, max(4, train_objectives) + 1))
     # Turns and memory cover the largest demonstration too (4 objectives: 9 turns, ~70 tokens of
     # facts), so that the warm start never shows an episode the workflow would cut short.
-    most = max(train_objectives, *demo_objective_counts(cfg))
+    most = max(train_objectives, *demo_objective_counts(cfg), *train_objective_counts(cfg))
     cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(most) - 1, turns_for(train_objectives))
     cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
     cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)

@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.world.heldout_by = "entity"    # "entity": held-out names never asked about in training; "fact": held-out facts
     c.world.cache_dir = "~/.cache/memsearcher-jax/worlds"
     c.world.objectives = 1           # questions asked at once, joined "q1; q2" (MEM1's task; answer "a1; a2")
+    # GRPO's training questions at several counts in equal shares ("1,2,3,4"); "": world.objectives
+    # only. Evaluation asks world.objectives (or eval --objectives).
+    c.world.objectives_mix = ""
 
     c.data = ml_collections.ConfigDict()
     c.data.train_path = ""           # for real data: a FlashRAG jsonl / Search-R1 parquet file or dir

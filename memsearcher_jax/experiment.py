@@ -38,7 +38,7 @@ from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.agent.tools import tool_from_config
 from memsearcher_jax.data.demos import EARLY_TWO_HOP
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
-from memsearcher_jax.data.synthetic import check_objectives, join_objectives
+from memsearcher_jax.data.synthetic import check_objectives, join_objectives, mix_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
@@ -262,37 +262,54 @@ def value_problems(cfg: ml_collections.ConfigDict) -> list[str]:
 
 
 def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
-    """world.objectives: an integer >= 1, and above 1 only on the synthetic world; sft.demo_objectives
-    likewise, each of its counts."""
+    """world.objectives: an integer >= 1, and above 1 only on the synthetic world; each count of
+    world.objectives_mix and sft.demo_objectives likewise."""
     n = cfg.world.objectives
     try:
         check_objectives(n)
         counts = demo_objective_counts(cfg)
+        mix = train_objective_counts(cfg)
     except ValueError as e:
         return [str(e)]
     if n > 1 and not cfg.world.enabled:
         return [f"world.objectives={n} joins questions of the synthetic world; with world.enabled=false set "
                 "world.objectives=1"]
+    if max(mix) > 1 and not cfg.world.enabled:
+        return [f"world.objectives_mix={cfg.world.objectives_mix!r} joins questions of the synthetic world; with "
+                "world.enabled=false set world.objectives_mix=''"]
     if max(counts) > 1 and not cfg.world.enabled:
         return [f"sft.demo_objectives={cfg.sft.demo_objectives!r} joins questions of the synthetic world; with "
                 "world.enabled=false set sft.demo_objectives=''"]
     return []
 
 
-def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
-    """`sft.demo_objectives` ("1,2") as counts; "" means world.objectives alone. ValueError naming
-    the key for anything but comma-separated integers >= 1."""
-    spec = str(cfg.sft.demo_objectives).strip()
+def _objective_counts(spec, key: str, default: int) -> tuple[int, ...]:
+    """A comma-separated list of objective counts ("1,2") as a tuple; "" means (default,).
+    ValueError naming the key for anything but comma-separated integers >= 1."""
+    spec = str(spec).strip()
     if not spec:
-        return (cfg.world.objectives,)
+        return (default,)
     try:
         counts = tuple(int(x) for x in spec.split(","))
         for c in counts:
             check_objectives(c)
     except ValueError:
-        raise ValueError(f"sft.demo_objectives must be comma-separated integers >= 1 (e.g. '1,2'; '' for "
-                         f"world.objectives), got {cfg.sft.demo_objectives!r}") from None
+        raise ValueError(f"{key} must be comma-separated integers >= 1 (e.g. '1,2'; '' for world.objectives), "
+                         f"got {spec!r}") from None
     return counts
+
+
+def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """`sft.demo_objectives` ("1,2") as counts; "" means the training questions' counts."""
+    if not str(cfg.sft.demo_objectives).strip():
+        return train_objective_counts(cfg)
+    return _objective_counts(cfg.sft.demo_objectives, "sft.demo_objectives", cfg.world.objectives)
+
+
+def train_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """`world.objectives_mix` ("1,2,3,4") as counts: GRPO's training questions in equal shares at
+    each; "" means world.objectives alone. Evaluation asks world.objectives (or --objectives)."""
+    return _objective_counts(cfg.world.get("objectives_mix", ""), "world.objectives_mix", cfg.world.objectives)
 
 
 def auto_flag(cfg: ml_collections.ConfigDict, section: str, key: str) -> str:
@@ -311,7 +328,7 @@ def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
     the warm start's demonstrations (sft.demo_objectives); True / False force it."""
     mode = auto_flag(cfg, "agent", "multi_answer_prompt")
     if mode == "auto":
-        return cfg.world.objectives > 1 or max(demo_objective_counts(cfg)) > 1
+        return max(cfg.world.objectives, *demo_objective_counts(cfg), *train_objective_counts(cfg)) > 1
     return mode == "true"
 
 
@@ -320,12 +337,9 @@ def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
     as GRPO sees it, or (sft.demo_objectives) equal shares at each objective count, interleaved
     so any prefix keeps the shares."""
     counts = demo_objective_counts(cfg)
-    if set(counts) == {cfg.world.objectives}:  # the training set itself (also with no world: "1", "1,1")
-        return setup.train_questions[: cfg.sft.num_demos]
-    train = read_jsonl(setup.world.train)
-    sets = [join_objectives(train, n, seed=cfg.world.seed) for n in counts]
-    mixed = [s[i] for i in range(len(train)) for s in sets]
-    return mixed[: cfg.sft.num_demos]
+    if not str(cfg.sft.demo_objectives).strip() or setup.world is None:
+        return setup.train_questions[: cfg.sft.num_demos]  # the training set itself (also with no world)
+    return mix_objectives(read_jsonl(setup.world.train), counts, seed=cfg.world.seed)[: cfg.sft.num_demos]
 
 
 def load_reward_fn(spec: str) -> Callable:
@@ -390,7 +404,7 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                             multi_answer=multi_answer_prompt(cfg))
     if world_paths is not None:
         n = cfg.world.objectives
-        train_q = join_objectives(read_jsonl(world_paths.train), n, seed=cfg.world.seed)
+        train_q = mix_objectives(read_jsonl(world_paths.train), train_objective_counts(cfg), seed=cfg.world.seed)
         eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(world_paths.heldout), n, seed=cfg.world.seed)}
         missing_sets: dict[str, str] = {}
     else:

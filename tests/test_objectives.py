@@ -275,6 +275,44 @@ def test_demo_objectives_mix_counts_in_equal_shares():
     assert rows[1] == setup.train_questions[0]  # the pairs are the very questions GRPO trains on
 
 
+def test_mix_objectives_interleaves_equal_shares(world):
+    from memsearcher_jax.data.synthetic import mix_objectives
+
+    mixed = mix_objectives(world.train, (1, 2, 4), seed=3)
+    assert len(mixed) == 3 * len(world.train)
+    assert [len(objectives_of(q)) for q in mixed[:7]] == [1, 2, 4, 1, 2, 4, 1]  # any prefix keeps the shares
+    assert mixed[1::3] == join_objectives(world.train, 2, seed=3) and mixed[0::3] == world.train
+    assert mix_objectives(world.train, (2,), seed=3) == join_objectives(world.train, 2, seed=3)
+
+
+def test_grpo_trains_on_the_objectives_mix_and_evaluates_world_objectives():
+    from memsearcher_jax.experiment import (
+        build_setup,
+        demo_objective_counts,
+        multi_answer_prompt,
+        train_objective_counts,
+    )
+
+    cfg = _cfg(objectives=1, objectives_mix="1,2,3")
+    setup = build_setup(cfg)
+    assert [len(objectives_of(q)) for q in setup.train_questions[:6]] == [1, 2, 3, 1, 2, 3]
+    assert all("objectives" not in q for q in setup.eval_questions)  # evaluation: world.objectives
+    # the demonstrations follow the training mix unless sft.demo_objectives says otherwise, and
+    # the prompt states the N-answer format
+    assert train_objective_counts(cfg) == demo_objective_counts(cfg) == (1, 2, 3) and multi_answer_prompt(cfg)
+    assert train_objective_counts(_cfg(objectives=2)) == (2,)
+
+
+@pytest.mark.parametrize("bad", ["0,2", "one"])
+def test_validate_names_world_objectives_mix(bad):
+    from memsearcher_jax.experiment import TrainConfigError, validate
+
+    with pytest.raises(TrainConfigError, match=r"world\.objectives_mix must be comma-separated integers >= 1"):
+        validate(_cfg(objectives_mix=bad))
+    with pytest.raises(TrainConfigError, match=r"world\.objectives_mix='1,2' joins questions of the synthetic"):
+        validate(_cfg(objectives_mix="1,2", enabled=False), training=False)
+
+
 @pytest.mark.parametrize("bad", ["0,2", "one", "1,,2"])
 def test_validate_names_sft_demo_objectives(bad):
     from memsearcher_jax.experiment import TrainConfigError, validate

@@ -458,6 +458,14 @@ def objectives_of(row: dict[str, Any]) -> list[dict[str, Any]]:
     return list(row["objectives"]) if "objectives" in row else [row]
 
 
+def mix_objectives(rows: list[dict[str, Any]], counts: tuple[int, ...], seed: int = 0) -> list[dict[str, Any]]:
+    """Questions at several objective counts in equal shares: `join_objectives` at each count,
+    interleaved (row i at every count, then row i + 1), so that any prefix keeps the shares; one
+    count gives `join_objectives` itself."""
+    sets = [join_objectives(rows, n, seed=seed) for n in counts]
+    return sets[0] if len(sets) == 1 else [s[i] for i in range(len(rows)) for s in sets]
+
+
 def join_objectives(rows: list[dict[str, Any]], n: int, seed: int = 0) -> list[dict[str, Any]]:
     """Multi-objective questions of N distinct rows each (MEM1's task); n=1 gives `rows` as they are.
 
