@@ -421,6 +421,28 @@ def test_metrics_and_loss_read_only_loss_tokens_with_real_logprobs():
     assert m2["ratio_max"] - m2["ratio_min"] > 1e-3
 
 
+
+def test_tied_groups_drift_after_the_first_adamw_step_scales_with_lr():
+    """Issue 56, 11b (docs/lab/2026-11-29-first-step-kl.md): every group tied (advantages 0), so only the
+    entropy bonus pulls and its gradient is tiny; AdamW's first step, lr * g / (|g| + eps), still moves
+    every weight by ~lr. The first mini-batch's ratios stay 1 (no mismatch between the passes); the
+    second's drift from 1 is the first update's, linear in lr."""
+    rows = _toy_rows()
+    rows.advantages[:] = 0.0
+
+    def step(lr):
+        learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(4)),
+                              GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=1, min_seq_len=8,
+                                         shuffle_rows=False, optim=OptimConfig(learning_rate=lr)))
+        m = learner.train_on_rows(rows, np.random.default_rng(0))
+        assert m["ratio_min_first"] == pytest.approx(1.0, abs=1e-6)
+        assert m["ratio_max_first"] == pytest.approx(1.0, abs=1e-6)
+        return max(-np.log(m["ratio_min"]), np.log(m["ratio_max"])), m["grad_norm"]
+
+    (big, grad_norm), (small, _) = step(1e-3), step(1e-4)
+    assert grad_norm < 0.05  # far below the clip (1.0): nothing scales the step down
+    assert small > 1e-4 and big / small == pytest.approx(10.0, rel=0.15)
+
 def test_tis_log_ratio_clamp_is_the_configured_one():
     # The trainer finds the sampled tokens of half the rows e^3 times likelier than the sampler
     # did, the other half equally likely; with a large cap their TIS weights are

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder
@@ -71,17 +72,43 @@ def _readable(read, ckpt_dir: str, step: int, fix: str):
                              f"or is truncated; {fix}") from None
 
 
+def _shapes(tree) -> dict[str, tuple]:
+    """{'layers/q_kernel/value': shape} of a params tree or of a checkpoint's tree metadata."""
+    name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(map(name, path)): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def _check_shapes(params, ckpt_dir: str, step: int, fix: str) -> None:
+    """Refuses checkpoint `step` when its saved params' shapes are not `params`' ones, from the
+    checkpoint's metadata alone: a failed Orbax restore leaves reader threads behind that print
+    asyncio "Event loop is closed" tracebacks at the interpreter's exit, after the message."""
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        saved = _readable(lambda: handler.metadata(epath.Path(ckpt_dir) / str(step) / "params"), ckpt_dir, step, fix)
+    finally:
+        handler.close()
+    saved, now = _shapes(getattr(saved, "tree", saved)), _shapes(params)
+    differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if differ:
+        what = ", ".join(f"{k.removesuffix('/value')} {saved.get(k, 'absent')} -> {now.get(k, 'absent')}"
+                         for k in differ[:3])
+        raise UserInputError(f"checkpoint {step} in {ckpt_dir} was written by a model of another shape "
+                             f"(model.*; {what}{', ...' if len(differ) > 3 else ''}): {fix}")
+
+
 def _restore(manager, trainer: SFTTrainer, cfg: ml_collections.ConfigDict, vocab: ReadingVocab) -> int:
     """Loads the latest checkpoint into the trainer; returns its step (0 if none)."""
     if manager.latest_step() is None:
         return 0
     abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+    fix = "resume with the config the run was started with, or pass --fresh to start over"
     try:
+        _check_shapes(trainer.params, str(manager.directory), manager.latest_step(), fix)
         got = _readable(lambda: manager.restore(manager.latest_step(), args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract(trainer.params)),
             opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state)))),
-            str(manager.directory), manager.latest_step(),
-            "resume with the config the run was started with, or pass --fresh to start over")
+            str(manager.directory), manager.latest_step(), fix)
     except UserInputError:
         manager.close()  # its threads would print asyncio errors at exit
         raise
@@ -162,10 +189,11 @@ def checkpoint_model(cfg: ml_collections.ConfigDict, step: int = 0) -> tuple[int
     check_vocab_settings(vocab_dir, cfg)
     vocab, builder, trainer = _trainer(cfg, vocab_dir)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trainer.params)
+    fix = "give the config the run was started with, or another --probe-step"
+    _check_shapes(trainer.params, ckpt_dir, step, fix)
     # A bare checkpointer on the params item: a CheckpointManager here could tidy the running run's files.
     trainer.params = _readable(lambda: ocp.StandardCheckpointer().restore(os.path.join(ckpt_dir, str(step), "params"),
-                                                                         abstract),
-                               ckpt_dir, step, "give the config the run was started with, or another --probe-step")
+                                                                         abstract), ckpt_dir, step, fix)
     return step, vocab, builder, trainer.model()
 
 
