@@ -81,7 +81,10 @@ def test_bad_corpus_line_named_or_skipped(corpus, tmp_path, capsys):
     assert "indexed 60 passages" in cap.out and "skipped 1 bad line(s)" in cap.out and "line 61" in cap.err
 
 
-@pytest.mark.parametrize("kind", ["bm25", "dense"])
+# The dense case is slow (a second interpreter loads and warms up the encoder); in the fast lane
+# the bm25 case runs the same server process, test_index_dense_flat_then_search the dense index's
+# build, load and search, and tests/test_retrieval_encoder.py the warm-up.
+@pytest.mark.parametrize("kind", ["bm25", pytest.param("dense", marks=pytest.mark.slow)])
 def test_serve_retriever_subprocess(corpus, tmp_path, kind):
     path, queries, gold = corpus
     out = str(tmp_path / kind)
