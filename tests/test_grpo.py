@@ -446,6 +446,7 @@ def test_tied_groups_drift_after_the_first_adamw_step_scales_with_lr():
     assert grad_norm < 0.05  # far below the clip (1.0): nothing scales the step down
     assert small > 1e-4 and big / small == pytest.approx(10.0, rel=0.15)
 
+
 def test_tis_log_ratio_clamp_is_the_configured_one():
     # The trainer finds the sampled tokens of half the rows e^3 times likelier than the sampler
     # did, the other half equally likely; with a large cap their TIS weights are
