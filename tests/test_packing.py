@@ -154,10 +154,11 @@ def test_packed_loss_and_gradients_equal_the_unpacked_ones(mode):
     idx = np.random.default_rng(2).permutation(rows.num_rows)
     got = {}
     for pack in (False, True):
-        learner = _learner(pack, loss=loss)
+        learner = _learner(pack, loss=loss, max_pack_width=64)  # packed rows of 64: the 40-token rows share
         micro, denom = learner._micro_batches(rows, idx, old, ref, tis)
         if pack:  # really packed: fewer micro-batches, a row holding several conversations
             assert len(micro) < 4 and max(len(set(np.asarray(mb["segments"]).ravel()) - {-1}) for mb in micro) > 1
+            assert all(np.asarray(mb["tokens"]).shape[1] == 64 for mb in micro)
         acc = learner._zero_sums(learner.params)
         for mb in micro:
             acc = learner._accumulate(acc, learner.params, None, mb)
