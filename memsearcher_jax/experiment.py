@@ -38,7 +38,7 @@ from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
 from memsearcher_jax.agent.tools import tool_from_config
 from memsearcher_jax.data.demos import EARLY_TWO_HOP
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
-from memsearcher_jax.data.synthetic import check_objectives, join_objectives, mix_objectives
+from memsearcher_jax.data.synthetic import check_objectives, join_objectives, mix_objectives, parse_objective_counts
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
@@ -283,33 +283,17 @@ def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
     return []
 
 
-def _objective_counts(spec, key: str, default: int) -> tuple[int, ...]:
-    """A comma-separated list of objective counts ("1,2") as a tuple; "" means (default,).
-    ValueError naming the key for anything but comma-separated integers >= 1."""
-    spec = str(spec).strip()
-    if not spec:
-        return (default,)
-    try:
-        counts = tuple(int(x) for x in spec.split(","))
-        for c in counts:
-            check_objectives(c)
-    except ValueError:
-        raise ValueError(f"{key} must be comma-separated integers >= 1 (e.g. '1,2'; '' for world.objectives), "
-                         f"got {spec!r}") from None
-    return counts
-
-
 def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
     """`sft.demo_objectives` ("1,2") as counts; "" means the training questions' counts."""
     if not str(cfg.sft.demo_objectives).strip():
         return train_objective_counts(cfg)
-    return _objective_counts(cfg.sft.demo_objectives, "sft.demo_objectives", cfg.world.objectives)
+    return parse_objective_counts(cfg.sft.demo_objectives, "sft.demo_objectives", cfg.world.objectives)
 
 
 def train_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
     """`world.objectives_mix` ("1,2,3,4") as counts: GRPO's training questions in equal shares at
     each; "" means world.objectives alone. Evaluation asks world.objectives (or --objectives)."""
-    return _objective_counts(cfg.world.get("objectives_mix", ""), "world.objectives_mix", cfg.world.objectives)
+    return parse_objective_counts(cfg.world.get("objectives_mix", ""), "world.objectives_mix", cfg.world.objectives)
 
 
 def auto_flag(cfg: ml_collections.ConfigDict, section: str, key: str) -> str:
