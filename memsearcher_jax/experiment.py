@@ -43,7 +43,7 @@ from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.memory_estimates import lora_fields, training_row_width, turn_loop_buckets
+from memsearcher_jax.memory_estimates import lora_fields, turn_loop_buckets
 from memsearcher_jax.models import (
     CausalLM,
     ModelConfig,
@@ -79,7 +79,7 @@ class TrainConfigError(UserInputError):
 
 SECTIONS_OF = {AgentConfig: ("agent",), LossConfig: ("rl",), GRPOConfig: ("rl",), OptimConfig: ("optim",),
                LoopConfig: ("train", "rl")}
-COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim", "max_pack_width"),
+COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim"),
                    OptimConfig: ("total_steps", "later_rates"),
                    LoopConfig: ("output_dir", "sampling_dtype")}
 # Keys of those sections that no dataclass takes: read here, by name.
@@ -110,9 +110,9 @@ def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
 
 def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
     # The cosine schedule's length: every optimizer step of the run. later_rates belong to
-    # pretraining phases (memsearcher_jax/pretrain/), not to GRPO. Packed rows: as wide as the memory plan's.
+    # pretraining phases (memsearcher_jax/pretrain/), not to GRPO.
     optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps, later_rates=())
-    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg), optim=optim, max_pack_width=training_row_width(cfg))
+    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg), optim=optim)
 
 
 def output_path(path: str) -> str:

@@ -156,15 +156,6 @@ def conversation_tokens(cfg) -> int:
     return int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens))
 
 
-def training_row_width(cfg) -> int:
-    """Columns of the widest training row the plan sizes: the longest conversation padded as
-    grpo.pack_rows pads it (quarter octaves from rl.min_seq_len). rl.pack_rows packs rows up to it
-    (GRPOConfig.max_pack_width), micro_batch_size / logprob_batch_size rows a call at most."""
-    from memsearcher_jax.sampling.buckets import bucket
-
-    return bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
-
-
 def hosts_and_local_devices(cfg) -> tuple[int, int]:
     """(hosts, devices per host) from the hardware section (one host when it names none)."""
     mesh = mesh_shape(cfg)
@@ -426,11 +417,13 @@ def layer_activation_bytes(sz: Sizing, rows: int, seq: int) -> int:
 
 def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     """Scoring (old/reference log-probs) and the update, on rows of one padded conversation."""
+    from memsearcher_jax.sampling.buckets import bucket
+
     mc, mesh, abytes = sz.mc, sz.mesh, sz.abytes
     # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves). With
-    # rl.pack_rows the learner packs several into rows never wider than this (GRPOConfig.max_pack_width
-    # is this width), micro_batch_size / logprob_batch_size rows a call: the same shapes bound.
-    seq = training_row_width(cfg)
+    # rl.pack_rows the learner packs several into rows never wider than this (GRPOLearner.row_width
+    # caps them at it), micro_batch_size / logprob_batch_size rows a call: the same shapes bound.
+    seq = bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
     # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
     # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
     chunk = int(cfg.rl.get("logits_chunk", 0) or 0)

@@ -82,8 +82,8 @@ def test_a_second_process_loads_the_program_from_the_persistent_cache(tmp_path):
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_update_compiles_once_whatever_the_number_of_micro_batches(packed):
     # Rows per step vary with the turns the agent took; the learner's programs must not (unpacked:
-    # one shape; packed, as wide as a planned width lets them: calls take half-octave row counts up
-    # to the cap, a handful of shapes, so after those have been seen no row count compiles anything new).
+    # one shape; packed: the last block's rows take half-octave sizes up to the cap, a handful of
+    # shapes, so after those have been seen no row count compiles anything new).
     from flax import nnx
 
     from memsearcher_jax.models import ModelConfig, Qwen2
@@ -101,13 +101,12 @@ def test_the_update_compiles_once_whatever_the_number_of_micro_batches(packed):
 
     learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
                           GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, pack_rows=packed,
-                                     max_pack_width=64 if packed else 0,
                                      optim=OptimConfig(learning_rate=1e-3)))
     first = compile_stats.snapshot()
     learner.train_on_rows(rows(6), np.random.default_rng(0))  # mini-batches of 3 rows: 2 micro-batches
     assert (compile_stats.snapshot() - first).programs > 0
-    if packed:  # every call size once (4 rows of 16 tokens a packed row of 64): 1..4 rows a log-prob pass
-        for n in (1, 10, 16):  # (1, 3 and 4 here, 2 above), 1..2 an update (1 above, 2 here)
+    if packed:  # every last-block size (1..4 rows a log-prob pass, 1..2 an update) once
+        for n in (1, 2, 3, 5, 7):
             learner.train_on_rows(rows(n, seed=n), np.random.default_rng(n))
     before = compile_stats.snapshot()
     m = learner.train_on_rows(rows(21, seed=1), np.random.default_rng(1))  # 11 rows: 6 micro-batches

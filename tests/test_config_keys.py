@@ -90,8 +90,6 @@ def test_fields_once_unreachable_are_set_from_the_config():
     grpo, loop = grpo_config(cfg), loop_config(cfg)
     assert grpo.max_seq_len == 4096 and grpo.logits_chunk == 64 and grpo.optim.final_lr_fraction == 0.5
     assert loop.samples_per_log == 9 and loop.output_dir == os.path.abspath(cfg.train.output_dir)
-    # Packed rows as wide as the memory plan's training row (the default's longest conversation: 1024).
-    assert grpo.max_pack_width == 1024
 
 
 def test_a_config_without_a_key_is_refused_naming_it():

@@ -24,8 +24,6 @@ from memsearcher_jax.rl.grpo import (
     real_lengths,
 )
 from memsearcher_jax.rl.losses import LossConfig, tis_weights
-from memsearcher_jax.rl.packing import block_rows, block_sizes, packed_blocks, packed_width
-from memsearcher_jax.sampling.buckets import bucket
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = ModelConfig.tiny(vocab_size=64, num_layers=2)
@@ -84,50 +82,6 @@ def test_first_fit_decreasing_fills_rows_in_order_and_never_past_the_width():
     assert (packed["segments"] == -1).sum() == p.num_rows * 40 - lengths.sum()
 
 
-def test_block_sizes_leave_no_spare_row_and_take_the_padded_calls_shapes():
-    assert block_sizes(13, 16) == [12, 1] and block_sizes(37, 16) == [16, 16, 4, 1] and block_sizes(0, 16) == []
-    for cap in (2, 4, 10, 16, 32):
-        shapes = {block_rows(k, cap) for k in range(1, cap + 1)}  # what one padded last call could take
-        for n in range(1, 5 * cap):
-            sizes = block_sizes(n, cap)
-            assert sum(sizes) == n and set(sizes) <= shapes and max(sizes) <= cap, (cap, n)
-            assert len(sizes) <= -(-n // cap) + 3  # a few more calls at most
-    # Mesh batch shards: every call a multiple of them; spare rows only below their count.
-    assert block_sizes(5, 16, least=2) == [4, 2] and block_sizes(13, 16, least=4) == [12, 4]
-    assert all(s % 4 == 0 for n in range(1, 64) for s in block_sizes(n, 16, least=4))
-
-
-def test_packed_width_pairs_like_rows_within_the_planned_width():
-    assert packed_width(276, 128, 288) == 288            # no plan width: the rows' own columns, as before
-    assert packed_width(276, 128, 288, 1024) == 512      # the whole octave: two ~250-token rows share one
-    assert packed_width(600, 128, 640, 800) == 640       # the octave (1024) past the plan: the rows' own
-    assert packed_width(100, 128, 128, 1024) == 128      # never below min_width nor past what is needed
-
-
-def test_the_new_layout_wastes_fewer_slots_and_places_every_token_once():
-    # One mini-batch shaped like the default's (docs/lab/2026-11-29-learner-padding.md): answer
-    # rows of ~90-105 tokens and search rows of ~230-276, 16 packed rows a call, planned width 1024.
-    lengths = np.array([90 + (7 * i) % 16 for i in range(30)] + [232 + (13 * i) % 45 for i in range(45)])
-    columns, real = bucket(int(lengths.max()), 128, steps_per_octave=4), int(lengths.sum())
-    old_width = packed_width(int(lengths.max()), 128, columns)  # rows no wider than the step's own
-    n_old = first_fit(lengths, old_width).num_rows
-    old = old_width * sum(block_rows(min(16, n_old - i), 16) for i in range(0, n_old, 16))  # last call padded
-    layout = first_fit(lengths, packed_width(int(lengths.max()), 128, columns, 1024))
-    new = layout.width * sum(block_sizes(layout.num_rows, 16))
-    assert 1 - real / old > 0.15 and 1 - real / new < 0.10 and new < old
-    # Every token once: ids unique per (conversation, position), through the packing and the calls.
-    ids = (np.arange(len(lengths))[:, None] * 1000 + np.arange(columns)[None] + 1).astype(np.int64)
-    ids[np.arange(columns)[None] >= lengths[:, None]] = 0
-    packed = pack_segments({"tokens": ids}, layout)
-    seen, rows_seen = [], []
-    for part, block in packed_blocks(packed, layout.num_rows, 16):
-        assert block["tokens"].shape == (len(part), layout.width)  # no spare row
-        seen += block["tokens"][block["segments"] >= 0].tolist()
-        rows_seen += part.tolist()
-    assert sorted(rows_seen) == list(range(layout.num_rows))
-    assert sorted(seen) == sorted(ids[ids > 0].tolist()) and len(seen) == real
-
-
 def test_packed_targets_read_every_loss_position_once():
     mask = np.zeros((3, 24), np.float32)
     mask[0, [2, 3, 9, 15, 16, 23]] = 1   # three segments' responses
@@ -154,11 +108,10 @@ def test_packed_loss_and_gradients_equal_the_unpacked_ones(mode):
     idx = np.random.default_rng(2).permutation(rows.num_rows)
     got = {}
     for pack in (False, True):
-        learner = _learner(pack, loss=loss, max_pack_width=64)  # packed rows of 64: the 40-token rows share
+        learner = _learner(pack, loss=loss)
         micro, denom = learner._micro_batches(rows, idx, old, ref, tis)
         if pack:  # really packed: fewer micro-batches, a row holding several conversations
             assert len(micro) < 4 and max(len(set(np.asarray(mb["segments"]).ravel()) - {-1}) for mb in micro) > 1
-            assert all(np.asarray(mb["tokens"]).shape[1] == 64 for mb in micro)
         acc = learner._zero_sums(learner.params)
         for mb in micro:
             acc = learner._accumulate(acc, learner.params, None, mb)

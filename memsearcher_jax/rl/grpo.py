@@ -49,14 +49,12 @@ from memsearcher_jax.rl.losses import (
 )
 from memsearcher_jax.rl.packing import (
     Packing,
-    block_sizes,
+    block_rows,
     first_fit,
     fit_block,
     loss_windows,
     pack_segments,
-    packed_blocks,
     packed_targets,
-    packed_width,
     real_lengths,
 )
 from memsearcher_jax.sampling.buckets import bucket
@@ -265,9 +263,6 @@ class GRPOConfig:
     max_seq_len: int = 32768
     logits_chunk: int = 0              # loss and log-probs: the head's logits this many positions at a time (0: all)
     pack_rows: bool = True             # conversations share rows (segments) in the log-prob passes and the update
-    # Widest packed row: what the memory plan sizes a training row at (experiment.grpo_config sets it);
-    # 0: no wider than the step's own rows (`packing.packed_width`).
-    max_pack_width: int = 0
     # Where the old policy's log-probs come from: "recompute" (a trainer pass, as verl does) or
     # "sampler" (the rollout's own, which ran these weights; recomputed after all in a step whose
     # first mini-batch shows a sampled token with |trainer - sampler| > old_logprobs_max_gap).
@@ -343,9 +338,10 @@ class GRPOLearner(Learner):
         return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
 
     def row_width(self, lengths: np.ndarray, columns: int) -> int:
-        """Columns one call gives unpacked rows of these real lengths: the longest's whole-octave
-        bucket (from min_seq_len), never wider than the rows' own `columns` (pack_rows' bucket of the
-        step's longest row) nor max_seq_len. Coarse on purpose: a handful of widths a run shares."""
+        """Columns one call gives rows of these real lengths: the longest's whole-octave bucket
+        (from min_seq_len), never wider than the packed rows' own `columns` (pack_rows' bucket of
+        the step's longest row, what the planner sizes) nor max_seq_len. Coarse on purpose: the
+        calls below the longest take a handful of widths a whole run shares."""
         cfg = self.config
         return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len, columns)
 
@@ -373,18 +369,19 @@ class GRPOLearner(Learner):
             out[idx[:, None], at[:len(idx)]] = lp[:len(idx)]
         return out
 
-    def packed_width(self, lengths: np.ndarray, columns: int) -> int:
-        """Columns of the packed rows for conversations of these real lengths (`packing.packed_width`):
-        the longest's whole-octave bucket where max_pack_width and max_seq_len allow, else `columns`."""
-        cfg = self.config
-        return packed_width(int(lengths.max()), cfg.min_seq_len, columns, min(cfg.max_pack_width, cfg.max_seq_len))
-
     def _pack(self, arrays: dict[str, np.ndarray], lengths: np.ndarray) -> tuple[dict[str, np.ndarray], Packing]:
-        """Conversations' per-token arrays -> packed rows (`packed_width`), and the packing."""
+        """Conversations' per-token arrays -> packed rows as wide as the longest one's bucket (never
+        wider than the unpacked rows the planner sizes), and the packing."""
         if (arrays["loss_mask"][:, 0] != 0).any():
             raise ValueError("loss_mask marks position 0, which no earlier token predicts")
-        packing = first_fit(lengths, self.packed_width(lengths, arrays["tokens"].shape[1]))
+        packing = first_fit(lengths, self.row_width(lengths, arrays["tokens"].shape[1]))
         return pack_segments(arrays, packing), packing
+
+    def _packed_block(self, packed: dict[str, np.ndarray], part: np.ndarray, cap: int) -> dict[str, np.ndarray]:
+        """Packed rows `part` as one call's block of block_rows rows (the spare ones padding)."""
+        rows = block_rows(len(part), cap, self._batch_shards())
+        return {k: fit_block(a[part] + 1, rows) - 1 if k == "segments" else fit_block(a[part], rows)
+                for k, a in packed.items()}
 
     def _packed_logprobs(self, params, rows: RowBatch) -> np.ndarray:
         """compute_logprobs over packed rows: every conversation first-fit into rows of one width,
@@ -392,7 +389,9 @@ class GRPOLearner(Learner):
         bs = self.config.logprob_batch_size
         packed, packing = self._pack({"tokens": rows.tokens, "loss_mask": rows.loss_mask}, real_lengths(rows.attention))
         lp_packed = np.zeros(packed["tokens"].shape, np.float32)
-        for part, block in packed_blocks(packed, packing.num_rows, bs, self._batch_shards()):
+        for i in range(0, packing.num_rows, bs):
+            part = np.arange(i, min(i + bs, packing.num_rows))
+            block = self._packed_block(packed, part, bs)
             at = packed_targets(block["loss_mask"], packing.width, self.config.min_seq_len)
             lp = _to_host(self._logprobs(params, self.frozen, self._put(block["tokens"], 0), None, self._put(at, 0),
                                          self._put(block["positions"], 0), self._put(block["segments"], 0)))
@@ -413,14 +412,14 @@ class GRPOLearner(Learner):
                    for k, a in micro.items()}, width
 
     def _packed_blocks(self, micro: dict, lengths: np.ndarray):
-        """Packed micro-batches: the mini-batch's conversations first-fit into rows, at most
-        micro_batch_size rows a block. The advantage goes on every token of its conversation."""
+        """Packed micro-batches: the mini-batch's conversations first-fit into rows, micro_batch_size
+        rows a block. The advantage goes on every token of its conversation."""
         mbs = self.config.micro_batch_size
         arrays = {k: a for k, a in micro.items() if a.ndim == 2 and k != "attention"}
         arrays["advantages"] = np.broadcast_to(micro["advantages"][:, None], micro["tokens"].shape)
         packed, packing = self._pack(arrays, lengths)
-        for _, block in packed_blocks(packed, packing.num_rows, mbs, self._batch_shards()):
-            yield block, packing.width
+        for i in range(0, packing.num_rows, mbs):
+            yield self._packed_block(packed, np.arange(i, min(i + mbs, packing.num_rows)), mbs), packing.width
 
     def update_slots(self, lengths: np.ndarray, columns: int) -> tuple[int, int]:
         """Slots (rows x width, spare rows included) the update computes over one mini-batch of
@@ -428,8 +427,9 @@ class GRPOLearner(Learner):
         mbs = self.config.micro_batch_size
         order = np.sort(lengths)
         unpacked = sum(mbs * self.row_width(order[i:i + mbs], columns) for i in range(0, len(order), mbs))
-        width = self.packed_width(lengths, columns)
-        packed = width * sum(block_sizes(first_fit(lengths, width).num_rows, mbs, self._batch_shards()))
+        width = self.row_width(lengths, columns)
+        n = first_fit(lengths, width).num_rows
+        packed = width * sum(block_rows(min(mbs, n - i), mbs, self._batch_shards()) for i in range(0, n, mbs))
         return unpacked, packed
 
     def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
@@ -440,8 +440,8 @@ class GRPOLearner(Learner):
         j // micro_batch_size: what microbatch_token_mean normalises by); the gradient is then a
         weighted sum over tokens, so the rows may be regrouped for computing: rows of like length
         share a micro-batch, and each micro-batch is only as wide as its longest row; with
-        rl.pack_rows, conversations share packed rows (`_packed_blocks`, blocks of block_sizes rows).
-        ref_logp None: no reference log-probs (kl_coef 0)."""
+        rl.pack_rows, conversations share packed rows (`_packed_blocks`; the last block only as
+        many rows as block_rows gives). ref_logp None: no reference log-probs (kl_coef 0)."""
         cfg = self.config
         n_micro = math.ceil(len(idx) / cfg.micro_batch_size)
         weights, denom = aggregation_weights(cfg.loss.aggregation, rows.loss_mask[idx], rows.traj_ids[idx],

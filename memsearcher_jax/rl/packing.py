@@ -1,10 +1,10 @@
 """How the learner lays out its rows: loss windows, blocks, and sequence packing (rl.pack_rows).
 
 The conversations of a log-prob pass or a mini-batch go first-fit into rows as wide as the
-longest one's octave (`packed_width`), each a segment that attends only to itself with positions
-from 0, the rows then in calls of `block_sizes` rows. Every per-token array (weights included)
-moves with its token, so the weighted loss sum, and with it every aggregation mode, is the
-unpacked one. Pure numpy, tested on hand-made lengths (tests/test_packing.py).
+longest one's bucket (`GRPOLearner.row_width`), each a segment that attends only to itself with
+positions from 0. Every per-token array (weights included) moves with its token, so the weighted
+loss sum, and with it every aggregation mode, is the unpacked one. Pure numpy, tested on
+hand-made lengths (tests/test_packing.py).
 """
 from __future__ import annotations
 
@@ -79,46 +79,11 @@ def packed_targets(loss_mask: np.ndarray, width: int, min_window: int) -> np.nda
     return np.sort(np.argsort(~mask, axis=1, kind="stable")[:, :w] + 1, axis=1).astype(np.int32)
 
 
-def packed_width(longest: int, min_width: int, columns: int, max_width: int = 0) -> int:
-    """Columns of the packed rows for conversations of at most `longest` tokens: the longest's
-    whole-octave bucket (from min_width), so conversations of like length pair up (rows only as
-    wide as the longest's own quarter octave held one each: the default's ~250-token searches
-    left 18% of the slots empty), where max_width (the width the memory plan sizes a training row
-    at) allows it; else the rows' own `columns`, which the plan always covers."""
-    w = bucket(longest, min_width)
-    return w if w <= max(max_width, columns) else columns
-
-
 def block_rows(n: int, cap: int, least: int = 1) -> int:
     """Rows of one call over n packed rows: n's half-octave bucket (1, 2, 3, 4, 6, 8, 12, ...: a
-    handful of shapes) as a multiple of `least` (the mesh's batch shards, so the rows still split
-    over them), at most `cap` (what the planner sized)."""
+    handful of shapes, at most a third of the rows spare) as a multiple of `least` (the mesh's batch
+    shards, so the rows still split over them), at most `cap` (what the planner sized)."""
     return min(bucket(n, least, steps_per_octave=2, multiple_of=least), cap)
-
-
-def block_sizes(n: int, cap: int, least: int = 1) -> list[int]:
-    """Rows of each call over n packed rows, in order: calls of `cap` rows, then the rest split
-    into block_rows sizes, the largest that the rows left fill each time (13 of cap 16: 12 + 1),
-    so no call carries a spare row (but for fewer rows left than `least`: one call padded up).
-    The same handful of shapes as one padded call; a few more calls, each cheap beside a row."""
-    sizes = sorted({block_rows(k, cap, least) for k in range(1, cap + 1)}, reverse=True)
-    out: list[int] = []
-    while n > 0:
-        size = next((s for s in sizes if s <= n), block_rows(n, cap, least))
-        out.append(size)
-        n -= min(size, n)
-    return out
-
-
-def packed_blocks(packed: dict[str, np.ndarray], num_rows: int, cap: int, least: int = 1):
-    """Packed rows [num_rows, W] (`pack_segments`) as calls of block_sizes rows each: (the packed
-    rows a call holds, its arrays; a spare row is padding, segment -1)."""
-    start = 0
-    for rows in block_sizes(num_rows, cap, least):
-        part = np.arange(start, min(start + rows, num_rows))
-        start += len(part)
-        yield part, {k: fit_block(a[part] + 1, rows) - 1 if k == "segments" else fit_block(a[part], rows)
-                     for k, a in packed.items()}
 
 
 def loss_windows(loss_mask: np.ndarray, width: int, min_window: int) -> np.ndarray:
