@@ -342,9 +342,7 @@ def update_rows(args, ckpt, cfg, rng, measure):
         losses.setdefault("ours", got.get("loss"))
         got_t = run_tunix_round(args.tunix_venv, ckpt, cfg, batch, n_rows // micro, r == 0, 1)
         losses.setdefault("tunix", got_t.get("loss"))
-        for k in ours:
-            ours[k] += got[k]
-            theirs[k] += got_t[k]
+        add_round(ours, theirs, got, got_t)
         print(f"  update round {r + 1}: ours step {got['update']} logps {got['logps']}; Tunix step "
               f"{got_t['update']} logps {got_t['logps']}", flush=True)
     rate, bw = max(x[0] for x in rates), max(x[1] for x in rates)
@@ -365,6 +363,13 @@ def update_rows(args, ckpt, cfg, rng, measure):
                  tunix_all=theirs["logps"], **common)]
 
 
+def add_round(ours: dict, theirs: dict, got: dict, got_t: dict) -> None:
+    """One round's timings (lists per phase) appended to both sides' lists."""
+    for k in ours:
+        ours[k] += got[k]
+        theirs[k] += got_t[k]
+
+
 def agent_update_rows(args, ckpt, cfg, measure):
     """The update on agent-shaped rows (bench/peers_agent.py): our check round first (old/ref
     log-probs for both, the step's loss through the packed micro-batches), then rounds of Tunix
@@ -382,9 +387,7 @@ def agent_update_rows(args, ckpt, cfg, measure):
                                 expect=check["loss"])
         loss_t = got_t.get("loss", loss_t)
         got = run_ours_round(dict(spec, first=False, repeats=1))
-        for k in ours:
-            ours[k] += got[k]
-            theirs[k] += got_t[k]
+        add_round(ours, theirs, got, got_t)
         print(f"  agent update round {r + 1}: Tunix step {got_t['update']} logps {got_t['logps']}; ours step "
               f"{got['update']} logps {got['logps']}", flush=True)
     rate, bw = max(x[0] for x in rates), max(x[1] for x in rates)
