@@ -100,6 +100,10 @@ def get_config() -> ml_collections.ConfigDict:
     # entities' rows alone and the agent searches for a training name on 26% of seed 0's held-out
     # questions; tied, the learning bench's mean gain is 77.7 against 63.0 (docs/lab/2026-11-29-reading-v8-ships.md).
     c.sft.tie_embedding_rows = "auto"
+    # Share of demonstrations whose entity names are swapped (consistently, per demonstration) for
+    # reading-vocabulary names the world never uses, so SFT teaches copying a name rather than writing
+    # a training one (data/name_swap.py; needs a reading vocabulary). 0: the demonstrations as scripted.
+    c.sft.name_swap_rate = 0.0
     # The demonstrator's deliberate flaws (share of demos; at most one flaw per demo).
     # Answering early is the demonstrator's habit (half of its demos), so the warm-started policy
     # mostly answers without searching: a mistake SFT copies and only reward can correct. At 0.6 the

@@ -18,6 +18,7 @@ from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
+from memsearcher_jax.data.name_swap import NameTable, name_swapped_conversations
 from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
@@ -107,6 +108,33 @@ def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[l
     return name_groups(vocab) + value_groups(vocab)
 
 
+def name_table(cfg: ml_collections.ConfigDict, setup: Setup) -> NameTable | None:
+    """What `sft.name_swap_rate` swaps: the world's names and the reading vocabulary's unused reserved
+    names; None when the rate is 0. Refuses a rate above 0 without a reading vocabulary or a world."""
+    rate = cfg.sft.get("name_swap_rate", 0.0)
+    if not 0 <= rate <= 1:
+        raise UserInputError(f"sft.name_swap_rate={rate}: a share of the demonstrations, expected in [0, 1]")
+    if not rate:
+        return None
+    if setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir):
+        raise UserInputError(f"sft.name_swap_rate={rate} swaps the synthetic world's names for unused names of a "
+                             f"reading vocabulary; {setup.tokenizer_dir} has no reading_vocab.json or the world is "
+                             "off: set it to 0 for other models and data")
+    vocab = ReadingVocab.load(setup.tokenizer_dir)
+    with open(os.path.join(setup.world.world_dir, "entities.json"), encoding="utf-8") as f:
+        entities = json.load(f)["entities"]
+    return NameTable.build(vocab.names, vocab.ids, entities)
+
+
+def sft_conversations(cfg: ml_collections.ConfigDict, setup: Setup, demos: list) -> list:
+    """The warm start's rows: the demonstrations' conversations, `sft.name_swap_rate` of them with
+    their entity names swapped for names no question asks about (data/name_swap.py)."""
+    table = name_table(cfg, setup)
+    if table is None:
+        return demo_conversations(demos)
+    return name_swapped_conversations(demos, table, cfg.sft.name_swap_rate, seed=cfg.train.seed)
+
+
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos: list | None = None) -> str:
     """Supervised warm start on scripted demonstrations (`demos`, default: flawed_demonstrations);
     cached as a HF model dir in out_dir."""
@@ -119,7 +147,7 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos
     _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
          f"{cfg.sft.steps} SFT steps")
     policy = load_policy(cfg, setup, lora=False)  # SFT trains every weight; GRPO adds adapters after
-    policy, history = sft_train(policy, demo_conversations(demos), _sft_config(cfg, cfg.sft.steps),
+    policy, history = sft_train(policy, sft_conversations(cfg, setup, demos), _sft_config(cfg, cfg.sft.steps),
                                 pad_id=setup.builder.pad_id, tied_rows=tied_rows)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
@@ -136,7 +164,7 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
                                   progress=False)  # the clock ends it, not the step count
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
     optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
-    model, history = sft_train(policy, demo_conversations(demos), sft_cfg, setup.builder.pad_id, optim=optim,
+    model, history = sft_train(policy, sft_conversations(cfg, setup, demos), sft_cfg, setup.builder.pad_id, optim=optim,
                                seconds=seconds, tied_rows=embedding_row_groups(cfg, setup))
     return model, len(history)
 
@@ -232,6 +260,7 @@ def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fre
     if cfg.sft.steps <= 0 or cached:
         return None
     embedding_row_groups(cfg, setup)  # refuses sft.tie_embedding_rows without a reading vocabulary
+    name_table(cfg, setup)  # and sft.name_swap_rate
     return flawed_demonstrations(cfg, setup)
 
 

@@ -165,3 +165,41 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
     with pytest.raises(UserInputError, match="sft.tie_embedding_rows='sometimes'"):
         jobs.embedding_row_groups(plain, plain_setup)
 
+
+
+def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp_path, monkeypatch):
+    """sft.name_swap_rate: 0 (the default) trains on the demonstrations as scripted; 1 on the same
+    rows with every world name (training and held-out) replaced by a reserved name the world does
+    not use; a model without a reading vocabulary, or a rate outside [0, 1], is refused by name."""
+    from memsearcher_jax import jobs
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.data.vocab import ReadingVocab
+    from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.experiment import build_setup
+
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"), [("world.cache_dir", str(tmp_path / "w"))])
+    cfg.sft.update(steps=1, num_demos=12)
+    setup = build_setup(cfg)
+    got = []
+    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
+                        (got.append(convs) or model, [{"loss": 0.0}]))
+    assert cfg.sft.name_swap_rate == 0.0  # the default
+    demos = jobs.flawed_demonstrations(cfg, setup)
+    jobs.warm_start(cfg, setup, str(tmp_path / "plain"), demos=demos)
+    cfg.sft.name_swap_rate = 1.0
+    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), demos=demos)
+    plain, swapped = got
+    assert [c.loss_mask for c in plain] == [c.loss_mask for c in swapped]
+    vocab = ReadingVocab.load(setup.tokenizer_dir)
+    world = {vocab.ids[r["subject"]] for r in setup.train_questions + setup.eval_questions if r["subject"] in vocab.ids}
+    assert world and any(world & set(c.prompt_ids) for c in plain)
+    assert not any(world & {*c.prompt_ids, *c.response_ids} for c in swapped)
+
+    cfg.sft.name_swap_rate = 2.0
+    with pytest.raises(UserInputError, match=r"sft.name_swap_rate=2.0.*\[0, 1\]"):
+        jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
+    plain_cfg = load_config(os.path.join(ROOT, "configs/default.py"),
+                            SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
+    plain_cfg.sft.update(steps=1, name_swap_rate=0.5)
+    with pytest.raises(UserInputError, match="sft.name_swap_rate=0.5.*reading_vocab.json"):
+        jobs.warm_start_demos(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)
