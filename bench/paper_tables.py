@@ -373,7 +373,11 @@ def tables_markdown(report: dict) -> str:
 
 def parse_args(argv):
     rest, overrides = split_overrides(argv)
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    epilog = ("--config.KEY=VALUE overrides any key of --config; the bench sets, before yours: "
+              + " ".join(f"{k}={v}" for k, v in BENCH.items()) + "; and under --quick also: "
+              + " ".join(f"{k}={v}" for k, v in QUICK.items()))
+    ap = argparse.ArgumentParser(description=__doc__, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a minutes-long check of every table (tiny settings)")
     ap.add_argument("--workflows", default=",".join(WORKFLOWS), help="comma-separated workflows to train")
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))

@@ -121,6 +121,14 @@ def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_li
     _, overrides = pt.parse_args(["--quick"])
     assert load_config(config, overrides).sft.steps == pt.QUICK["sft.steps"]
 
+
+def test_help_lists_the_settings_the_bench_puts_before_the_command_line(capsys):
+    with pytest.raises(SystemExit):
+        pt.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for key, value in {**pt.BENCH, **pt.QUICK}.items():
+        assert f"{key}={value}" in text
+
 TINY = ["--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
         "--config.model.num_layers=2", "--config.model.head_dim=16", "--config.sft.steps=1",
         "--config.sft.num_demos=8", "--config.sft.batch_size=4", "--config.train.steps=1",
