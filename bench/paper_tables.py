@@ -70,17 +70,21 @@ BUDGETS = (16, 32, 64, 128)
 # trained memsearcher answers (the default's 150 SFT / 30 GRPO steps of 16 x 5 reach held-out EM
 # ~78); fewer questions per evaluation, objective counts 1, 2 and 8, two memory budgets.
 # The bench's own settings, under --quick's and the command line's (which win). The warm start takes
-# 450 SFT steps, the same for every workflow: about three passes over memsearcher's ~2.5k demonstrated
-# turns, where 150 (the default job's) is one; after one pass its memory update copied the old memory
-# whole in 69% of pair updates (teacher-forced), after three in 96%
-# (docs/lab/2026-11-29-memsearcher-worse-at-pairs.md).
+# 3 passes over its rows for every workflow (sft.passes): one row per turn for memsearcher (~2.5k:
+# 469 steps), one per episode for react (600: 113 steps); equal steps were not equal passes. After
+# one pass memsearcher's update copied the old memory whole in 69% of pair updates (teacher-forced),
+# after three in 96%. Every demonstration's entity names are swapped for names the world never uses
+# (sft.name_swap_rate=1; a base without a reading vocabulary needs --config.sft.name_swap_rate=0):
+# trained on the world's training names the warm start wrote them for held-out ones ("Negin makes"
+# for Pebacorp), and at 2 objectives searched the asked subject for 57% of held-out objectives against
+# 98% swapped (docs/lab/2026-11-29-memsearcher-worse-at-pairs.md).
 #
 # GRPO trains on a mix of 1-4 questions at once, not on pairs alone: trained on pairs, a model keeps
 # the warm start's habit of answering a single question without searching (the demonstrator's
 # early-answer flaw), which GRPO never sees; greedy at 1 objective both models searched 0 times.
-BENCH = {"sft.steps": 450, "world.objectives_mix": "1,2,3,4"}
-QUICK = {"sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_questions": 8, "rl.group_size": 4,
-         "rl.micro_batch_size": 16, "train.save_every": 5}
+BENCH = {"sft.passes": 3, "sft.name_swap_rate": 1.0, "world.objectives_mix": "1,2,3,4"}
+QUICK = {"sft.passes": 0, "sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_questions": 8,
+         "rl.group_size": 4, "rl.micro_batch_size": 16, "train.save_every": 5}
 QUICK_EVAL_QUESTIONS = 30
 QUICK_OBJECTIVES = (1, 2, 8)
 QUICK_BUDGETS = (16, 64)
@@ -349,13 +353,21 @@ def table2_objectives(report: dict) -> int:
     return TABLE2_OBJECTIVES if four else report["train_objectives"]
 
 
+def trained_on(report: dict) -> str:
+    """The caption's training counts: GRPO's mix (world.objectives_mix) where one was set."""
+    mix = report.get("train_mix", "")
+    if mix:
+        return f"GRPO trained on {', '.join(mix.split(','))} objectives in equal shares"
+    return f"Trained on {report['train_objectives']} objectives"
+
+
 def tables_markdown(report: dict) -> str:
     """Every table with its caption, the date and the command (what tables.md holds)."""
     res, n, n2 = report["workflows"], report["train_objectives"], table2_objectives(report)
     parts = [f"# Workflow tables ({report['date']})", "", f"Command: `{report['command']}`", "",
              f"Seed {report.get('seed', 0)}; base {report.get('base', '?')}; commit {report.get('git_commit', '?')}"
              f"{' (with uncommitted changes)' if report.get('git_dirty') else ''}.", "",
-             f"Trained on {n} objectives; {report['eval_questions']} held-out questions per evaluation (greedy).", "",
+             f"{trained_on(report)}; {report['eval_questions']} held-out questions per evaluation (greedy).", "",
              "## Table 1: accuracy and context per workflow", "", table1(res, n), "",
              f"## Table 2: prompt tokens per act call by turn, mean / max (n = episodes), at {n2} objectives "
              "(the trained models)", "", table2(res, n2), "",
@@ -574,7 +586,8 @@ def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -
             validate(eval_config(cfg, n), training=False)
     check_settings(out, {**settings_of(base, args), "eval_questions": eval_q})
     report = {"date": time.strftime("%Y-%m-%d"), **provenance(base, argv, seed),
-              "train_objectives": args.train_objectives, "objectives": list(objectives), "eval_questions": eval_q,
+              "train_objectives": args.train_objectives, "train_mix": str(base.world.get("objectives_mix", "")),
+              "objectives": list(objectives), "eval_questions": eval_q,
               "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {}}
     t0 = time.perf_counter()
     for w, cfg in cfgs.items():

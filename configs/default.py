@@ -88,6 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampler.prefill_query_block = 512  # prefill attention: queries per block (0: all at once)
 
     c.sft = ml_collections.ConfigDict()
+    c.sft.passes = 0.0               # > 0: the warm start's length in passes over its rows instead of sft.steps
     c.sft.steps = 150                # supervised warm start before GRPO (0: none); the base already reads
     c.sft.batch_size = 16
     c.sft.learning_rate = 1e-3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -135,6 +136,16 @@ def sft_conversations(cfg: ml_collections.ConfigDict, setup: Setup, demos: list)
     return name_swapped_conversations(demos, table, cfg.sft.name_swap_rate, seed=cfg.train.seed)
 
 
+def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
+    """`sft.steps`, or with `sft.passes` > 0 the steps that many passes over the `rows` take: equal
+    passes are what workflows with one row per episode (react) and one per turn (memsearcher) can share."""
+    passes = cfg.sft.get("passes", 0.0)
+    if passes < 0:
+        raise UserInputError(f"sft.passes={passes}: passes over the warm start's rows, expected >= 0 "
+                             "(0: use sft.steps)")
+    return cfg.sft.steps if not passes else max(1, math.ceil(passes * rows / cfg.sft.batch_size))
+
+
 def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos: list | None = None) -> str:
     """Supervised warm start on scripted demonstrations (`demos`, default: flawed_demonstrations);
     cached as a HF model dir in out_dir."""
@@ -144,11 +155,12 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos
     tied_rows = embedding_row_groups(cfg, setup)
     demos = flawed_demonstrations(cfg, setup) if demos is None else demos
     stats = demo_stats(demos)
+    rows = sft_conversations(cfg, setup, demos)
+    steps = warm_start_steps(cfg, len(rows))
     _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
-         f"{cfg.sft.steps} SFT steps")
+         f"{steps} SFT steps ({steps * cfg.sft.batch_size / len(rows):.2f} passes over {len(rows)} rows)")
     policy = load_policy(cfg, setup, lora=False)  # SFT trains every weight; GRPO adds adapters after
-    policy, history = sft_train(policy, sft_conversations(cfg, setup, demos), _sft_config(cfg, cfg.sft.steps),
-                                pad_id=setup.builder.pad_id, tied_rows=tied_rows)
+    policy, history = sft_train(policy, rows, _sft_config(cfg, steps), pad_id=setup.builder.pad_id, tied_rows=tied_rows)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
     return out_dir
@@ -261,6 +273,7 @@ def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fre
         return None
     embedding_row_groups(cfg, setup)  # refuses sft.tie_embedding_rows without a reading vocabulary
     name_table(cfg, setup)  # and sft.name_swap_rate
+    warm_start_steps(cfg, 1)  # and sft.passes
     return flawed_demonstrations(cfg, setup)
 
 

@@ -198,6 +198,9 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
     cfg.sft.name_swap_rate = 2.0
     with pytest.raises(UserInputError, match=r"sft.name_swap_rate=2.0.*\[0, 1\]"):
         jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
+    cfg.sft.update(name_swap_rate=0.0, passes=-1.0)
+    with pytest.raises(UserInputError, match=r"sft.passes=-1.0.*>= 0"):
+        jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
     plain_cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                             SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
     plain_cfg.sft.update(steps=1, name_swap_rate=0.5)

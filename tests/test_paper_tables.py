@@ -74,6 +74,9 @@ def test_report_files_round_trip(tmp_path):
     assert "2026-11-24" in md and "`python bench/paper_tables.py --quick`" in md
     assert md.count("## Table") == 4 and "| memsearcher | GRPO | 80.0 |" in md
     assert (tmp_path / "prompt_tokens_by_turn.png").stat().st_size > 1000
+    assert "Trained on 2 objectives;" in md
+    mixed = pt.tables_markdown({**report, "train_mix": "1,2,3,4"})
+    assert "GRPO trained on 1, 2, 3, 4 objectives in equal shares;" in mixed
 
 
 def test_workflow_config_gives_room_for_the_objectives():
@@ -112,14 +115,20 @@ def test_quick_overrides_yield_to_the_command_line():
 
 def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_line_wins():
     from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.jobs import warm_start_steps
 
     config = os.path.join(ROOT, "configs/default.py")
+    default = load_config(config)
     _, overrides = pt.parse_args([])
-    assert load_config(config, overrides).sft.steps == pt.BENCH["sft.steps"] > load_config(config).sft.steps
-    _, overrides = pt.parse_args(["--config.sft.steps=7"])
-    assert load_config(config, overrides).sft.steps == 7
+    bench = load_config(config, overrides)
+    assert bench.sft.passes == pt.BENCH["sft.passes"] > 0 == default.sft.passes
+    rows = 2500  # memsearcher's ~2500 demonstrated turns: 3 passes, against the default job's 150 steps
+    assert warm_start_steps(bench, rows) == 469 > warm_start_steps(default, rows) == default.sft.steps
+    assert warm_start_steps(bench, 600) == 113  # react: one row per episode, the same 3 passes
+    _, overrides = pt.parse_args(["--config.sft.passes=0", "--config.sft.steps=7"])
+    assert warm_start_steps(load_config(config, overrides), rows) == 7
     _, overrides = pt.parse_args(["--quick"])
-    assert load_config(config, overrides).sft.steps == pt.QUICK["sft.steps"]
+    assert warm_start_steps(load_config(config, overrides), rows) == pt.QUICK["sft.steps"]
 
 
 def test_help_lists_the_settings_the_bench_puts_before_the_command_line(capsys):
@@ -130,7 +139,8 @@ def test_help_lists_the_settings_the_bench_puts_before_the_command_line(capsys):
         assert f"{key}={value}" in text
 
 TINY = ["--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-        "--config.model.num_layers=2", "--config.model.head_dim=16", "--config.sft.steps=1",
+        "--config.model.num_layers=2", "--config.model.head_dim=16", "--config.sft.steps=1", "--config.sft.passes=0",
+        "--config.sft.name_swap_rate=0",  # a random init has no reading vocabulary to swap names in
         "--config.sft.num_demos=8", "--config.sft.batch_size=4", "--config.train.steps=1",
         "--config.train.save_every=1", "--config.rl.batch_questions=2", "--config.rl.group_size=2",
         "--config.rl.micro_batch_size=4", "--config.rl.logprob_batch_size=8", "--config.agent.max_new_tokens=16",
