@@ -42,6 +42,7 @@ from memsearcher_jax.experiment import (
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
+from memsearcher_jax.rl.checkpoints import item_problem
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import (
@@ -233,6 +234,15 @@ def check_resumable(trainer, out: str) -> int | None:
         what = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in differ[:4])
         raise UserInputError(f"{out} holds a run of another model (checkpoint step {step}: {what}): resume it with "
                              "the config it was started with, or pass --fresh, or choose another train.output_dir")
+    # A restore that fails part-way leaves Orbax's other reads to print tracebacks at exit: check first.
+    step_dir = os.path.join(str(trainer.checkpoints.directory), str(step))
+    items = {"params": trainer.learner.params, "opt_state": trainer.learner.opt_state}
+    problem = next(filter(None, (item_problem(step_dir, name, tree) for name, tree in items.items())), None)
+    if problem:
+        trainer.close()
+        raise UserInputError(f"checkpoint step {step} in {out}/checkpoints cannot be restored ({problem}): it is "
+                             f"damaged (a full disk, a half copy) or of another model: remove {step_dir} to resume "
+                             "from the step before, or start over with --fresh")
     return step
 
 

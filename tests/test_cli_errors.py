@@ -10,6 +10,7 @@ import pytest
 
 from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.cli import main
+from memsearcher_jax.run_dir import RUN_LOCK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -479,6 +480,53 @@ def test_resume_from_a_truncated_checkpoint_names_the_step(one_step_run, tmp_pat
     assert "Traceback" not in msg
     assert {k: v for k, v in _user_files(damaged).items() if "checkpoints" in k} == \
         {k: v for k, v in before.items() if "checkpoints" in k}
+
+
+def _damage(step_dir, how: str) -> None:
+    """Damages the params of a checkpoint step as a full disk or a half copy would: the largest
+    data file cut to half its size (the other reads are still pending when its read fails) or
+    gone, or the OCDBT manifests gone."""
+    data = sorted((p for p in (step_dir / "params").rglob("*") if p.is_file() and p.parent.name == "d"
+                   and p.parent.parent.name.startswith("ocdbt.process_")), key=lambda p: p.stat().st_size)
+    assert data and data[-1].stat().st_size > 4096, "the checkpoint layout changed: no OCDBT data files"
+    if how == "missing":
+        data[-1].unlink()
+    for path in (step_dir / "params").rglob("manifest.ocdbt") if how == "no_manifest" else ():
+        path.unlink()
+    if how == "truncated":
+        with open(data[-1], "r+b") as f:
+            f.truncate(data[-1].stat().st_size // 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["truncated", "missing", "no_manifest"])
+def test_resume_from_a_damaged_checkpoint_is_one_line_in_its_own_process(one_step_run, tmp_path, how):
+    """A resume from a checkpoint whose data a full disk cut short printed its message, then the
+    tracebacks of Orbax's pending reads at the interpreter's exit ('Exception ignored in:
+    <coroutine ...>', 130 lines; asyncio's "Event loop is closed", 43 lines, manifests gone).
+    Its own process, as a user runs it: the checkpoint is now checked before any restore and
+    before any work, and the message is all the user sees."""
+    import shutil
+    import subprocess
+    import sys
+
+    out, overrides = one_step_run
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    _damage(damaged / "checkpoints" / "1", how)
+    before = _user_files(damaged)
+    overrides = [o for o in overrides if not o.startswith("--config.train.output_dir=")]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "memsearcher_jax.cli", "train", "--config", DEFAULT, *overrides,
+                           f"--config.train.output_dir={damaged}", "--config.train.steps=2"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("[memsearcher-jax ")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+    assert errors[0].startswith(f"memsearcher-jax: checkpoint step 1 in {damaged}/checkpoints cannot be restored")
+    assert "params/" in errors[0] and "--fresh" in errors[0], errors[0]
+    assert "GRPO" not in done.stderr  # refused before the loop (and its compile) started
+    mine = lambda files: {k: v for k, v in files.items() if k != RUN_LOCK}  # the lock holds the last pid
+    assert mine(_user_files(damaged)) == mine(before)
 
 
 # ----------------------------------------------------------------------------- fault injection
