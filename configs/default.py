@@ -94,6 +94,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.learning_rate = 1e-3
     c.sft.warmup = 20
     c.sft.min_len = 128              # rows pad to quarter-octave buckets from here (sampling.buckets.bucket)
+    # A batch padded past this many slots (rows x bucket length) takes its update over micro-batches
+    # of at most this many, gradients summed (the same update up to rounding): long ReAct rows
+    # (~1400 tokens x 16) peaked at 15.5 GB in one program. 0: one program per batch, as before.
+    c.sft.max_batch_tokens = 0
     c.sft.num_demos = 600
     # Name and value embedding rows move together per type in SFT, as in pretraining (the reading base's
     # names are a shared vector per type + a fixed code each). "auto": where the model has a reading

@@ -205,6 +205,9 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> li
     problems += objectives_problems(cfg)
     if cfg.sft.get("early_two_hop", "first_hop") not in EARLY_TWO_HOP:
         problems.append(f"sft.early_two_hop must be one of {', '.join(EARLY_TWO_HOP)}, got {cfg.sft.early_two_hop!r}")
+    if cfg.sft.get("max_batch_tokens", 0) < 0:
+        problems.append(f"sft.max_batch_tokens={cfg.sft.max_batch_tokens}: padded slots per SFT micro-batch, "
+                        "expected >= 0 (0: no split)")
     if training and not cfg.world.enabled and cfg.sft.steps > 0:
         problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
                         "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")

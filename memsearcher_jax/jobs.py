@@ -89,7 +89,8 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
 def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):
     return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
                      warmup=min(cfg.sft.warmup, steps) if warmup is None else warmup, seed=cfg.train.seed,
-                     max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len)
+                     max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len,
+                     max_batch_tokens=cfg.sft.get("max_batch_tokens", 0))
 
 
 def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:

@@ -7,7 +7,9 @@ scored on ids[1:] only where the target token is a generated one (loss_mask 1): 
 observations and padding never contribute. The loss is an exact token mean over the batch
 (sum of masked NLL / number of masked tokens). Rows are right-padded to a fixed bucket length
 (`sampling.buckets.bucket` in quarter octaves from `min_len`, as GRPO rows are), so the step
-compiles once per bucket actually used.
+compiles once per bucket actually used. With `max_batch_tokens`, a batch padded past that many
+slots is split into micro-batches (`plan_micro_batches`) whose summed gradients make one update,
+the same one up to float rounding: long agent conversations then fit in memory.
 Parameters travel as jit arguments (nnx.split), not closed-over constants.
 """
 from __future__ import annotations
@@ -47,9 +49,14 @@ class SFTConfig:
     max_len: int = 2048            # rows are cut to this many tokens (prompt + response)
     min_len: int = 64              # the smallest row bucket; rows pad to quarter-octave buckets above
     progress: bool = True          # tqdm bar
+    # A batch padded to more than this many slots (rows x bucket length) is split into
+    # micro-batches of at most this many, gradients summed into one update; 0: never split.
+    max_batch_tokens: int = 0
 
     def __post_init__(self):
         problems = []
+        if self.max_batch_tokens < 0:
+            problems.append(f"max_batch_tokens must be >= 0 (0: one program per batch), got {self.max_batch_tokens}")
         for name in ("steps", "batch_size", "max_len"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -82,6 +89,36 @@ class SFTRows:
     def take(self, idx, length: int) -> SFTRows:
         return SFTRows(self.inputs[idx, :length], self.targets[idx, :length], self.weights[idx, :length],
                        self.lengths[idx], 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """Positions `idx` into a batch's rows, run as `rows` rows padded to `width` (rows beyond
+    len(idx) repeat one of them at weight 0, so the program's shape is a fixed one)."""
+
+    idx: np.ndarray
+    rows: int
+    width: int
+
+
+def plan_micro_batches(lengths: np.ndarray, max_batch_tokens: int, bucket_for) -> list[MicroBatch]:
+    """A batch of rows of `lengths` as micro-batches of at most max_batch_tokens slots each
+    (rows x width; a row longer than that alone, in one row).
+
+    Longest rows first, so each micro-batch pads to the bucket (`bucket_for`) of its first row
+    and shorter rows pack more per micro-batch. Row counts are powers of two (the most that fit,
+    or the next one above what is left), so for each bucket only a few shapes ever compile.
+    """
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    plan, at = [], 0
+    while at < len(order):
+        width = int(bucket_for(int(lengths[order[at]])))
+        cap = 1 << max((max_batch_tokens // width).bit_length() - 1, 0)  # largest power of two that fits, >= 1
+        take = min(cap, len(order) - at)
+        plan.append(MicroBatch(order[at:at + take], min(cap, 1 << (take - 1).bit_length()), width))
+        at += take
+    return plan
 
 
 def _sequences(conversations: Sequence, max_tokens: int) -> tuple[list[tuple[list[int], list[int]]], int]:
@@ -305,6 +342,7 @@ class SFTTrainer(Learner):
             return params, opt_state, loss, count, gnorm, skipped
 
         self._packed_step = packed_step
+        self._zero_sums, self._accumulate, self._update = _accumulating_steps(graphdef, tx, tie)
 
     def train_packed(self, rows: PackedRows) -> dict:
         """One update on packed rows (`pack_rows`): the same loss as `train_step` on the same
@@ -319,21 +357,70 @@ class SFTTrainer(Learner):
                 "slots_used": float(np.mean(rows.segments >= 0))}
 
     def train_step(self, rows: SFTRows, idx) -> dict:
+        """One update on the rows at idx: one program, or (past `max_batch_tokens` padded slots)
+        the gradients of micro-batches summed, then divided by the batch's loss tokens."""
+        budget = self.config.max_batch_tokens
+        width = self.config.bucket_for(int(rows.lengths[idx].max()))
+        if budget and len(idx) * width > budget:
+            return self._accumulated_step(rows, np.asarray(idx), width)
         inputs, targets, weights, lengths = _padded(rows, idx, self.config)  # weights 0 past each length
         self.params, self.opt_state, loss, count, gnorm, skipped = self._step(self.params, self.opt_state, inputs,
                                                                               targets, weights, lengths,
                                                                               *loss_slots(weights))
         self.skipped_steps += int(skipped)
         return {"loss": float(loss), "tokens": int(count), "grad_norm": float(gnorm), "length": inputs.shape[1],
-                "skipped": bool(skipped)}
+                "skipped": bool(skipped), "micro_batches": 1}
+
+    def _accumulated_step(self, rows: SFTRows, idx: np.ndarray, width: int) -> dict:
+        plan = plan_micro_batches(rows.lengths[idx], self.config.max_batch_tokens, self.config.bucket_for)
+        acc = self._zero_sums(self.params)
+        for mb in plan:
+            sel = idx[mb.idx]
+            sel = np.concatenate([sel, np.full(mb.rows - len(sel), sel[0])])  # fill rows: repeats at weight 0
+            inputs, targets, weights, lengths = _padded(rows, sel, self.config, mb.width)
+            weights = weights.copy()
+            weights[len(mb.idx):] = 0.0
+            acc = self._accumulate(acc, self.params, inputs, targets, weights, lengths, *loss_slots(weights))
+        self.params, self.opt_state, loss, count, gnorm, skipped = self._update(self.params, self.opt_state, acc)
+        self.skipped_steps += int(skipped)
+        return {"loss": float(loss), "tokens": int(count), "grad_norm": float(gnorm), "length": width,
+                "skipped": bool(skipped), "micro_batches": len(plan)}
 
     def evaluate(self, rows: SFTRows) -> float:
         return _evaluate(self.graphdef, self.params, rows, self.config)
 
 
-def _padded(rows: SFTRows, idx, config: SFTConfig) -> tuple:
-    """The rows at idx padded to their bucket (targets padded with 0, weights with 0)."""
-    length = config.bucket_for(int(rows.lengths[idx].max()))
+def _accumulating_steps(graphdef, tx, tie):
+    """(zero_sums, accumulate, update): summed masked-NLL gradients over micro-batches, then one
+    update dividing them by the batch's loss tokens. As GRPOLearner's: one program per micro-batch
+    shape, called in a Python loop, and one for the update, whatever the micro-batch count."""
+    grad_fn = jax.value_and_grad(lambda params, *rows: masked_nll_sum(nnx.merge(graphdef, params), *rows),
+                                 has_aux=True)
+
+    @jax.jit
+    def zero_sums(params):
+        return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), jnp.zeros((), jnp.float32), \
+            jnp.zeros((), jnp.float32)
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def accumulate(acc, params, *rows):
+        (total, count), g = grad_fn(params, *rows)
+        return jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc[0], g), acc[1] + total, acc[2] + count
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def update(params, opt_state, acc):
+        grads, total, count = acc
+        denominator = jnp.maximum(count, 1.0)  # the unsplit loss's normalisation
+        grads = jax.tree.map(lambda g, p: (g / denominator).astype(p.dtype), grads, params)
+        params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx, tie)
+        return params, opt_state, total / denominator, count, gnorm, skipped
+
+    return zero_sums, accumulate, update
+
+
+def _padded(rows: SFTRows, idx, config: SFTConfig, length: int | None = None) -> tuple:
+    """The rows at idx padded to `length` (default: their bucket; targets padded with 0, weights with 0)."""
+    length = length or config.bucket_for(int(rows.lengths[idx].max()))
     sub = rows.take(idx, length)
     return (_pad_to(sub.inputs, length, 0), _pad_to(sub.targets, length, 0),
             _pad_to(sub.weights, length, 0.0), sub.lengths)
