@@ -82,7 +82,10 @@ BUDGETS = (16, 32, 64, 128)
 # GRPO trains on a mix of 1-4 questions at once, not on pairs alone: trained on pairs, a model keeps
 # the warm start's habit of answering a single question without searching (the demonstrator's
 # early-answer flaw), which GRPO never sees; greedy at 1 objective both models searched 0 times.
-BENCH = {"sft.passes": 3, "sft.name_swap_rate": 1.0, "world.objectives_mix": "1,2,3,4"}
+# React's warm-start rows (one per episode, up to ~1500 tokens) took 15-18 GB in one program per batch
+# of 16 and were killed beside another run on a 24 GB machine: batches over 8192 padded tokens take
+# their update from micro-batches (memsearcher's, at most 16 x 512, never split).
+BENCH = {"sft.passes": 3, "sft.name_swap_rate": 1.0, "sft.max_batch_tokens": 8192, "world.objectives_mix": "1,2,3,4"}
 QUICK = {"sft.passes": 0, "sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_questions": 8,
          "rl.group_size": 4, "rl.micro_batch_size": 16, "train.save_every": 5}
 QUICK_EVAL_QUESTIONS = 30

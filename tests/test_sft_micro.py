@@ -116,6 +116,7 @@ def test_a_split_step_is_the_unsplit_step(tied):
         assert np.abs(embed[100]).max() > 1e-4 and np.abs(embed[100] - embed[70]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_split_steps_compile_once_per_micro_batch_shape():
     # Batches of every size and length mix: programs come only from new micro-batch shapes (one
     # each), plus the zeroing and the update once; never one per batch or per micro-batch count.
