@@ -3,6 +3,7 @@
     validate(cfg)                          # cheap checks naming the key, before anything compiles
     setup = build_setup(cfg)               # tokenizer, prompt builder, retriever, questions
     trainer = build_trainer(cfg, setup)    # meshes, learner, sampler, turn loop -> rl.trainer.Trainer
+                                           # (a job: validation.check_training, then assemble_trainer)
     evaluate(eval_runner(cfg, setup, trainer.sampler), setup.eval_questions)
 
 This is the only place that reads an ml-collections config for training and evaluation: below
@@ -25,7 +26,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from memsearcher_jax import compile_stats, distributed
+from memsearcher_jax import distributed
 from memsearcher_jax.agent.prompts import (
     COMPACT_SYSTEM_PROMPT,
     COMPACT_UPDATE_INSTRUCTION,
@@ -125,13 +126,6 @@ def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
     return typed(LoopConfig, cfg, output_dir=output_path(cfg.train.output_dir), sampling_dtype=cfg.model.dtype)
 
 
-def compilation_cache(cfg: ml_collections.ConfigDict) -> str:
-    """Turn on JAX's persistent compilation cache at train.compilation_cache_dir ("" : off;
-    $MEMSEARCHER_JAX_COMPILATION_CACHE overrides it), so a second run of a job loads its programs
-    instead of compiling them. Returns the directory ("" when off). Call before anything compiles."""
-    return compile_stats.enable_persistent_cache(cfg.train.get("compilation_cache_dir", None))
-
-
 def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
     """sampler.prefill_query_block; TrainConfigError naming the key unless an integer >= 0."""
     try:
@@ -146,6 +140,13 @@ def refuse(problems: list[str], what: str = "training config") -> None:
         raise TrainConfigError(f"invalid {what}: {problems[0]}")
     if problems:
         raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
+
+
+def check_hosts(cfg: ml_collections.ConfigDict) -> None:
+    """Training on several hosts: each rolls out an equal slice of rl.batch_questions."""
+    if jax.process_count() > 1 and cfg.rl.batch_questions % jax.process_count():
+        raise TrainConfigError(f"rl.batch_questions={cfg.rl.batch_questions} must be a multiple of the "
+                               f"{jax.process_count()} hosts (each rolls out an equal slice)")
 
 
 def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
@@ -377,21 +378,23 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     """Tokenizer, prompt builder, retriever and questions. training=False skips the training set."""
     world_paths = None
     if cfg.world.enabled:
+        vocab_dir = reading_vocab_dir(cfg)
         extra = (memsearcher_system_prompt(cfg.agent.default_top_n), react_system_prompt(cfg.agent.default_top_n),
                  MEMORY_UPDATE_INSTRUCTION, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION)
         world_paths = prepare_world(os.path.expanduser(cfg.world.cache_dir), seed=cfg.world.seed,
                                     num_entities=cfg.world.num_entities, extra_texts=extra,
                                     heldout_by=cfg.world.heldout_by, whole_names=cfg.world.whole_name_tokens,
-                                    vocab_dir=reading_vocab_dir(cfg))
+                                    vocab_dir=vocab_dir)
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(os.path.expanduser(tok_dir))
+    stop_ids, tool = stop_token_ids(cfg, tokenizer), tool_from_config(cfg.agent.tool, cfg.agent.tool_schema)
+    multi_answer = multi_answer_prompt(cfg)
+    counts = train_objective_counts(cfg)  # the synthetic world's training questions at these counts
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
-                            stop_ids=stop_token_ids(cfg, tokenizer),
-                            tool=tool_from_config(cfg.agent.tool, cfg.agent.tool_schema),
-                            multi_answer=multi_answer_prompt(cfg))
+                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer)
     if world_paths is not None:
         n = cfg.world.objectives
-        train_q = mix_objectives(read_jsonl(world_paths.train), train_objective_counts(cfg), seed=cfg.world.seed)
+        train_q = mix_objectives(read_jsonl(world_paths.train), counts, seed=cfg.world.seed)
         eval_sets = {"synthetic-heldout": join_objectives(read_jsonl(world_paths.heldout), n, seed=cfg.world.seed)}
         missing_sets: dict[str, str] = {}
     else:
@@ -448,27 +451,21 @@ def build_retriever(cfg: ml_collections.ConfigDict, world_paths=None):
 
 # ----------------------------------------------------------------------------- model, meshes, sampler
 
-def model_config(cfg: ml_collections.ConfigDict, vocab_size: int, eos_id: int, pad_id: int,
-                 lora: bool = True) -> ModelConfig:
-    m = cfg.model
-    return ModelConfig.from_preset(
-        m.preset, vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-        rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers,
-        remat=m.remat, eos_token_id=eos_id, bos_token_id=pad_id, **(lora_fields(cfg) if lora else {}))
-
-
 def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None, lora: bool = True) -> CausalLM:
     """The policy model.source (or `source`) gives, with fresh LoRA adapters when model.lora_rank > 0
     (lora=False: without them, e.g. for the supervised warm start, which trains every weight)."""
-    source = source or cfg.model.source
+    source, m = source or cfg.model.source, cfg.model
+    adapters = lora_fields(cfg) if lora else {}
     if source == "init":
         vocab = -(-len(setup.tokenizer) // 64) * 64  # pad the vocabulary to a multiple of 64
-        mc = model_config(cfg, vocab, setup.builder.eos_id, setup.builder.pad_id, lora=lora)
-        return CausalLM(mc, rngs=nnx.Rngs(cfg.model.init_seed))
-    return from_pretrained(os.path.expanduser(source), dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                           scan_layers=cfg.model.scan_layers, remat=cfg.model.remat,
-                           **(lora_fields(cfg) if lora else {}))
+        mc = ModelConfig.from_preset(
+            m.preset, vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+            num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+            rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers,
+            remat=m.remat, eos_token_id=setup.builder.eos_id, bos_token_id=setup.builder.pad_id, **adapters)
+        return CausalLM(mc, rngs=nnx.Rngs(m.init_seed))
+    return from_pretrained(os.path.expanduser(source), dtype=m.dtype, param_dtype=m.param_dtype,
+                           scan_layers=m.scan_layers, remat=m.remat, **adapters)
 
 
 def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_by_layer: bool = False,
@@ -476,9 +473,9 @@ def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_b
     """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
     layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler). Buckets: the
     turn loop's coarse ones (planner.turn_loop_buckets), so a run compiles its programs early."""
-    return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh,
-                   buckets=turn_loop_buckets(cfg, jax.process_count()),
-                   prefill_query_block=prefill_query_block(cfg), layer_by_layer=layer_by_layer, to_local=to_local)
+    block, buckets = prefill_query_block(cfg), turn_loop_buckets(cfg, jax.process_count())
+    return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh, buckets=buckets,
+                   prefill_query_block=block, layer_by_layer=layer_by_layer, to_local=to_local)
 
 
 def learner_and_sampler_meshes(cfg: ml_collections.ConfigDict):
@@ -498,14 +495,14 @@ def sampling_mesh(cfg: ml_collections.ConfigDict):
     return learner_and_sampler_meshes(cfg)[1]
 
 
-def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, base_dir: str | None, from_source: bool) -> str:
+def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, source: str | None) -> str:
     """The Hugging Face directory of a LoRA run's frozen base, recorded in its checkpoints (which
-    hold the adapters alone; export and evaluation load the base from here): `base_dir`, else
-    model.source when the policy was loaded from that directory, else the base written once to
-    OUTPUT/lora_base."""
-    if base_dir:
-        return os.path.abspath(os.path.expanduser(base_dir))
-    if from_source and cfg.model.source != "init":
+    hold the adapters alone; export and evaluation load the base from here): `source`, the
+    directory the policy was loaded from (the warm start's), else model.source, else (a random
+    init) the base written once to OUTPUT/lora_base."""
+    if source:
+        return os.path.abspath(os.path.expanduser(source))
+    if cfg.model.source != "init":
         return os.path.abspath(os.path.expanduser(cfg.model.source))
     out = os.path.join(output_path(cfg.train.output_dir), "lora_base")
     if not os.path.isfile(os.path.join(out, "config.json")) and jax.process_index() == 0:
@@ -513,43 +510,42 @@ def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, base_dir: st
     return out
 
 
-def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, policy: CausalLM | None = None,
-                  progress: bool = True, base_dir: str | None = None, checked: bool = False) -> Trainer:
-    """Validate, check the plan fits (unless `checked`: the caller ran validation.check_config),
-    then build the learner, the sampler and the turn loop.
+def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, progress: bool = True) -> Trainer:
+    """validate(cfg) and check the plan fits, build the set-up unless given, then assemble_trainer
+    (a job checks first, with validation.check_training, and assembles)."""
+    validate(cfg)
+    check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
+    check_hosts(cfg)
+    return assemble_trainer(cfg, setup or build_setup(cfg), progress=progress)
 
-    base_dir: for LoRA (model.lora_rank > 0), the directory `policy`'s base weights came from
-    (the warm start's); see lora_base_dir."""
-    if not checked:
-        validate(cfg)
-        check_fits(cfg)  # refuse a config that cannot fit its devices, before compiling anything
-    if jax.process_count() > 1 and cfg.rl.batch_questions % jax.process_count():
-        raise TrainConfigError(f"rl.batch_questions={cfg.rl.batch_questions} must be a multiple of the "
-                               f"{jax.process_count()} hosts (each rolls out an equal slice)")
+
+def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None,
+                     progress: bool = True) -> Trainer:
+    """The learner, the sampler and the turn loop for a checked config and its set-up, on the policy
+    loaded from `source` (a Hugging Face directory, e.g. the warm start's; None: model.source)."""
+    # What the pieces take from the config, read once before any is built.
+    grpo, agent, loop = grpo_config(cfg), agent_config(cfg), loop_config(cfg)
+    reward_fn, held_out = load_reward_fn(cfg.rl.reward_fn), eval_questions(cfg, setup)
     mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
-    setup = setup or build_setup(cfg)
-    from_source = policy is None
-    policy = policy if policy is not None else load_policy(cfg, setup)
+    policy = load_policy(cfg, setup, source)
     meta = {"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))}
     lora = policy.config.lora
     if lora:
-        meta["lora_base"] = lora_base_dir(cfg, policy, base_dir, from_source)
+        meta["lora_base"] = lora_base_dir(cfg, policy, source)
     if mesh is not None:
         policy = shard_model(policy, mesh, ShardingConfig.training())
-    learner = GRPOLearner(policy, grpo_config(cfg), mesh=mesh)
+    learner = GRPOLearner(policy, grpo, mesh=mesh)
     # LoRA: the sampler merges the adapters into its own copy one layer at a time, straight from
     # the learner's frozen FSDP base (on several hosts, each piece is then made host-local).
     to_local = ((lambda tree: distributed.to_local_arrays(tree, sampler_mesh))
                 if lora and jax.process_count() > 1 else None)
-    sampler = build_sampler(cfg, sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype), sampler_mesh,
-                            layer_by_layer=lora, to_local=to_local)
-    runner = AgentRunner(setup.builder, sampler, setup.retriever, agent_config(cfg))
-    held_out = eval_questions(cfg, setup)
+    weights = sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype)
+    sampler = build_sampler(cfg, weights, sampler_mesh, layer_by_layer=lora, to_local=to_local)
+    runner = AgentRunner(setup.builder, sampler, setup.retriever, agent)
     evaluate_fn = (lambda s: {k: v for k, v in evaluate(eval_runner(cfg, setup, s), held_out).items()
                               if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
-    return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop_config(cfg), mesh=mesh,
-                   sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn,
-                   reward_fn=load_reward_fn(cfg.rl.reward_fn), meta=meta)
+    return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop, mesh=mesh,
+                   sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn, reward_fn=reward_fn, meta=meta)
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -25,18 +25,16 @@ from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
     Setup,
     TrainConfigError,
+    assemble_trainer,
     auto_flag,
     build_sampler,
     build_setup,
-    build_trainer,
-    compilation_cache,
     demo_objective_counts,
     demo_questions,
     eval_questions,
     eval_runner,
     evaluate,
     load_policy,
-    lora_fields,
     sampling_mesh,
 )
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
@@ -46,25 +44,16 @@ from memsearcher_jax.rl.checkpoints import item_problem
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
 from memsearcher_jax.run_dir import (
-    check_cache_dir,
     check_eval_out,
-    check_output_dir,
     enclosing_run,
     existing_parent,
     is_same_or_parent,
-    output_dir_path,
     prepare_eval_out,
     prepare_output_dir,
     release_output_dir,
 )
 from memsearcher_jax.token_metrics import trajectory_token_metrics
-from memsearcher_jax.validation import (
-    check_config,
-    check_same_experiment,
-    episode_problems,
-    record_config,
-    refuse,
-)
+from memsearcher_jax.validation import check_config, check_setup, check_training, record_config
 
 
 def _log(msg: str):
@@ -291,30 +280,21 @@ def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fre
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
-    check_config(cfg)
-    out = output_dir_path(cfg.train.output_dir)
-    check_output_dir(out, fresh=not resume)
-    check_cache_dir(cfg.train.get("compilation_cache_dir", None))
-    if resume:
-        check_same_experiment(cfg, out)
+    out = check_training(cfg, fresh=not resume)
     setup = build_setup(cfg)
-    if cfg.model.source != "init":
-        check_same_tokenizer(os.path.expanduser(cfg.model.source), setup, key="model.source")
-    refuse(episode_problems(cfg, setup))
+    check_setup(cfg, setup)
     demos = warm_start_demos(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
     prepare_output_dir(out, fresh=not resume)  # every check done: only now touch the disk
     if jax.process_index() == 0:
         record_config(cfg, out)
     _log(f"output dir {out}")
-    cache_dir, job_start = compilation_cache(cfg), compile_stats.snapshot()
+    # Before anything compiles: a second run of the job loads its programs instead of compiling them.
+    cache_dir = compile_stats.enable_persistent_cache(cfg.train.get("compilation_cache_dir", None))
+    job_start = compile_stats.snapshot()
     _log(f"compilation cache: {cache_dir or 'off'}")
     _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
-    policy = None
-    if cfg.sft.steps > 0:
-        ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), demos)
-        policy = from_pretrained(ws, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                                 scan_layers=cfg.model.scan_layers, remat=cfg.model.remat, **lora_fields(cfg))
-    trainer = build_trainer(cfg, setup, policy, base_dir=ws if cfg.sft.steps > 0 else None, checked=True)
+    ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), demos) if cfg.sft.steps > 0 else None
+    trainer = assemble_trainer(cfg, setup, source=ws)  # GRPO starts from the warm start's weights
     resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
@@ -472,25 +452,6 @@ def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, spli
         _checkpoint_manager(checkpoint)  # FileNotFoundError naming it
 
 
-def check_same_tokenizer(model_dir: str, setup: Setup, key: str = "--model") -> None:
-    """A synthetic-world job (evaluation of --model, training from model.source: `key`) must read
-    with the model's own tokenizer: a model directory without its base's reading_vocab.json makes
-    the world build another vocabulary (and another world)."""
-    mine, used = os.path.join(model_dir, "tokenizer.json"), os.path.join(setup.tokenizer_dir, "tokenizer.json")
-    if setup.world is None or not os.path.isfile(mine) or os.path.abspath(mine) == os.path.abspath(used):
-        return
-    with open(mine, "rb") as a, open(used, "rb") as b:
-        if a.read() == b.read():
-            return
-    named = f"{key} {model_dir}" if key.startswith("--") else f"{key}={model_dir}"
-    raise TrainConfigError(f"{named}: its tokenizer.json differs from the synthetic world's "
-                           f"({used}), so its answers would be read with another vocabulary. "
-                           + ("" if os.path.isfile(os.path.join(model_dir, "reading_vocab.json")) else
-                              f"{model_dir} has no reading_vocab.json: copy it from the base the model was "
-                              "trained from (memsearcher_jax/bases/...), or ") +
-                           "set world.* to the world the model was trained on")
-
-
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
              split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None,
              objectives: int | None = None) -> dict:
@@ -509,9 +470,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     check_eval_out(out, checkpoint or model_dir)
     check_config(cfg, training=False)
     setup = build_setup(cfg, training=False)
-    if model_dir:
-        check_same_tokenizer(model_dir, setup)
-    refuse(episode_problems(cfg, setup, training=False, workflow=workflow), "evaluation config")
+    check_setup(cfg, setup, training=False, workflow=workflow, model_dir=model_dir)
     if model_dir:
         policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     else:

@@ -203,8 +203,9 @@ def turn_loop_buckets(cfg, hosts: int):
     what the plan sizes): 4x steps, capped by the context limit and by the rows of one call."""
     from memsearcher_jax.sampling.buckets import BucketConfig
 
+    rows = max(sampler_rows(cfg, hosts), 1)
     return BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
-                                      max_batch=max(sampler_rows(cfg, hosts), 1))
+                                      max_batch=rows)
 
 
 def sampler_calls(cfg) -> list[SamplerCall]:
@@ -227,12 +228,11 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     if questions % hosts:
         raise PlanError(f"rl.batch_questions={questions} must be a multiple of the {hosts} hosts "
                         "(each rolls out an equal slice)")
-    rows = sampler_rows(cfg, hosts)
-    bk = turn_loop_buckets(cfg, hosts)
-    batch = bk.batch(rows, mesh[0] * mesh[1])
-    a = cfg.agent
+    rows, a = sampler_rows(cfg, hosts), cfg.agent
     longest_prompt = int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens)) - 1
     budget = int(min(a.max_new_tokens, a.max_response_tokens, a.max_context_tokens - 1))
+    bk = turn_loop_buckets(cfg, hosts)
+    batch = bk.batch(rows, mesh[0] * mesh[1])
     splits = {(0, bk.prompt(longest_prompt)): 0}
     if rows > 1 or bk.max_shared_prefix:  # one row splits only under a prefix cap
         for n in range(bk.min_shared_prefix, longest_prompt):
@@ -382,11 +382,12 @@ def rollout_rows(cfg, sz: Sizing) -> tuple[SamplerCall, list[PlanRow]]:
     """The largest rollout call (of every prefix/suffix split it may take) and its two rows."""
     from memsearcher_jax.sampling.sampler import check_query_block
 
+    calls = sampler_calls(cfg)
     try:
         block = check_query_block(cfg.sampler.prefill_query_block)
     except ValueError as e:
         raise PlanError(f"sampler.{e}") from None
-    call = max(sampler_calls(cfg), key=lambda c: sum(sampler_call_bytes(sz, c, block)[:2]))
+    call = max(calls, key=lambda c: sum(sampler_call_bytes(sz, c, block)[:2]))
     kv_b, prefill_b, blk = sampler_call_bytes(sz, call, block)
     on = (f"host-local mesh {'x'.join(map(str, call.mesh))}" if call.mesh != sz.mesh
           else f"{call.mesh[0] * call.mesh[1]} batch shards")
@@ -423,7 +424,8 @@ def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves). With
     # rl.pack_rows the learner packs several into rows never wider than this (GRPOLearner.row_width
     # caps them at it), micro_batch_size / logprob_batch_size rows a call: the same shapes bound.
-    seq = bucket(conversation_tokens(cfg), cfg.rl.min_seq_len, steps_per_octave=4)
+    longest = conversation_tokens(cfg)
+    seq = bucket(longest, cfg.rl.min_seq_len, steps_per_octave=4)
     # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
     # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
     chunk = int(cfg.rl.get("logits_chunk", 0) or 0)

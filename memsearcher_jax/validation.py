@@ -1,11 +1,12 @@
 """A config's checks, before any work; every message names the key and what was expected.
 
-    check_config(cfg, training=True)              # the one pass over the config: its values
-                                                  # (experiment.config_problems), the files it
-                                                  # names, the cache; then the plan, the retriever
-    episode_problems(cfg, setup, training=True)   # against the built set-up (tokenizer, questions):
-                                                  # what the config alone cannot tell
+    out = check_training(cfg, fresh)    # the one pass over a training config: check_config (its
+                                        # values, the files it names, the cache; then the plan, the
+                                        # retriever), the output directory, a resumed run's record
+    check_setup(cfg, setup)             # against the built set-up: the model's tokenizer, the
+                                        # episodes (episode_problems): what the config cannot tell
 Both run before any model is loaded, any warm start runs or the output directory is made.
+Evaluation asks check_config(cfg, training=False), then check_setup(..., training=False).
 """
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
     Setup,
+    TrainConfigError,
     agent_config,
+    check_hosts,
     config_problems,
     demo_questions,
     eval_questions,
     refuse,
 )
 from memsearcher_jax.planner import check_fits
+from memsearcher_jax.run_dir import check_output_dir, output_dir_path
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.
 LONGEST_QUESTIONS = 8
@@ -64,28 +68,24 @@ def prompt_problems(cfg: ml_collections.ConfigDict, setup: Setup, agent: AgentCo
             f"{worst + room}" + (" or lower world.objectives" if objectives and cfg.world.objectives > 1 else "")]
 
 
-def demo_turn_problems(cfg: ml_collections.ConfigDict, setup: Setup) -> list[str]:
-    """The warm start's demonstrator searches each hop of each objective in its own turn, then
-    answers: a question of n objectives needs up to 2n + 1 turns, and it has max(4, agent.max_turns)."""
-    if cfg.sft.steps <= 0 or setup.world is None:
-        return []
-    rows = demo_questions(cfg, setup)
+def demo_turn_problems(rows: list[dict], max_turns: int, objectives: int) -> list[str]:
+    """The warm start's demonstrator searches each hop of each objective of its questions (`rows`)
+    in its own turn, then answers: a question of n objectives needs up to 2n + 1 turns, and it has
+    max(4, agent.max_turns) (`max_turns`; `objectives`: world.objectives, for the message)."""
     need = max((sum(int(o["hops"]) for o in objectives_of(r)) + 1 for r in rows), default=0)
-    turns = max(4, cfg.agent.max_turns)
-    if need <= turns:
+    if need <= max(4, max_turns):
         return []
-    return [f"agent.max_turns={cfg.agent.max_turns}: the warm start's demonstrations of world.objectives="
-            f"{cfg.world.objectives} questions need up to {need} turns (one search per hop of each objective, then "
+    return [f"agent.max_turns={max_turns}: the warm start's demonstrations of world.objectives="
+            f"{objectives} questions need up to {need} turns (one search per hop of each objective, then "
             f"the answer); raise agent.max_turns to >= {need}, lower world.objectives, or set sft.steps=0"]
 
 
-def demo_retrieval_problems(cfg: ml_collections.ConfigDict, setup: Setup, probes: int = 4) -> list[str]:
+def demo_retrieval_problems(cfg: ml_collections.ConfigDict, setup: Setup, rows: list[dict],
+                            probes: int = 4) -> list[str]:
     """The warm start's demonstrator searches the world's queries and records the facts they find:
     a retriever serving another corpus finds none ("did not retrieve the hop-1 fact", a traceback
-    after the warm start began). A few of its first searches, tried now, tell."""
-    if cfg.sft.steps <= 0 or setup.world is None:
-        return []
-    rows = [o for r in demo_questions(cfg, setup)[:probes] for o in objectives_of(r)][:probes]
+    after the warm start began). A few of its first searches (of its questions, `rows`), tried now, tell."""
+    rows = [o for r in rows[:probes] for o in objectives_of(r)][:probes]
     queries = [o["queries"][0] for o in rows]
     found = setup.retriever.search(queries, cfg.agent.default_top_n) if queries else []
     missed = [(q, o["facts"][0]) for q, o, hits in zip(queries, rows, found)
@@ -100,6 +100,25 @@ def demo_retrieval_problems(cfg: ml_collections.ConfigDict, setup: Setup, probes
             "index and serve that, use retrieval.kind=bm25, or set sft.steps=0"]
 
 
+def check_same_tokenizer(model_dir: str, setup: Setup, key: str = "--model") -> None:
+    """A synthetic-world job (evaluation of --model, training from model.source: `key`) must read
+    with the model's own tokenizer: a model directory without its base's reading_vocab.json makes
+    the world build another vocabulary (and another world)."""
+    mine, used = os.path.join(model_dir, "tokenizer.json"), os.path.join(setup.tokenizer_dir, "tokenizer.json")
+    if setup.world is None or not os.path.isfile(mine) or os.path.abspath(mine) == os.path.abspath(used):
+        return
+    with open(mine, "rb") as a, open(used, "rb") as b:
+        if a.read() == b.read():
+            return
+    named = f"{key} {model_dir}" if key.startswith("--") else f"{key}={model_dir}"
+    raise TrainConfigError(f"{named}: its tokenizer.json differs from the synthetic world's "
+                           f"({used}), so its answers would be read with another vocabulary. "
+                           + ("" if os.path.isfile(os.path.join(model_dir, "reading_vocab.json")) else
+                              f"{model_dir} has no reading_vocab.json: copy it from the base the model was "
+                              "trained from (memsearcher_jax/bases/...), or ") +
+                           "set world.* to the world the model was trained on")
+
+
 def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True,
                      workflow: str | None = None) -> list[str]:
     """Whether the episodes the job will run can run: training (its rollouts, its held-out
@@ -107,8 +126,11 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
     agent = agent_config(cfg)
     if training:
         questions = setup.train_questions + eval_questions(cfg, setup)
-        return (prompt_problems(cfg, setup, agent, questions) + demo_turn_problems(cfg, setup)
-                + demo_retrieval_problems(cfg, setup))
+        # The questions the warm start's demonstrator scripts (none when it does not run).
+        demos = demo_questions(cfg, setup) if cfg.sft.steps > 0 and setup.world is not None else []
+        return (prompt_problems(cfg, setup, agent, questions)
+                + demo_turn_problems(demos, cfg.agent.max_turns, cfg.world.objectives)
+                + demo_retrieval_problems(cfg, setup, demos))
     agent = agent.evaluation(cfg.agent.eval_max_turns)
     if workflow:
         agent = dataclasses.replace(agent, workflow=workflow)
@@ -244,11 +266,38 @@ def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     """The one pass over a config before any work: every problem of its values, of the files it
     names and of the compilation cache, reported together (TrainConfigError); then what needs sane
     values to be asked: whether training fits its devices (planner.check_fits, PlanError with the
-    table) and whether an HTTP retriever answers."""
-    problems = config_problems(cfg, training) + input_path_problems(cfg, training)
+    table) and splits over its hosts, and whether an HTTP retriever answers."""
+    files = input_path_problems(cfg, training)
     if training:
-        problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
-    refuse(problems, "training config" if training else "evaluation config")
+        files += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
+    refuse(config_problems(cfg, training) + files, "training config" if training else "evaluation config")
     if training:
+        check_hosts(cfg)
         check_fits(cfg)  # before the warm start compiles anything
     check_retriever(cfg)
+
+
+def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
+    """Every check a training run can make before it builds anything, in order: the config
+    (check_config), its output directory (blank, a file, a directory of the user's, one in use;
+    with `fresh`, one holding files no run wrote) and, resuming, the experiment recorded there
+    (check_same_experiment). Returns the output directory, absolute (a remote one as it is)."""
+    check_config(cfg)
+    out = output_dir_path(cfg.train.output_dir)
+    check_output_dir(out, fresh=fresh)
+    if not fresh:
+        check_same_experiment(cfg, out)
+    return out
+
+
+def check_setup(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True, workflow: str | None = None,
+                model_dir: str | None = None) -> None:
+    """What the config alone cannot tell, asked of the built set-up before any model is loaded: the
+    model reads with the set-up's tokenizer (model_dir: eval's --model; training: model.source),
+    and the job's episodes fit (episode_problems; workflow: eval's --workflow)."""
+    if model_dir:
+        check_same_tokenizer(model_dir, setup)
+    elif training and cfg.model.source != "init":
+        check_same_tokenizer(os.path.expanduser(cfg.model.source), setup, key="model.source")
+    problems = episode_problems(cfg, setup, training, workflow)
+    refuse(problems, "training config" if training else "evaluation config")

@@ -90,9 +90,10 @@ def test_workflow_config_gives_room_for_the_objectives():
     assert cfg.agent.max_turns == 9 and cfg.train.eval_questions == 0
     default_budget = pt.workflow_config(base, "memsearcher", "/tmp/x/ms", 2)
     assert default_budget.agent.memory_budget == pt.MEMORY_PER_OBJECTIVE * 4
-    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.experiment import build_setup, demo_questions
     from memsearcher_jax.validation import demo_turn_problems
-    assert demo_turn_problems(default_budget, build_setup(default_budget)) == []
+    rows = demo_questions(default_budget, build_setup(default_budget))
+    assert demo_turn_problems(rows, default_budget.agent.max_turns, default_budget.world.objectives) == []
     # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
     assert cfg.agent.max_context_tokens == cfg.agent.max_response_tokens == 4096 > base.agent.max_context_tokens
     assert base.agent.workflow == "memsearcher" and base.world.objectives == 1  # the base is not changed
