@@ -81,6 +81,7 @@ class TrainConfigError(UserInputError):
 SECTIONS_OF = {AgentConfig: ("agent",), LossConfig: ("rl",), GRPOConfig: ("rl",), OptimConfig: ("optim",),
                LoopConfig: ("train", "rl")}
 COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim"),
+                   LossConfig: ("temperature",),
                    OptimConfig: ("total_steps", "later_rates"),
                    LoopConfig: ("output_dir", "sampling_dtype")}
 # Keys of those sections that no dataclass takes: read here, by name.
@@ -113,7 +114,10 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
     # The cosine schedule's length: every optimizer step of the run. later_rates belong to
     # pretraining phases (memsearcher_jax/pretrain/), not to GRPO.
     optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps, later_rates=())
-    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg), optim=optim)
+    # The learner scores tokens under the distribution the rollouts sampled from. Greedy (0) is refused
+    # for training by config_problems; an evaluation config that sets it never trains.
+    temperature = cfg.agent.temperature if cfg.agent.temperature > 0 else 1.0
+    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg, temperature=temperature), optim=optim)
 
 
 def output_path(path: str) -> str:
@@ -165,6 +169,9 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> li
     if training and cfg.rl.group_size < 2:  # evaluation samples one episode a question: no groups
         problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
                         "with each other, so it needs >= 2 (a group of one never learns)")
+    if training and not cfg.agent.temperature > 0:
+        problems.append(f"agent.temperature={cfg.agent.temperature}: GRPO samples its groups (greedy episodes "
+                        "of one question are all the same); expected > 0 (the recipe's 1.0)")
     problems += value_problems(cfg)
     trajectories = cfg.rl.batch_questions * cfg.rl.group_size
     if cfg.rl.optimizer_steps > trajectories >= 1:

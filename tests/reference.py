@@ -24,24 +24,24 @@ def forward(model, ids, attention_mask=None, positions=None, segment_ids=None):
 
 
 @nnx.jit
-def _log_probs(model, ids, mask):
-    return jax.nn.log_softmax(model(ids, attention_mask=mask)[0], axis=-1)
+def _log_probs(model, ids, mask, temperature):
+    return jax.nn.log_softmax(model(ids, attention_mask=mask)[0] / temperature, axis=-1)
 
 
-def row_log_probs(model, ids: list[int]) -> np.ndarray:
-    """log_softmax of the logits [len(ids), V] of one full forward over `ids`, with the model's
-    current weights."""
+def row_log_probs(model, ids: list[int], temperature: float = 1.0) -> np.ndarray:
+    """log_softmax of the logits / temperature [len(ids), V] of one full forward over `ids`, with
+    the model's current weights."""
     if len(ids) > WIDTH:
         raise ValueError(f"row of {len(ids)} tokens is longer than the reference width {WIDTH}")
     padded = np.zeros((1, WIDTH), np.int32)
     padded[0, :len(ids)] = ids
     mask = np.arange(WIDTH)[None] < len(ids)
-    return np.asarray(_log_probs(model, jnp.asarray(padded), jnp.asarray(mask)))[:len(ids)]
+    return np.asarray(_log_probs(model, jnp.asarray(padded), jnp.asarray(mask), jnp.float32(temperature)))[:len(ids)]
 
 
-def full_logprobs(model, prompt: list[int], tokens: list[int]) -> np.ndarray:
-    """log_softmax of one full forward over prompt + tokens, at the tokens."""
-    lp = row_log_probs(model, list(prompt) + list(tokens))
+def full_logprobs(model, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> np.ndarray:
+    """log_softmax(logits / temperature) of one full forward over prompt + tokens, at the tokens."""
+    lp = row_log_probs(model, list(prompt) + list(tokens), temperature)
     return lp[np.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1), np.asarray(tokens)]
 
 

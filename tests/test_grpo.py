@@ -465,3 +465,45 @@ def test_tis_log_ratio_clamp_is_the_configured_one():
 
     loose, tight = trained(20.0), trained(0.5)
     assert max(float(np.abs(a - b).max()) for a, b in zip(loose, tight)) > 1e-5
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_learner_scores_tokens_at_the_rollouts_temperature(pack):
+    """Rollouts sampled at temperature T drew each token from softmax(logits / T): the old, the
+    reference and the current log-probs (and the entropy bonus) are of that distribution, in the
+    log-prob pass and in the loss alike (verl divides by the temperature the same way)."""
+    from memsearcher_jax.rl.grpo import token_logprobs_and_entropy
+    from tests.reference import row_log_probs
+
+    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(4))
+    rows = _window_rows()
+    on = rows.loss_mask > 0
+    got = {}
+    for t in (1.0, 0.5):
+        learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=2, logprob_batch_size=1,
+                                                min_seq_len=8, pack_rows=pack, loss=LossConfig(temperature=t)))
+        old = learner.compute_logprobs(learner.params, rows)
+        # The reference: a full forward's log_softmax(logits / t), row by row.
+        want = np.zeros_like(old)
+        for i in range(len(rows.tokens)):
+            n = int(rows.attention[i].sum())
+            lp = row_log_probs(model, rows.tokens[i, :n].tolist(), t)
+            want[i, 1:n] = lp[np.arange(n - 1), rows.tokens[i, 1:n]]
+        assert np.abs(old - want)[on].max() < 1e-5, t
+        got[t] = old
+        # The loss pass agrees with the log-prob pass (ratio 1 before any update) at this temperature,
+        # and its entropy bonus is the tempered distribution's.
+        _, ent = nnx.jit(token_logprobs_and_entropy, static_argnames=("temperature",))(
+            model, jnp.asarray(rows.tokens), jnp.asarray(rows.attention), temperature=t)
+        m = learner.train_on_rows(rows, np.random.default_rng(0))
+        assert m["ratio_min_first"] == pytest.approx(1.0, abs=1e-5)
+        assert m["ratio_max_first"] == pytest.approx(1.0, abs=1e-5)
+        assert m["entropy"] == pytest.approx(float(np.asarray(ent)[on].mean()), rel=1e-5)
+        model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(4))  # train_on_rows moved it
+    # Scoring at 1.0 what was sampled at 0.5 is another distribution: the check has teeth.
+    assert np.abs(got[1.0] - got[0.5])[on].max() > 0.05
+
+
+def test_loss_config_refuses_a_temperature_that_samples_nothing():
+    with pytest.raises(ValueError, match="temperature"):
+        LossConfig(temperature=0.0)

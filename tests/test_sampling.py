@@ -73,11 +73,15 @@ def test_greedy_equals_naive_loop_and_transformers(hf_and_model, sampler):
 def test_logprobs_equal_full_forward(hf_and_model, sampler):
     model = hf_and_model[1]
     prompts = _prompts(1)
-    for temp in (0.0, 1.3):
+    # Each token's log-prob under the distribution it was drawn from: logits / temperature (raw
+    # when greedy), before the top-p cut: what the learner computes at the rollouts' temperature.
+    for temp in (0.0, 1.3, 0.6):
         outs = sampler.generate(prompts, max_new_tokens=10, temperature=temp, top_p=0.9, seed=3)
         for p, o in zip(prompts, outs):
-            ref = full_logprobs(model, p, o.tokens)
+            ref = full_logprobs(model, p, o.tokens, temp if temp > 0 else 1.0)
             assert np.abs(np.asarray(o.logprobs) - ref).max() < 1e-4
+            if temp > 0:  # the temperature-1 log-probs are another thing (the check has teeth)
+                assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() > 1e-2
 
 
 def test_sampling_matches_intended_distribution(tmp_path):

@@ -146,7 +146,9 @@ def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)
 
-def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True):
+def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True, temperature: float = 1.0):
+    if temperature != 1.0:  # the policy the rollout sampled from (as verl divides by it); 1.0 leaves logits as they are
+        logits = logits.astype(jnp.float32) / temperature
     logp = token_logprobs(logits, targets)
     if not entropy:  # a pass over the vocabulary saved (XLA cannot drop it from inside lax.map's loop)
         return logp, jnp.zeros_like(logp)
@@ -154,23 +156,25 @@ def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True):
     return logp, logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
 
 
-def _head_logp_entropy(model, h: jax.Array, targets: jax.Array, logits_chunk: int, entropy: bool):
+def _head_logp_entropy(model, h: jax.Array, targets: jax.Array, logits_chunk: int, entropy: bool,
+                       temperature: float = 1.0):
     """Final hidden states h [B, T, D] and the ids they predict [B, T] -> (logp, entropy) [B, T]."""
     if logits_chunk <= 0 or logits_chunk >= h.shape[1]:
-        return _logp_entropy(model.logits_from_hidden(h), targets, entropy)
+        return _logp_entropy(model.logits_from_hidden(h), targets, entropy, temperature)
     b, t = targets.shape
     n = -(-t // logits_chunk)
     h = jnp.pad(h, ((0, 0), (0, n * logits_chunk - t), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, n * logits_chunk - t)))
     chunks = (h.reshape(b, n, logits_chunk, -1).swapaxes(0, 1), targets.reshape(b, n, logits_chunk).swapaxes(0, 1))
-    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1], entropy))
+    piece = jax.checkpoint(lambda c: _logp_entropy(model.logits_from_hidden(c[0]), c[1], entropy, temperature))
     logp, ent = (x.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t] for x in jax.lax.map(piece, chunks))
     return logp, ent
 
 
 def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, logits_chunk: int = 0,
                                entropy: bool = True, targets_at: jax.Array | None = None,
-                               positions: jax.Array | None = None, segments: jax.Array | None = None):
+                               positions: jax.Array | None = None, segments: jax.Array | None = None,
+                               temperature: float = 1.0):
     """tokens/attention [B, S] -> (logp [B, S], entropy [B, S]) aligned to targets.
 
     logp[:, j] = log p(tokens[j] | tokens[<j]) for j >= 1 (0 at j = 0); entropy[:, j] is the
@@ -188,6 +192,9 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
 
     positions, segments [B, S] int: packed rows (`pack_segments`): several conversations per
     row, each attending only to itself with positions from 0; `attention` is then unused.
+
+    temperature (static): log-probs and entropy of softmax(logits / temperature), the
+    distribution a rollout sampled at that temperature drew from.
     """
     if segments is not None:
         h = model.hidden_states(tokens, positions=positions, segment_ids=segments)
@@ -195,8 +202,9 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
         h = model.hidden_states(tokens, attention_mask=attention)
     if targets_at is not None:
         h = jnp.take_along_axis(h, (targets_at - 1)[:, :, None], axis=1)
-        return _head_logp_entropy(model, h, jnp.take_along_axis(tokens, targets_at, axis=1), logits_chunk, entropy)
-    logp, ent = _head_logp_entropy(model, h[:, :-1], tokens[:, 1:], logits_chunk, entropy)
+        return _head_logp_entropy(model, h, jnp.take_along_axis(tokens, targets_at, axis=1), logits_chunk, entropy,
+                                  temperature)
+    logp, ent = _head_logp_entropy(model, h[:, :-1], tokens[:, 1:], logits_chunk, entropy, temperature)
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
 
@@ -213,7 +221,7 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=No
     model = merge_params(graphdef, params, frozen)
     logp, entropy = token_logprobs_and_entropy(model, mb["tokens"], mb.get("attention"), logits_chunk,
                                                targets_at=mb.get("targets_at"), positions=mb.get("positions"),
-                                               segments=mb.get("segments"))
+                                               segments=mb.get("segments"), temperature=loss_cfg.temperature)
     if loss_cfg.entropy_coef == 0:  # a metric only: no backward pass over the vocabulary for it
         entropy = jax.lax.stop_gradient(entropy)
     loss, aux = per_token_loss(logp, mb["old_logp"], mb.get("ref_logp"), entropy, mb["advantages"], loss_cfg,
@@ -301,7 +309,8 @@ class GRPOLearner(Learner):
         def logprobs(params, frozen, tokens, attention, targets_at, positions=None, segments=None):
             model = merge_params(graphdef, params, frozen)
             return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False, targets_at=targets_at,
-                                              positions=positions, segments=segments)[0]
+                                              positions=positions, segments=segments,
+                                              temperature=loss_cfg.temperature)[0]
 
         # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
         # shapes never depend on how many micro-batches a step has (a lax.scan over all of them

@@ -55,6 +55,9 @@ class LossConfig:
     # Truncated importance sampling for the sampler/trainer mismatch: each token's policy-gradient
     # term is weighted by min(exp(old_logp - sampler_logp), tis_cap), a constant (0 = off).
     tis_cap: float = 0.0
+    # The rollouts' sampling temperature: every log-prob (old, reference, current) and the entropy
+    # are those of softmax(logits / temperature), the distribution the tokens were drawn from.
+    temperature: float = 1.0
 
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:
@@ -68,6 +71,9 @@ class LossConfig:
             raise ValueError(f"LossConfig.dual_clip must be > 1, got {self.dual_clip}")
         if self.tis_cap < 0:
             raise ValueError(f"LossConfig.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        if not self.temperature > 0:
+            raise ValueError(f"LossConfig.temperature must be > 0 (the rollouts' sampling temperature), "
+                             f"got {self.temperature}")
         if self.kl_clamp <= 0 or self.log_ratio_clamp <= 0:
             raise ValueError(f"LossConfig clamps must be positive, got kl_clamp={self.kl_clamp}, "
                              f"log_ratio_clamp={self.log_ratio_clamp}")

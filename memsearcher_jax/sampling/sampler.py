@@ -57,7 +57,8 @@ FINISH_REASONS = ("stop", "length")
 @dataclasses.dataclass
 class Completion:
     """One prompt's generated tokens (stop token / sequence included), the log-prob of each
-    under the model at temperature 1, and why it ended ("stop" or "length")."""
+    under the distribution it was sampled from (softmax(logits / temperature), before top-p /
+    top-k; the raw logits when greedy), and why it ended ("stop" or "length")."""
 
     tokens: list[int]
     logprobs: list[float]
@@ -318,7 +319,10 @@ class Sampler:
         keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.wrap_key_data(k), st.step))(st.row_keys)
         u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
         tok = sample_from_logits(logits, u, st.temperature, st.top_p, st.top_k, self._top_p_candidates)
-        lp = token_logprobs(logits, tok)
+        # The log-prob under the distribution sampled from (logits / temperature, before any top-p /
+        # top-k cut, as the trainer computes it); greedy rows keep the raw logits.
+        scale = jnp.where(st.temperature > 0, st.temperature, 1.0)
+        lp = token_logprobs(logits.astype(jnp.float32) / scale, tok)
         active = ~st.done
         col = jnp.where(active, tok, 0)[:, None]
         tokens = jax.lax.dynamic_update_slice(st.tokens, col, (0, st.step))
