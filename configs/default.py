@@ -70,7 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.max_top_n = 5
     c.agent.max_observation_tokens = 0  # cut each observation's documents to this many tokens (0: no cap)
     c.agent.missing_top_n = 0        # passages for a call without top_n (0: default_top_n)
-    c.agent.temperature = 1.0
+    c.agent.temperature = 1.0       # training rollouts; the learner scores tokens at this temperature too
     c.agent.top_p = 1.0
     c.agent.top_k = 0
     c.agent.eval_max_turns = 6
