@@ -211,6 +211,27 @@ def test_a_config_that_is_a_directory_or_json_is_named(kind, tmp_path, capsys):
     assert len(msg.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("key, value, named", [
+    ("sft.passes", "-1.0", "sft.passes=-1.0: passes over the warm start's rows, expected >= 0"),
+    ("sft.name_swap_rate", "2.0", "sft.name_swap_rate=2.0: a share of the demonstrations, expected in [0, 1]"),
+    ("sft.tie_embedding_rows", "sometimes", "sft.tie_embedding_rows='sometimes': expected auto, True or False"),
+    ("agent.tool", "bing_search", "agent.tool='bing_search' is not a registered tool"),
+    ("agent.tool_schema", "{not json", "agent.tool_schema is not valid JSON"),
+    ("agent.tool_schema", '{"name": "lookup", "parameters": {}}', "agent.tool_schema 'lookup': no required string"),
+    ("agent.multi_answer_prompt", "sometimes", "agent.multi_answer_prompt='sometimes': expected auto, True or False"),
+])
+def test_a_bad_tool_prompt_or_warm_start_setting_is_refused_before_the_world_is_built(key, value, named, tmp_path,
+                                                                                      capsys):
+    """These were refused only once the world was built (agent.*: in build_setup) or the warm start
+    was about to run (sft.*: in its demonstrations' code, and not at all with sft.steps=0): now
+    with every other problem of the config, one line naming the key, before any world or model."""
+    out, worlds = tmp_path / "run", tmp_path / "worlds"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                     f"--config.world.cache_dir={worlds}", f"--config.{key}={value}")
+    assert code == 2 and named in msg and "Traceback" not in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and not worlds.exists() and not out.exists(), msg
+
+
 @pytest.mark.parametrize("where", ["config", "env"])
 def test_a_compilation_cache_at_a_file_or_under_one_is_named(where, tmp_path, capsys, monkeypatch):
     from memsearcher_jax.compile_stats import CACHE_DIR_ENV
