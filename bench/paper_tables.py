@@ -4,14 +4,17 @@
                                  [--out runs/paper_tables] [--config configs/default.py] [--config.x=v ...]
 
 From the same shipped base, world, steps, B and G, each workflow is warm-started on its own
-scripted demonstrations (its own format, the same flaws), then trained with GRPO on
-`--train-objectives` (2) questions at once, by the default job (`jobs.train_job`). Each model is
-then evaluated greedily on the held-out questions:
+scripted demonstrations (its own format, the same flaws), then trained with GRPO by the default
+job (`jobs.train_job`) on 1 to 4 questions at once in equal shares (world.objectives_mix=1,2,3,4,
+which the bench sets; with --config.world.objectives_mix='' on `--train-objectives` questions at
+once). `--train-objectives` (2) is also the count of Table 1's token columns and of Table 4. Each
+model is then evaluated greedily on the held-out questions:
 
 - Table 1: per workflow, held-out EM and F1 at 1 and 2 objectives, peak tokens, tokens per
   question, GRPO minutes; a "warm start only" row per workflow (the model GRPO started from).
-- Table 2: prompt tokens per act call by turn (mean / max) per workflow, at the training
-  objective count (MemSearcher's claim: flat for a memory agent, growing for ReAct).
+- Table 2: prompt tokens per act call by turn (mean / max) per workflow, at 4 objectives when
+  they are evaluated, else at `--train-objectives` (MemSearcher's claim: flat for a memory agent,
+  growing for ReAct).
 - Table 3: EM per objective and peak tokens at 1, 2, 4 and 8 objectives (MEM1's claim).
 - Table 4: memsearcher EM against its memory budget (agent.memory_budget), by default the
   trained memsearcher model evaluated at each budget; `--budget-training` trains one per budget.
@@ -397,7 +400,10 @@ def parse_args(argv):
     ap.add_argument("--workflows", default=",".join(WORKFLOWS), help="comma-separated workflows to train")
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
     ap.add_argument("--out", default="runs/paper_tables", help="output directory")
-    ap.add_argument("--train-objectives", type=int, default=2)
+    ap.add_argument("--train-objectives", type=int, default=2,
+                    help="questions at once in Table 1's token columns and Table 4 (Table 2 too when 4 is not "
+                         "evaluated), and in GRPO's training questions only when world.objectives_mix is '' (the "
+                         "bench trains on its mix: see below)")
     ap.add_argument("--objectives", default=None,
                     help=f"objective counts evaluated (default {','.join(map(str, OBJECTIVES))}; --quick "
                          f"{','.join(map(str, QUICK_OBJECTIVES))})")

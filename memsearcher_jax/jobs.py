@@ -75,7 +75,9 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
                                                  workflow=cfg.agent.workflow, **rates))
 
 
-def _sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None):
+def sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None) -> SFTConfig:
+    """The supervised trainer's settings from `sft.*` for `steps` steps (warmup: sft.warmup, at most
+    `steps`, unless given): the warm start's, and the controls' (extra_sft, rft.py) that continue it."""
     return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
                      warmup=min(cfg.sft.warmup, steps) if warmup is None else warmup, seed=cfg.train.seed,
                      max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len,
@@ -100,18 +102,22 @@ def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[l
     return name_groups(vocab) + value_groups(vocab)
 
 
-def name_table(cfg: ml_collections.ConfigDict, setup: Setup) -> NameTable | None:
-    """What `sft.name_swap_rate` swaps: the world's names and the reading vocabulary's unused reserved
-    names; None when the rate is 0. Refuses a rate above 0 without a reading vocabulary or a world."""
+def swaps_names(cfg: ml_collections.ConfigDict, setup: Setup) -> bool:
+    """Whether the warm start swaps names (`sft.name_swap_rate` > 0; validation.setting_problems
+    checks its range), refusing a rate above 0 without a reading vocabulary or a world."""
     rate = cfg.sft.get("name_swap_rate", 0.0)
-    if not 0 <= rate <= 1:
-        raise UserInputError(f"sft.name_swap_rate={rate}: a share of the demonstrations, expected in [0, 1]")
-    if not rate:
-        return None
-    if setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir):
+    if rate and (setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir)):
         raise UserInputError(f"sft.name_swap_rate={rate} swaps the synthetic world's names for unused names of a "
                              f"reading vocabulary; {setup.tokenizer_dir} has no reading_vocab.json or the world is "
                              "off: set it to 0 for other models and data")
+    return bool(rate)
+
+
+def name_table(cfg: ml_collections.ConfigDict, setup: Setup) -> NameTable | None:
+    """What `sft.name_swap_rate` swaps: the world's names and the reading vocabulary's unused reserved
+    names; None when the rate is 0 (swaps_names)."""
+    if not swaps_names(cfg, setup):
+        return None
     vocab = ReadingVocab.load(setup.tokenizer_dir)
     with open(os.path.join(setup.world.world_dir, "entities.json"), encoding="utf-8") as f:
         entities = json.load(f)["entities"]
@@ -130,10 +136,7 @@ def sft_conversations(cfg: ml_collections.ConfigDict, setup: Setup, demos: list)
 def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
     """`sft.steps`, or with `sft.passes` > 0 the steps that many passes over the `rows` take: equal
     passes are what workflows with one row per episode (react) and one per turn (memsearcher) can share."""
-    passes = cfg.sft.get("passes", 0.0)
-    if passes < 0:
-        raise UserInputError(f"sft.passes={passes}: passes over the warm start's rows, expected >= 0 "
-                             "(0: use sft.steps)")
+    passes = cfg.sft.get("passes", 0.0)  # >= 0: validation.setting_problems
     return cfg.sft.steps if not passes else max(1, math.ceil(passes * rows / cfg.sft.batch_size))
 
 
@@ -151,7 +154,7 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos
     _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
          f"{steps} SFT steps ({steps * cfg.sft.batch_size / len(rows):.2f} passes over {len(rows)} rows)")
     policy = load_policy(cfg, setup, lora=False)  # SFT trains every weight; GRPO adds adapters after
-    policy, history = sft_train(policy, rows, _sft_config(cfg, steps), pad_id=setup.builder.pad_id, tied_rows=tied_rows)
+    policy, history = sft_train(policy, rows, sft_config(cfg, steps), pad_id=setup.builder.pad_id, tied_rows=tied_rows)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
     return out_dir
@@ -163,7 +166,7 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     warm start's final learning rate. Returns (model, steps taken)."""
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
-    sft_cfg = dataclasses.replace(_sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 10_000,
+    sft_cfg = dataclasses.replace(sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 10_000,
                                   progress=False)  # the clock ends it, not the step count
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
     optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
@@ -272,8 +275,7 @@ def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fre
     if cfg.sft.steps <= 0 or cached:
         return None
     embedding_row_groups(cfg, setup)  # refuses sft.tie_embedding_rows without a reading vocabulary
-    name_table(cfg, setup)  # and sft.name_swap_rate
-    warm_start_steps(cfg, 1)  # and sft.passes
+    swaps_names(cfg, setup)  # and sft.name_swap_rate (the warm start builds the table once, later)
     return flawed_demonstrations(cfg, setup)
 
 
@@ -360,17 +362,34 @@ def _restore(mngr, step: int, **items):
                              f"{str(e)[:300]}): it is damaged or incomplete; use another --step") from None
 
 
+def checked_checkpoint(checkpoint: str, step: int | None = None, best: bool = False,
+                       fix: str = "use another --step") -> tuple:
+    """(manager, step, metadata) of a training checkpoint (latest step by default; best=True: in
+    best/), after checking that its params can be restored into the shapes its metadata names, as
+    a resumed `train` checks them (rl/checkpoints.py): a restore that fails part-way leaves Orbax's
+    reads to print asyncio tracebacks at exit, after the message. `fix`: what the user can do."""
+    mngr = _checkpoint_manager(checkpoint, best)
+    step = mngr.latest_step() if step is None else step
+    if step not in mngr.all_steps():
+        raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
+    meta = _restore(mngr, step, meta=ocp.args.JsonRestore())["meta"]
+    mc = ModelConfig(**meta["model_config"])
+    model = nnx.eval_shape(lambda: Qwen2(mc, rngs=nnx.Rngs(0)))
+    saved = nnx.split(model, LoRAParam, nnx.Param)[1] if mc.lora else nnx.split(model, nnx.Param)[1]
+    problem = item_problem(os.path.join(str(mngr.directory), str(step)), "params", saved)
+    if problem:
+        raise UserInputError(f"checkpoint step {step} in {mngr.directory} cannot be restored ({problem}): it is "
+                             f"damaged (a full disk, a half copy) or incomplete; {fix}")
+    return mngr, step, meta
+
+
 def restore_policy(checkpoint: str, step: int | None = None, best: bool = False) -> tuple[Qwen2, dict]:
     """A Qwen2 with the params of a training checkpoint (latest step by default; best=True: the
     params with the highest eval/em, kept in best/), and its metadata.
 
     A LoRA run's checkpoint holds the adapters alone: the frozen base is read from the
     Hugging Face directory its metadata names (`lora_base`) and the adapters are put on it."""
-    mngr = _checkpoint_manager(checkpoint, best)
-    step = mngr.latest_step() if step is None else step
-    if step not in mngr.all_steps():
-        raise FileNotFoundError(f"checkpoint step {step} not found; available: {sorted(mngr.all_steps())}")
-    meta = _restore(mngr, step, meta=ocp.args.JsonRestore())["meta"]
+    mngr, step, meta = checked_checkpoint(checkpoint, step, best)
     mc = ModelConfig(**meta["model_config"])
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     if mc.lora:
@@ -443,13 +462,13 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
 
 def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, split: str | None, limit: int) -> None:
     """What `eval` can refuse in a second: a negative --limit, an unknown synthetic --split, a
-    checkpoint that is not there (before any world is built or model loaded)."""
+    checkpoint that is not there or is damaged (before any world is built or model loaded)."""
     if limit < 0:
         raise TrainConfigError(f"--limit {limit}: must be >= 0 (0: every question)")
     if cfg.world.enabled and split not in (None, "heldout", "all", "train"):
         raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
-    if checkpoint:
-        _checkpoint_manager(checkpoint)  # FileNotFoundError naming it
+    if checkpoint:  # there, and restorable
+        checked_checkpoint(checkpoint, fix="eval reads the latest step: remove that step to evaluate the one before")
 
 
 def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,

@@ -19,7 +19,7 @@ import ml_collections
 
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.experiment import Setup, agent_config, build_sampler, load_reward_fn, sampling_mesh
-from memsearcher_jax.jobs import _sft_config, embedding_row_groups
+from memsearcher_jax.jobs import embedding_row_groups, sft_config
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.rl.learner import OptimConfig
@@ -81,7 +81,7 @@ def rft_control(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, se
     convs = [c for t in kept for c in t.conversations]
     if not convs:
         return RFTResult(policy, sampled, 0, 0, 0, sample_seconds, 0.0)
-    sft_cfg = dataclasses.replace(_sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 20_000,
+    sft_cfg = dataclasses.replace(sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 20_000,
                                   progress=False)
     optim = OptimConfig(learning_rate=cfg.sft.learning_rate * sft_cfg.final_lr_fraction,
                         weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)

@@ -18,6 +18,7 @@ import ml_collections
 
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import AgentConfig
+from memsearcher_jax.agent.tools import tool_spec
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
 from memsearcher_jax.data.synthetic import objectives_of
@@ -26,6 +27,7 @@ from memsearcher_jax.experiment import (
     Setup,
     TrainConfigError,
     agent_config,
+    auto_flag,
     check_hosts,
     config_problems,
     demo_questions,
@@ -253,6 +255,30 @@ def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -
             if value and "://" not in value and not exists(os.path.expanduser(value))]
 
 
+def setting_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """Settings read only once the world is built (the search tool, the prompt's answer format) or
+    the warm start runs (its length in passes, its name swaps, its tied rows), asked up front:
+    agent.tool / agent.tool_schema, agent.multi_answer_prompt, sft.passes, sft.name_swap_rate and
+    sft.tie_embedding_rows. Evaluation (training=False) runs no warm start."""
+    checks = [lambda: tool_spec(cfg.agent.tool, cfg.agent.get("tool_schema", "")),
+              lambda: auto_flag(cfg, "agent", "multi_answer_prompt")]
+    checks += [lambda: auto_flag(cfg, "sft", "tie_embedding_rows")] if training else []
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except UserInputError as e:
+            problems.append(str(e))
+    if not training:
+        return problems
+    passes, rate = cfg.sft.get("passes", 0.0), cfg.sft.get("name_swap_rate", 0.0)
+    if passes < 0:
+        problems.append(f"sft.passes={passes}: passes over the warm start's rows, expected >= 0 (0: use sft.steps)")
+    if not 0 <= rate <= 1:
+        problems.append(f"sft.name_swap_rate={rate}: a share of the demonstrations, expected in [0, 1]")
+    return problems
+
+
 def check_retriever(cfg: ml_collections.ConfigDict) -> None:
     """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
     if cfg.retrieval.kind == "http":
@@ -263,14 +289,16 @@ def check_retriever(cfg: ml_collections.ConfigDict) -> None:
 
 
 def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
-    """The one pass over a config before any work: every problem of its values, of the files it
-    names and of the compilation cache, reported together (TrainConfigError); then what needs sane
-    values to be asked: whether training fits its devices (planner.check_fits, PlanError with the
-    table) and splits over its hosts, and whether an HTTP retriever answers."""
+    """The one pass over a config before any work: every problem of its values (config_problems,
+    setting_problems), of the files it names and of the compilation cache, reported together
+    (TrainConfigError); then what needs sane values to be asked: whether training fits its devices
+    (planner.check_fits, PlanError with the table) and splits over its hosts, and whether an HTTP
+    retriever answers."""
     files = input_path_problems(cfg, training)
     if training:
         files += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
-    refuse(config_problems(cfg, training) + files, "training config" if training else "evaluation config")
+    problems = config_problems(cfg, training) + setting_problems(cfg, training) + files
+    refuse(problems, "training config" if training else "evaluation config")
     if training:
         check_hosts(cfg)
         check_fits(cfg)  # before the warm start compiles anything

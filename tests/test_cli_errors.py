@@ -530,6 +530,45 @@ def test_resume_from_a_damaged_checkpoint_is_one_line_in_its_own_process(one_ste
     assert mine(_user_files(damaged)) == mine(before)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["truncated", "missing_item"])
+def test_export_and_eval_from_a_damaged_checkpoint_are_one_line_in_their_own_process(one_step_run, tmp_path, how):
+    """`export-hf` and `eval --checkpoint` restore a run's checkpoint (jobs.restore_policy): a data
+    file cut short printed the message, then Orbax's pending reads' asyncio tracebacks at exit;
+    `eval` found out only after building the world. Both now check the step as a resumed `train`
+    does, before any restore (eval: before any world is built): one line naming the step."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.test_validation import NOISE
+
+    out, overrides = one_step_run
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    if how == "truncated":
+        _damage(damaged / "checkpoints" / "1", "truncated")
+    else:
+        shutil.rmtree(damaged / "checkpoints" / "1" / "params")
+    before = _user_files(damaged)
+    worlds = tmp_path / "worlds"  # a world eval would build: it must not
+    overrides = [o for o in overrides if not o.startswith(("--config.train.output_dir=", "--config.world.cache_dir="))]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for argv in (["export-hf", "--checkpoint", str(damaged), "--out", str(tmp_path / "hf")],
+                 ["eval", "--config", DEFAULT, *overrides, f"--config.world.cache_dir={worlds}", "--checkpoint",
+                  str(damaged), "--limit", "2"]):
+        done = subprocess.run([sys.executable, "-m", "memsearcher_jax.cli", *argv], env=env, capture_output=True,
+                              text=True, timeout=900)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("memsearcher-jax")]
+        assert done.returncode == 2 and len(errors) == 1, (argv[0], done.stderr[-3000:])
+        assert errors[0].startswith(f"memsearcher-jax: checkpoint step 1 in {damaged}/checkpoints cannot be "
+                                    "restored (params/"), errors[0]
+        assert ("cut short" if how == "truncated" else "params/ is missing") in errors[0], errors[0]
+        assert not any(n in done.stderr for n in NOISE), done.stderr[-3000:]
+    assert not (tmp_path / "hf").exists() and not worlds.exists()
+    assert _user_files(damaged) == before
+
+
 # ----------------------------------------------------------------------------- fault injection
 
 def _start_server(index_dir: str, port: int):

@@ -86,24 +86,34 @@ def test_export_from_a_missing_checkpoint_names_it(tmp_path, capsys):
     assert "no checkpoint directory" in capsys.readouterr().err and not os.path.exists(tmp_path / "out")
 
 
-def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
-    """sft.* flaw rates and react_share reach the demonstrations the warm start trains on."""
+def _recording_warm_start(tmp_path, monkeypatch, overrides=(), **sft):
+    """The default config (the shipped reading base unless `overrides` say otherwise) with `sft`
+    set, its set-up, and sft_train replaced by a recorder of each call's (conversations, tied rows)."""
     from memsearcher_jax import jobs
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import build_setup
 
-    cfg = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w"))])
-    cfg.sft.update(steps=1, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
-                   wrong_answer_rate=0.0, early_answer_rate=0.0, early_two_hop="first_hop")
+    cfg = load_config(os.path.join(ROOT, "configs/default.py"), [*overrides, ("world.cache_dir", str(tmp_path / "w"))])
+    cfg.sft.update(steps=1, **sft)
     setup = build_setup(cfg)
-    seen = []
-    monkeypatch.setattr(jobs, "sft_train",
-                        lambda model, convs, config, pad_id, tied_rows=None: (seen.extend(convs) or model,
-                                                                                [{"loss": 0.0}]))
+    calls = []
+    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
+                        (calls.append((convs, tied_rows)) or model, [{"loss": 0.0}]))
+    return cfg, setup, calls
+
+
+def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
+    """sft.* flaw rates and react_share reach the demonstrations the warm start trains on."""
+    from memsearcher_jax import jobs
+
+    cfg, setup, calls = _recording_warm_start(
+        tmp_path, monkeypatch, SMALL, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
+        wrong_answer_rate=0.0, early_answer_rate=0.0, early_two_hop="first_hop")
     out = jobs.warm_start(cfg, setup, str(tmp_path / "ws"))
     assert os.path.isfile(os.path.join(out, "config.json"))
     rows = setup.train_questions[:30]
-    assert len(seen) == len(rows)  # ReAct: one growing conversation per demo
+    seen = calls[0][0]
+    assert len(calls) == 1 and len(seen) == len(rows)  # ReAct: one growing conversation per demo
     b = setup.builder
     for conv, row in zip(seen, rows):
         assert conv.prompt_ids == b.react_context(row["question"])
@@ -113,8 +123,8 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
             assert "\\boxed{" + row["intermediate"] + "}" in text
     # sft.early_two_hop reaches them too: "no_search" 2-hop demos guess before any search.
     cfg.sft.early_two_hop = "no_search"
-    seen.clear()
     jobs.warm_start(cfg, setup, str(tmp_path / "ws2"))
+    seen = calls[1][0]
     two_hop = [(conv, row) for conv, row in zip(seen, rows) if row["hops"] == 2]
     assert two_hop and all("<tool_call>" not in b.decode(conv.response_ids) for conv, _ in two_hop)
 
@@ -130,18 +140,14 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
     from memsearcher_jax.errors import UserInputError
     from memsearcher_jax.experiment import build_setup
 
-    cfg = load_config(os.path.join(ROOT, "configs/default.py"), [("world.cache_dir", str(tmp_path / "w"))])
-    cfg.sft.update(steps=1, num_demos=10)
-    setup = build_setup(cfg)
-    got = []
-    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
-                        (got.append(tied_rows) or model, [{"loss": 0.0}]))
+    cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=10)
     assert cfg.sft.tie_embedding_rows == "auto"  # the default
     jobs.warm_start(cfg, setup, str(tmp_path / "auto"))
     cfg.sft.tie_embedding_rows = "False"  # as --config.sft.tie_embedding_rows=False gives it
     jobs.warm_start(cfg, setup, str(tmp_path / "off"))
     cfg.sft.tie_embedding_rows = "True"
     jobs.warm_start(cfg, setup, str(tmp_path / "on"))
+    got = [tied for _, tied in calls]
     assert got[1] is None
     vocab = ReadingVocab.load(setup.tokenizer_dir)
     assert got[0] == got[2]
@@ -170,37 +176,33 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
 def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp_path, monkeypatch):
     """sft.name_swap_rate: 0 (the default) trains on the demonstrations as scripted; 1 on the same
     rows with every world name (training and held-out) replaced by a reserved name the world does
-    not use; a model without a reading vocabulary, or a rate outside [0, 1], is refused by name."""
+    not use; a model without a reading vocabulary is refused by name (a rate outside [0, 1]:
+    test_validation.py, up front). A warm start builds its name table once."""
     from memsearcher_jax import jobs
     from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.data.name_swap import NameTable
     from memsearcher_jax.data.vocab import ReadingVocab
     from memsearcher_jax.errors import UserInputError
     from memsearcher_jax.experiment import build_setup
 
-    cfg = load_config(os.path.join(ROOT, "configs/default.py"), [("world.cache_dir", str(tmp_path / "w"))])
-    cfg.sft.update(steps=1, num_demos=12)
-    setup = build_setup(cfg)
-    got = []
-    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
-                        (got.append(convs) or model, [{"loss": 0.0}]))
+    cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=12)
     assert cfg.sft.name_swap_rate == 0.0  # the default
     demos = jobs.flawed_demonstrations(cfg, setup)
     jobs.warm_start(cfg, setup, str(tmp_path / "plain"), demos=demos)
     cfg.sft.name_swap_rate = 1.0
-    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), demos=demos)
-    plain, swapped = got
+    builds, build = [], NameTable.build
+    monkeypatch.setattr(NameTable, "build", classmethod(lambda cls, *a: builds.append(a) or build(*a)))
+    # as train_job runs it: the checks and demonstrations first, then the warm start on them
+    checked = jobs.warm_start_demos(cfg, setup, str(tmp_path / "run"), fresh=True)
+    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), demos=checked)
+    assert len(builds) == 1  # it was built twice: once to check the rate, once for the rows
+    (plain, _), (swapped, _) = calls
     assert [c.loss_mask for c in plain] == [c.loss_mask for c in swapped]
     vocab = ReadingVocab.load(setup.tokenizer_dir)
     world = {vocab.ids[r["subject"]] for r in setup.train_questions + setup.eval_questions if r["subject"] in vocab.ids}
     assert world and any(world & set(c.prompt_ids) for c in plain)
     assert not any(world & {*c.prompt_ids, *c.response_ids} for c in swapped)
 
-    cfg.sft.name_swap_rate = 2.0
-    with pytest.raises(UserInputError, match=r"sft.name_swap_rate=2.0.*\[0, 1\]"):
-        jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
-    cfg.sft.update(name_swap_rate=0.0, passes=-1.0)
-    with pytest.raises(UserInputError, match=r"sft.passes=-1.0.*>= 0"):
-        jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
     plain_cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                             SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
     plain_cfg.sft.update(steps=1, name_swap_rate=0.5)

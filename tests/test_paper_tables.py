@@ -138,6 +138,10 @@ def test_help_lists_the_settings_the_bench_puts_before_the_command_line(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for key, value in {**pt.BENCH, **pt.QUICK}.items():
         assert f"{key}={value}" in text
+    # What GRPO trains on is the mix the bench sets: the help said `--train-objectives` (2) questions.
+    grpo = text[text.index("trained with GRPO"):].split(". ")[0]
+    assert f"world.objectives_mix={pt.BENCH['world.objectives_mix']}" in grpo, grpo
+    assert "only when world.objectives_mix is ''" in text  # what --train-objectives sets, then
 
 TINY = ["--config.model.source=init", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
         "--config.model.num_layers=2", "--config.model.head_dim=16", "--config.sft.steps=1", "--config.sft.passes=0",

@@ -76,12 +76,12 @@ def test_max_batch_tokens_is_checked():
         SFTConfig(max_batch_tokens=-1)
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import config_problems
-    from memsearcher_jax.jobs import _sft_config
+    from memsearcher_jax.jobs import sft_config
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), [])
-    assert cfg.sft.max_batch_tokens == 0 and _sft_config(cfg, 10).max_batch_tokens == 0  # default: never split
+    assert cfg.sft.max_batch_tokens == 0 and sft_config(cfg, 10).max_batch_tokens == 0  # default: never split
     cfg.sft.max_batch_tokens = 4096
-    assert _sft_config(cfg, 10).max_batch_tokens == 4096
+    assert sft_config(cfg, 10).max_batch_tokens == 4096
     cfg.sft.max_batch_tokens = -5
     assert any("sft.max_batch_tokens=-5" in p for p in config_problems(cfg))
 

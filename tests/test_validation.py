@@ -211,6 +211,27 @@ def test_a_config_that_is_a_directory_or_json_is_named(kind, tmp_path, capsys):
     assert len(msg.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("key, value, named", [
+    ("sft.passes", "-1.0", "sft.passes=-1.0: passes over the warm start's rows, expected >= 0"),
+    ("sft.name_swap_rate", "2.0", "sft.name_swap_rate=2.0: a share of the demonstrations, expected in [0, 1]"),
+    ("sft.tie_embedding_rows", "sometimes", "sft.tie_embedding_rows='sometimes': expected auto, True or False"),
+    ("agent.tool", "bing_search", "agent.tool='bing_search' is not a registered tool"),
+    ("agent.tool_schema", "{not json", "agent.tool_schema is not valid JSON"),
+    ("agent.tool_schema", '{"name": "lookup", "parameters": {}}', "agent.tool_schema 'lookup': no required string"),
+    ("agent.multi_answer_prompt", "sometimes", "agent.multi_answer_prompt='sometimes': expected auto, True or False"),
+])
+def test_a_bad_tool_prompt_or_warm_start_setting_is_refused_before_the_world_is_built(key, value, named, tmp_path,
+                                                                                      capsys):
+    """These were refused only once the world was built (agent.*: in build_setup) or the warm start
+    was about to run (sft.*: in its demonstrations' code, and not at all with sft.steps=0): now
+    with every other problem of the config, one line naming the key, before any world or model."""
+    out, worlds = tmp_path / "run", tmp_path / "worlds"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={out}",
+                     f"--config.world.cache_dir={worlds}", f"--config.{key}={value}")
+    assert code == 2 and named in msg and "Traceback" not in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and not worlds.exists() and not out.exists(), msg
+
+
 @pytest.mark.parametrize("where", ["config", "env"])
 def test_a_compilation_cache_at_a_file_or_under_one_is_named(where, tmp_path, capsys, monkeypatch):
     from memsearcher_jax.compile_stats import CACHE_DIR_ENV
@@ -231,37 +252,60 @@ def test_a_compilation_cache_at_a_file_or_under_one_is_named(where, tmp_path, ca
         assert len(msg.strip().splitlines()) == 1 and not out.exists() and afile.read_text() == "mine"
 
 
-@pytest.mark.slow
-def test_pretrain_checkpoint_of_another_shape_or_truncated_is_one_line(tmp_path, capsys):
-    """`pretrain --probe-step` on a run of another model shape or on a truncated checkpoint, and a
-    resumed `pretrain` with another shape: 100-150 lines of Orbax traceback, now one line naming
-    the checkpoint (exit 2), and nothing of the run is changed."""
-    import shutil
-
-    from tests.test_pretrain import BASE_V8, SHORT_CONFIG
-
-    short = tmp_path / "short_base.py"  # base_v8's first two phases, at steps 0 and 2 of 3
-    short.write_text(SHORT_CONFIG.format(base=BASE_V8).replace("c.phases[:3], (0, 2, 3), (4, 2, 2)",
-                                                                 "c.phases[:2], (0, 2), (4, 2)"))
+def _pretrain_argv(config, out) -> list[str]:
+    """`pretrain` of a tiny model on base_v8's first two phases (config), 3 steps, saved at step 3."""
     overrides = [
         ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
         ("model.num_heads", "2"), ("model.num_kv_heads", "1"), ("model.head_dim", "16"),
         ("model.positional_heads", "((1,),)"), ("train.steps", "3"), ("train.save_every", "3"),
         ("train.probe_every", "3"), ("train.probe_items", "4"), ("train.final_probe_items", "4"),
         ("train.warmup", "1"), ("train.min_len", "512"), ("train.decay_steps", "0"), ("train.data_workers", "0"),
-        ("train.pack_to_max_len", "false"), ("train.output_dir", str(tmp_path / "run"))]
-    argv = ["pretrain", "--config", str(short), *(f"--config.{k}={v}" for k, v in overrides)]
-    assert main(argv) == 0
-    ckpt = tmp_path / "run" / "checkpoints"
+        ("train.pack_to_max_len", "false"), ("train.output_dir", str(out))]
+    return ["pretrain", "--config", str(config), *(f"--config.{k}={v}" for k, v in overrides)]
+
+
+@pytest.fixture(scope="module")
+def short_pretrain(tmp_path_factory):
+    """A finished 3-step pretraining run (checkpoint 3): its directory and its config file."""
+    from tests.test_pretrain import BASE_V8, SHORT_CONFIG
+
+    d = tmp_path_factory.mktemp("pretrain")
+    short = d / "short_base.py"  # base_v8's first two phases, at steps 0 and 2 of 3
+    short.write_text(SHORT_CONFIG.format(base=BASE_V8).replace("c.phases[:3], (0, 2, 3), (4, 2, 2)",
+                                                                 "c.phases[:2], (0, 2), (4, 2)"))
+    assert main(_pretrain_argv(short, d / "run")) == 0
+    return d / "run", short
+
+
+# What a refused command's stderr must not hold besides its message (XLA's own log, e.g. a slow
+# constant-folding alarm on a loaded machine, may be there).
+NOISE = ("Traceback", "Event loop is closed", "Exception ignored")
+
+
+def _own_process(argv, timeout=600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "memsearcher_jax.cli", *argv], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_pretrain_checkpoint_of_another_shape_or_truncated_is_one_line(short_pretrain, tmp_path, capsys):
+    """`pretrain --probe-step` on a run of another model shape or on a truncated checkpoint, and a
+    resumed `pretrain` with another shape: 100-150 lines of Orbax traceback, now one line naming
+    the checkpoint (exit 2), and nothing of the run is changed."""
+    import shutil
+
+    run, short = tmp_path / "run", short_pretrain[1]
+    shutil.copytree(short_pretrain[0], run)
+    argv = _pretrain_argv(short, run)
+    ckpt = run / "checkpoints"
     before = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*"))
     wider = ["--config.model.hidden_size=64", "--config.model.intermediate_size=128"]
     code, msg = _run(capsys, *argv, *wider, "--probe-step", "3", "--probe-items", "2")
     assert code == 2 and f"checkpoint 3 in {ckpt}" in msg and "another shape" in msg, msg
     assert "Traceback" not in msg and len(_error_lines(msg)) == 1, msg
     # resumed: in its own process, whose exit printed asyncio's "Event loop is closed" 24 times
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "memsearcher_jax.cli", *argv, *wider, "--config.train.steps=4"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = _own_process([*argv, *wider, "--config.train.steps=4"])
     assert done.returncode == 2 and f"memsearcher-jax: checkpoint 3 in {ckpt}" in done.stderr, done.stderr[-3000:]
     assert "another shape" in done.stderr and "embed" in done.stderr, done.stderr[-3000:]
     # the shapes are compared before any restore starts Orbax's reader threads, whose asyncio errors
@@ -272,10 +316,44 @@ def test_pretrain_checkpoint_of_another_shape_or_truncated_is_one_line(tmp_path,
         if path.is_file() and path.stat().st_size > 64:
             with open(path, "r+b") as f:
                 f.truncate(path.stat().st_size // 2)
-    shutil.rmtree(tmp_path / "run" / "base")
+    shutil.rmtree(run / "base")
     code, msg = _run(capsys, *argv, "--probe-step", "3", "--probe-items", "2")
-    assert code == 2 and f"checkpoint 3 in {ckpt}" in msg and "truncated" in msg and "Traceback" not in msg, msg
+    assert code == 2 and f"checkpoint 3 in {ckpt}" in msg and "params/" in msg and "Traceback" not in msg, msg
     assert len(_error_lines(msg)) == 1, msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["truncated", "missing_item"])
+def test_pretrain_from_a_damaged_checkpoint_is_one_line_in_its_own_process(short_pretrain, tmp_path, how):
+    """A resumed `pretrain` and `pretrain --probe-step` on a checkpoint whose data file a full disk
+    cut short passed the shape check (the metadata is whole), then Orbax's restore failed part-way
+    and its pending reads printed asyncio's "Event loop is closed" at exit; a missing item was a
+    message about "another shape". Both commands now check the checkpoint as a resumed `train`
+    does (rl/checkpoints.py), before any restore: one line naming the checkpoint and the item."""
+    import shutil
+
+    from tests.test_cli_errors import _damage
+
+    run, short = tmp_path / "run", short_pretrain[1]
+    shutil.copytree(short_pretrain[0], run)
+    step_dir = run / "checkpoints" / "3"
+    if how == "truncated":
+        _damage(step_dir, "truncated")
+    else:
+        shutil.rmtree(step_dir / "params")
+    shutil.rmtree(run / "base")  # the resumed run would export there
+    before = sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*"))
+    argv = _pretrain_argv(short, run)
+    for command in ([*argv, "--config.train.steps=4"], [*argv, "--probe-step", "3", "--probe-items", "2"]):
+        done = _own_process(command)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("memsearcher-jax")]
+        assert done.returncode == 2 and len(errors) == 1, (command[-2:], done.stderr[-3000:])
+        assert errors[0].startswith(f"memsearcher-jax: checkpoint 3 in {run / 'checkpoints'} cannot be restored "
+                                    "(params/"), errors[0]
+        assert ("cut short" if how == "truncated" else "params/ is missing") in errors[0], errors[0]
+        assert not any(n in done.stderr for n in NOISE), done.stderr[-3000:]
+        assert "resumed at step" not in done.stdout  # refused before any restore
+    assert sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*")) == before
 
 
 # ----------------------------------------------------------------------------- damaged indexes, odd corpora

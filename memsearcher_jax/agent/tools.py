@@ -78,15 +78,22 @@ def register_tool(tool: SearchTool) -> SearchTool:
     return tool
 
 
-def tool_from_config(name: str = DEFAULT_TOOL.name, schema_json: str = "") -> SearchTool:
-    """`agent.tool_schema` (a JSON function schema) when given, else the registered `agent.tool`."""
+def tool_spec(name: str = DEFAULT_TOOL.name, schema_json: str = "") -> SearchTool:
+    """The tool `agent.tool_schema` (a JSON function schema) describes when given, else the
+    registered `agent.tool`; ToolConfigError naming the key. Registers nothing (a config check)."""
     if schema_json:
         try:
             schema = json.loads(schema_json)
         except json.JSONDecodeError as e:
             raise ToolConfigError(f"agent.tool_schema is not valid JSON: {e}") from None
-        return register_tool(SearchTool.from_schema(schema))
+        return SearchTool.from_schema(schema)
     if name not in TOOLS:
         raise ToolConfigError(f"agent.tool={name!r} is not a registered tool; registered: {sorted(TOOLS)} "
                               "(or give agent.tool_schema, a JSON function schema)")
     return TOOLS[name]
+
+
+def tool_from_config(name: str = DEFAULT_TOOL.name, schema_json: str = "") -> SearchTool:
+    """`tool_spec`'s tool, registered when it comes from a schema (the parser then accepts it)."""
+    tool = tool_spec(name, schema_json)
+    return register_tool(tool) if schema_json else tool

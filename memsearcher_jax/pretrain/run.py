@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder
@@ -44,6 +43,7 @@ from memsearcher_jax.pretrain.probes import (
     probe_sets,
     reading_probe,
 )
+from memsearcher_jax.rl.checkpoints import item_problem
 from memsearcher_jax.rl.sft import SFTTrainer
 from memsearcher_jax.rl.trainer import MetricsWriter
 from memsearcher_jax.run_dir import (
@@ -72,29 +72,16 @@ def _readable(read, ckpt_dir: str, step: int, fix: str):
                              f"or is truncated; {fix}") from None
 
 
-def _shapes(tree) -> dict[str, tuple]:
-    """{'layers/q_kernel/value': shape} of a params tree or of a checkpoint's tree metadata."""
-    name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {"/".join(map(name, path)): tuple(leaf.shape) for path, leaf in leaves}
-
-
-def _check_shapes(params, ckpt_dir: str, step: int, fix: str) -> None:
-    """Refuses checkpoint `step` when its saved params' shapes are not `params`' ones, from the
-    checkpoint's metadata alone: a failed Orbax restore leaves reader threads behind that print
-    asyncio "Event loop is closed" tracebacks at the interpreter's exit, after the message."""
-    handler = ocp.PyTreeCheckpointHandler()
-    try:
-        saved = _readable(lambda: handler.metadata(epath.Path(ckpt_dir) / str(step) / "params"), ckpt_dir, step, fix)
-    finally:
-        handler.close()
-    saved, now = _shapes(getattr(saved, "tree", saved)), _shapes(params)
-    differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
-    if differ:
-        what = ", ".join(f"{k.removesuffix('/value')} {saved.get(k, 'absent')} -> {now.get(k, 'absent')}"
-                         for k in differ[:3])
-        raise UserInputError(f"checkpoint {step} in {ckpt_dir} was written by a model of another shape "
-                             f"(model.*; {what}{', ...' if len(differ) > 3 else ''}): {fix}")
+def _check_checkpoint(items: dict, ckpt_dir: str, step: int, fix: str) -> None:
+    """Refuses checkpoint `step` unless each of `items` ({name: live tree}) can be restored into
+    its tree's shapes, checked as a resumed `train` checks (rl/checkpoints.py), before any restore:
+    one that fails part-way leaves Orbax's reads to print asyncio tracebacks at the interpreter's
+    exit, after the message."""
+    step_dir = os.path.join(ckpt_dir, str(step))
+    problem = next(filter(None, (item_problem(step_dir, name, tree) for name, tree in items.items())), None)
+    if problem:
+        raise UserInputError(f"checkpoint {step} in {ckpt_dir} cannot be restored ({problem}): it is damaged (a full "
+                             f"disk, a half copy) or was written by a model of another shape (model.*): {fix}")
 
 
 def _restore(manager, trainer: SFTTrainer, cfg: ml_collections.ConfigDict, vocab: ReadingVocab) -> int:
@@ -104,7 +91,8 @@ def _restore(manager, trainer: SFTTrainer, cfg: ml_collections.ConfigDict, vocab
     abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
     fix = "resume with the config the run was started with, or pass --fresh to start over"
     try:
-        _check_shapes(trainer.params, str(manager.directory), manager.latest_step(), fix)
+        _check_checkpoint({"params": trainer.params, "opt_state": trainer.opt_state}, str(manager.directory),
+                          manager.latest_step(), fix)
         got = _readable(lambda: manager.restore(manager.latest_step(), args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract(trainer.params)),
             opt_state=ocp.args.StandardRestore(abstract(trainer.opt_state)))),
@@ -190,7 +178,7 @@ def checkpoint_model(cfg: ml_collections.ConfigDict, step: int = 0) -> tuple[int
     vocab, builder, trainer = _trainer(cfg, vocab_dir)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trainer.params)
     fix = "give the config the run was started with, or another --probe-step"
-    _check_shapes(trainer.params, ckpt_dir, step, fix)
+    _check_checkpoint({"params": trainer.params}, ckpt_dir, step, fix)  # the one item read here
     # A bare checkpointer on the params item: a CheckpointManager here could tidy the running run's files.
     trainer.params = _readable(lambda: ocp.StandardCheckpointer().restore(os.path.join(ckpt_dir, str(step), "params"),
                                                                          abstract), ckpt_dir, step, fix)
@@ -215,16 +203,15 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     if not ReadingVocab.exists(vocab_dir):
         build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size, wording=cfg.vocab.get("wording", "v1"))
     vocab, builder, trainer = _trainer(cfg, vocab_dir)
-    # Progress only; the final sets are never looked at here.
-    sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
-    seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
-    copy = copy_probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 3000)
-
     # The last two checkpoints, and every keep_period-th one (a phase boundary to start from again).
     manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"),
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2,
                                                                          keep_period=t.get("keep_period", 0) or None))
-    step = _restore(manager, trainer, cfg, vocab) if resume else 0
+    step = _restore(manager, trainer, cfg, vocab) if resume else 0  # a damaged checkpoint: refused before more work
+    # Progress only; the final sets are never looked at here.
+    sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
+    seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
+    copy = copy_probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 3000)
     writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
     workers = t.get("data_workers", 0)
     prefetch = (_PoolPrefetch(cfg, vocab_dir, step, t.steps, workers) if workers
