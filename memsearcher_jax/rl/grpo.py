@@ -156,8 +156,7 @@ def _logp_entropy(logits: jax.Array, targets: jax.Array, entropy: bool = True, t
     return logp, logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
 
 
-def _head_logp_entropy(model, h: jax.Array, targets: jax.Array, logits_chunk: int, entropy: bool,
-                       temperature: float = 1.0):
+def _head_logp_entropy(model, h: jax.Array, targets: jax.Array, logits_chunk: int, entropy: bool, temperature=1.0):
     """Final hidden states h [B, T, D] and the ids they predict [B, T] -> (logp, entropy) [B, T]."""
     if logits_chunk <= 0 or logits_chunk >= h.shape[1]:
         return _logp_entropy(model.logits_from_hidden(h), targets, entropy, temperature)
@@ -192,9 +191,7 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
 
     positions, segments [B, S] int: packed rows (`pack_segments`): several conversations per
     row, each attending only to itself with positions from 0; `attention` is then unused.
-
-    temperature (static): log-probs and entropy of softmax(logits / temperature), the
-    distribution a rollout sampled at that temperature drew from.
+    temperature (static): log-probs and entropy of softmax(logits / temperature), what a rollout drew from.
     """
     if segments is not None:
         h = model.hidden_states(tokens, positions=positions, segment_ids=segments)
@@ -202,8 +199,8 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
         h = model.hidden_states(tokens, attention_mask=attention)
     if targets_at is not None:
         h = jnp.take_along_axis(h, (targets_at - 1)[:, :, None], axis=1)
-        return _head_logp_entropy(model, h, jnp.take_along_axis(tokens, targets_at, axis=1), logits_chunk, entropy,
-                                  temperature)
+        targets = jnp.take_along_axis(tokens, targets_at, axis=1)
+        return _head_logp_entropy(model, h, targets, logits_chunk, entropy, temperature)
     logp, ent = _head_logp_entropy(model, h[:, :-1], tokens[:, 1:], logits_chunk, entropy, temperature)
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
@@ -308,9 +305,8 @@ class GRPOLearner(Learner):
         @jax.jit
         def logprobs(params, frozen, tokens, attention, targets_at, positions=None, segments=None):
             model = merge_params(graphdef, params, frozen)
-            return token_logprobs_and_entropy(model, tokens, attention, chunk, entropy=False, targets_at=targets_at,
-                                              positions=positions, segments=segments,
-                                              temperature=loss_cfg.temperature)[0]
+            return token_logprobs_and_entropy(model, tokens, attention, chunk, False, targets_at, positions, segments,
+                                              loss_cfg.temperature)[0]
 
         # One program per micro-batch, called in a Python loop, and one for the optimizer step: their
         # shapes never depend on how many micro-batches a step has (a lax.scan over all of them
