@@ -185,9 +185,9 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
                         (got.append(convs) or model, [{"loss": 0.0}]))
     assert cfg.sft.name_swap_rate == 0.0  # the default
     demos = jobs.flawed_demonstrations(cfg, setup)
-    jobs.warm_start(cfg, setup, str(tmp_path / "plain"), demos=demos)
+    jobs.warm_start(cfg, setup, str(tmp_path / "plain"), jobs.warm_start_inputs(cfg, setup, demos))
     cfg.sft.name_swap_rate = 1.0
-    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), demos=demos)
+    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), jobs.warm_start_inputs(cfg, setup, demos))
     plain, swapped = got
     assert [c.loss_mask for c in plain] == [c.loss_mask for c in swapped]
     vocab = ReadingVocab.load(setup.tokenizer_dir)
@@ -197,12 +197,12 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
 
     cfg.sft.name_swap_rate = 2.0
     with pytest.raises(UserInputError, match=r"sft.name_swap_rate=2.0.*\[0, 1\]"):
-        jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
+        jobs.prepare_warm_start(cfg, setup, str(tmp_path / "bad"), fresh=True)
     cfg.sft.update(name_swap_rate=0.0, passes=-1.0)
     with pytest.raises(UserInputError, match=r"sft.passes=-1.0.*>= 0"):
-        jobs.warm_start_demos(cfg, setup, str(tmp_path / "bad"), fresh=True)
+        jobs.prepare_warm_start(cfg, setup, str(tmp_path / "bad"), fresh=True)
     plain_cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                             SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
     plain_cfg.sft.update(steps=1, name_swap_rate=0.5)
     with pytest.raises(UserInputError, match="sft.name_swap_rate=0.5.*reading_vocab.json"):
-        jobs.warm_start_demos(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)
+        jobs.prepare_warm_start(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)
