@@ -160,6 +160,23 @@ def local_mesh(tp: int):
     return make_mesh(1, len(devices) // tp, tp, devices=devices)
 
 
+def learner_and_sampler_meshes(data: int, fsdp: int, tp: int):
+    """(learner mesh, sampler mesh) for a data x fsdp x tp mesh. One process: that mesh for both
+    (None on one device). Several: the learner spans every device of every host (global_mesh),
+    each host samples on its own (local_mesh)."""
+    import jax
+
+    from memsearcher_jax.models import make_mesh
+
+    if jax.process_count() > 1:
+        return global_mesh(data, fsdp, tp), local_mesh(tp)
+    n_dev = data * fsdp * tp
+    if n_dev > 1:
+        mesh = make_mesh(data, fsdp, tp, devices=jax.devices()[:n_dev])
+        return mesh, mesh
+    return None, None
+
+
 def to_local_arrays(tree: Any, mesh) -> Any:
     """Host-local copies, on `mesh` (a `local_mesh`), of a tree of (global) arrays.
 

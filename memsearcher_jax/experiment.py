@@ -23,7 +23,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import nnx
 
 from memsearcher_jax import distributed
@@ -35,11 +34,11 @@ from memsearcher_jax.agent.prompts import (
     memsearcher_system_prompt,
     react_system_prompt,
 )
-from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner, Trajectory
+from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.agent.tools import tool_from_config
-from memsearcher_jax.data.demos import EARLY_TWO_HOP
+from memsearcher_jax.data.demos import EARLY_TWO_HOP, DemoConfig
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
-from memsearcher_jax.data.synthetic import check_objectives, join_objectives, mix_objectives, parse_objective_counts
+from memsearcher_jax.data.synthetic import check_objectives, join_objectives, mix_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
@@ -50,7 +49,6 @@ from memsearcher_jax.models import (
     ModelConfig,
     ShardingConfig,
     from_pretrained,
-    make_mesh,
     save_pretrained,
     shard_model,
 )
@@ -58,12 +56,12 @@ from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.qa_metrics import compute_reward
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, sampling_model, score_trajectories
+from memsearcher_jax.rl.evaluation import evaluate
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, sampling_model
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer
 from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.sampling.sampler import check_query_block
-from memsearcher_jax.token_metrics import trajectory_token_metrics
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
 from retrieval.loading import load_retriever
@@ -294,6 +292,22 @@ def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
     return []
 
 
+def parse_objective_counts(spec, key: str, default: int) -> tuple[int, ...]:
+    """A comma-separated list of objective counts ("1,2") as a tuple; "" means (default,).
+    ValueError naming the key for anything but comma-separated integers >= 1."""
+    spec = str(spec).strip()
+    if not spec:
+        return (default,)
+    try:
+        counts = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{key} must be comma-separated integers >= 1 (e.g. '1,2'; '' for world.objectives), "
+                         f"got {spec!r}")
+    return counts
+
+
 def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
     """`sft.demo_objectives` ("1,2") as counts; "" means the training questions' counts."""
     if not str(cfg.sft.demo_objectives).strip():
@@ -325,6 +339,17 @@ def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
     if mode == "auto":
         return max(cfg.world.objectives, *demo_objective_counts(cfg), *train_objective_counts(cfg)) > 1
     return mode == "true"
+
+
+def demo_config(cfg: ml_collections.ConfigDict) -> DemoConfig:
+    """The demonstrator's settings: its deliberate flaws at the `sft.*_rate` settings, and turns
+    enough for the objectives its questions ask (`sft.demo_objectives`)."""
+    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
+                                     "early_two_hop", "react_share") if k in cfg.sft}
+    # A script of N objectives needs up to 2N + 2 turns (a search per hop and a recovery search); the
+    # demonstrations may show more objectives than the training episodes ask (sft.demo_objectives).
+    turns = max(4, cfg.agent.max_turns, 2 * max(demo_objective_counts(cfg)) + 2)
+    return DemoConfig(max_turns=turns, top_n=cfg.agent.default_top_n, workflow=cfg.agent.workflow, **rates)
 
 
 def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
@@ -383,9 +408,12 @@ def read_jsonl(path: str) -> list[dict]:
 
 def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     """Tokenizer, prompt builder, retriever and questions. training=False skips the training set."""
+    # What the set-up reads from the config alone, read (and refused) before anything is built.
+    multi_answer, counts = multi_answer_prompt(cfg), train_objective_counts(cfg)
+    vocab_dir = reading_vocab_dir(cfg) if cfg.world.enabled else None
+    tool = tool_from_config(cfg.agent.tool, cfg.agent.tool_schema)
     world_paths = None
     if cfg.world.enabled:
-        vocab_dir = reading_vocab_dir(cfg)
         extra = (memsearcher_system_prompt(cfg.agent.default_top_n), react_system_prompt(cfg.agent.default_top_n),
                  MEMORY_UPDATE_INSTRUCTION, COMPACT_SYSTEM_PROMPT, COMPACT_UPDATE_INSTRUCTION)
         world_paths = prepare_world(os.path.expanduser(cfg.world.cache_dir), seed=cfg.world.seed,
@@ -394,11 +422,6 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                                     vocab_dir=vocab_dir)
     tok_dir = cfg.data.tokenizer_dir or (world_paths.tokenizer_dir if world_paths else cfg.model.source)
     tokenizer = load_tokenizer(os.path.expanduser(tok_dir))
-    stop_ids, tool = stop_token_ids(cfg, tokenizer), tool_from_config(cfg.agent.tool, cfg.agent.tool_schema)
-    multi_answer = multi_answer_prompt(cfg)
-    counts = train_objective_counts(cfg)  # the synthetic world's training questions at these counts
-    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
-                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer)
     if world_paths is not None:
         n = cfg.world.objectives
         train_q = mix_objectives(read_jsonl(world_paths.train), counts, seed=cfg.world.seed)
@@ -408,7 +431,10 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
         train_q = training_questions(os.path.expanduser(cfg.data.train_path)) if training else []
         eval_sets, missing_sets = (evaluation_sets(os.path.expanduser(cfg.data.eval_path)) if cfg.data.eval_path
                                    else ({}, {}))
-    return Setup(tokenizer=tokenizer, builder=builder, retriever=build_retriever(cfg, world_paths),
+    stop_ids, retriever = stop_token_ids(cfg, tokenizer), build_retriever(cfg, world_paths)
+    builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
+                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer)
+    return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever,
                  train_questions=train_q, eval_questions=[row for rows in eval_sets.values() for row in rows],
                  tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets, missing_eval_sets=missing_sets)
 
@@ -486,15 +512,8 @@ def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_b
 
 
 def learner_and_sampler_meshes(cfg: ml_collections.ConfigDict):
-    """(learner mesh, sampler mesh). One process: the config's mesh for both (None on one
-    device). Several: the learner spans every device of every host, each host samples on its own."""
-    n_dev = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tp
-    if jax.process_count() > 1:
-        return distributed.global_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp), distributed.local_mesh(cfg.mesh.tp)
-    if n_dev > 1:
-        mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, devices=jax.devices()[:n_dev])
-        return mesh, mesh
-    return None, None
+    """(learner mesh, sampler mesh) of cfg.mesh (distributed.learner_and_sampler_meshes)."""
+    return distributed.learner_and_sampler_meshes(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp)
 
 
 def sampling_mesh(cfg: ml_collections.ConfigDict):
@@ -555,7 +574,7 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
                    sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn, reward_fn=reward_fn, meta=meta)
 
 
-# ----------------------------------------------------------------------------- evaluation
+# ----------------------------------------------------------------------------- evaluation (rl/evaluation.py runs it)
 
 def eval_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
     """The turn loop as evaluation runs it: greedy, up to agent.eval_max_turns turns."""
@@ -572,24 +591,3 @@ def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
     if cfg.train.eval_per_set:
         return [q for rows in setup.eval_sets.values() for q in rows[:cfg.train.eval_per_set]]
     return setup.eval_questions[:cfg.train.eval_questions]
-
-
-def evaluate(runner: AgentRunner, questions: list[dict], batch: int = 64, seed: int = 0) -> dict:
-    """Greedy episodes; EM / F1 / reward means and the context they used (token_metrics:
-    peak_tokens, tokens_per_question, searches, turns, prompt_tokens_by_turn).
-
-    Question i is group i and trajectory i in every batch (ids unique across batches, as
-    AgentRunner.run asks: each trajectory samples from its own id)."""
-    trajs: list[Trajectory] = []
-    for i in range(0, len(questions), batch):
-        trajs += runner.run(questions[i:i + batch], group_size=1, seed=seed, first_group_id=i, first_traj_id=i)
-    results = score_trajectories(trajs)
-    mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0
-    return {
-        "em": mean([r.em for r in results]), "f1": mean([r.f1 for r in results]),
-        "reward": mean([r.reward for r in results]), "format_ok": mean([r.format_ok for r in results]),
-        "turns": mean([len(t.context_tokens) for t in trajs]),
-        **trajectory_token_metrics(trajs),
-        "trajectories": trajs,
-        "results": results,
-    }

@@ -19,8 +19,8 @@ from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import SearchFailuresError
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
-from memsearcher_jax.data.name_swap import NameTable, name_swapped_conversations
-from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
+from memsearcher_jax.data.name_swap import name_swapped_conversations, world_name_table
+from memsearcher_jax.data.vocab import ReadingVocab, tied_row_groups
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import (
     Setup,
@@ -29,7 +29,7 @@ from memsearcher_jax.experiment import (
     auto_flag,
     build_sampler,
     build_setup,
-    demo_objective_counts,
+    demo_config,
     demo_questions,
     eval_questions,
     eval_runner,
@@ -50,10 +50,11 @@ from memsearcher_jax.run_dir import (
     is_same_or_parent,
     prepare_eval_out,
     prepare_output_dir,
+    record_config,
     release_output_dir,
 )
 from memsearcher_jax.token_metrics import trajectory_token_metrics
-from memsearcher_jax.validation import check_config, check_setup, check_training, record_config
+from memsearcher_jax.validation import check_config, check_retriever, check_setup, check_training
 
 
 def _log(msg: str):
@@ -62,17 +63,10 @@ def _log(msg: str):
 
 def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None) -> list:
     """The scripted demonstrator's episodes on the first `sft.num_demos` training questions (at the
-    `sft.demo_objectives` counts), with its deliberate flaws at the `sft.*_rate` settings (what
-    the warm start imitates)."""
-    rows = demo_questions(cfg, setup)
-    rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
-                                     "early_two_hop", "react_share") if k in cfg.sft}
-    # A script of N objectives needs up to 2N + 2 turns (a search per hop and a recovery search); the
-    # demonstrations may show more objectives than the training episodes ask (sft.demo_objectives).
-    turns = max(4, cfg.agent.max_turns, 2 * max(demo_objective_counts(cfg)) + 2)
-    return make_demonstrations(rows, setup.builder, setup.retriever, seed=cfg.train.seed if seed is None else seed,
-                               config=DemoConfig(max_turns=turns, top_n=cfg.agent.default_top_n,
-                                                 workflow=cfg.agent.workflow, **rates))
+    `sft.demo_objectives` counts), with its deliberate flaws (demo_config; what the warm start imitates)."""
+    config = demo_config(cfg)
+    return make_demonstrations(demo_questions(cfg, setup), setup.builder, setup.retriever,
+                               seed=cfg.train.seed if seed is None else seed, config=config)
 
 
 def sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None) -> SFTConfig:
@@ -84,53 +78,37 @@ def sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = 
                      max_batch_tokens=cfg.sft.get("max_batch_tokens", 0))
 
 
-def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:
-    """The reading vocabulary's name rows (a group per type) and value rows (a group per kind), which
-    SFT then moves together, as pretraining did; None when `sft.tie_embedding_rows` is off, or "auto"
-    on a model without a reading vocabulary (a real checkpoint, a random init). Untied, SFT on
-    demonstrations about training entities moves those names' rows alone, and a held-out name (never
-    asked about in training) no longer looks like them (docs/lab/2026-11-29-reading-v8-ships.md)."""
+def tie_embedding_rows(cfg: ml_collections.ConfigDict, setup: Setup) -> bool:
+    """Whether SFT moves the reading vocabulary's name rows (a group per type) and value rows (a
+    group per kind) together, as pretraining did: `sft.tie_embedding_rows`, where "auto" ties on a
+    model with a reading vocabulary and not on others (a real checkpoint, a random init); True
+    without one is refused. Untied, SFT on demonstrations about training entities moves those names'
+    rows alone, and a held-out name (never asked about in training) no longer looks like them
+    (docs/lab/2026-11-29-reading-v8-ships.md)."""
     mode = auto_flag(cfg, "sft", "tie_embedding_rows")
     has_vocab = ReadingVocab.exists(setup.tokenizer_dir)
-    if mode == "false" or (mode == "auto" and not has_vocab):
-        return None
-    if not has_vocab:
+    if mode == "true" and not has_vocab:
         raise UserInputError(f"sft.tie_embedding_rows=True needs a reading vocabulary (reading_vocab.json) in the "
                              f"tokenizer directory {setup.tokenizer_dir}: only a reading base has name and value "
                              "rows to tie; set it to auto or False for other models")
-    vocab = ReadingVocab.load(setup.tokenizer_dir)
-    return name_groups(vocab) + value_groups(vocab)
+    return mode == "true" or (mode == "auto" and has_vocab)
 
 
-def swaps_names(cfg: ml_collections.ConfigDict, setup: Setup) -> bool:
-    """Whether the warm start swaps names (`sft.name_swap_rate` > 0; validation.setting_problems
-    checks its range), refusing a rate above 0 without a reading vocabulary or a world."""
+def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:
+    """The row groups SFT moves together (tied_row_groups) when tie_embedding_rows says so, else None."""
+    return tied_row_groups(setup.tokenizer_dir) if tie_embedding_rows(cfg, setup) else None
+
+
+def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
+    """`sft.name_swap_rate`: the share of demonstrations whose world names are swapped for unused
+    names of a reading vocabulary (in [0, 1]: validation.setting_problems checks it up front).
+    Refuses a rate above 0 without a reading vocabulary or a world."""
     rate = cfg.sft.get("name_swap_rate", 0.0)
     if rate and (setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir)):
         raise UserInputError(f"sft.name_swap_rate={rate} swaps the synthetic world's names for unused names of a "
                              f"reading vocabulary; {setup.tokenizer_dir} has no reading_vocab.json or the world is "
                              "off: set it to 0 for other models and data")
-    return bool(rate)
-
-
-def name_table(cfg: ml_collections.ConfigDict, setup: Setup) -> NameTable | None:
-    """What `sft.name_swap_rate` swaps: the world's names and the reading vocabulary's unused reserved
-    names; None when the rate is 0 (swaps_names)."""
-    if not swaps_names(cfg, setup):
-        return None
-    vocab = ReadingVocab.load(setup.tokenizer_dir)
-    with open(os.path.join(setup.world.world_dir, "entities.json"), encoding="utf-8") as f:
-        entities = json.load(f)["entities"]
-    return NameTable.build(vocab.names, vocab.ids, entities)
-
-
-def sft_conversations(cfg: ml_collections.ConfigDict, setup: Setup, demos: list) -> list:
-    """The warm start's rows: the demonstrations' conversations, `sft.name_swap_rate` of them with
-    their entity names swapped for names no question asks about (data/name_swap.py)."""
-    table = name_table(cfg, setup)
-    if table is None:
-        return demo_conversations(demos)
-    return name_swapped_conversations(demos, table, cfg.sft.name_swap_rate, seed=cfg.train.seed)
+    return rate
 
 
 def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
@@ -140,21 +118,64 @@ def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
     return cfg.sft.steps if not passes else max(1, math.ceil(passes * rows / cfg.sft.batch_size))
 
 
-def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, demos: list | None = None) -> str:
-    """Supervised warm start on scripted demonstrations (`demos`, default: flawed_demonstrations);
+@dataclasses.dataclass(frozen=True)
+class WarmStartSettings:
+    """The warm start's keys, read and checked once (warm_start_settings), before the demonstrator runs."""
+    demo: DemoConfig         # the demonstrator (demo_config)
+    name_swap_rate: float    # name_swap_rate
+    tie_rows: bool           # tie_embedding_rows
+
+
+def warm_start_settings(cfg: ml_collections.ConfigDict, setup: Setup) -> WarmStartSettings:
+    """The warm start's keys (sft.*) that need the set-up, each read and refused by name once:
+    sft.name_swap_rate and sft.tie_embedding_rows against the model's vocabulary and the world,
+    then the demonstrator's. Their ranges (and sft.passes) are validation.setting_problems'."""
+    rate, tie_rows = name_swap_rate(cfg, setup), tie_embedding_rows(cfg, setup)
+    return WarmStartSettings(demo=demo_config(cfg), name_swap_rate=rate, tie_rows=tie_rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """What the warm start trains on (warm_start_inputs)."""
+    demos: int                            # scripted episodes, and their statistics (demo_stats), for the log
+    stats: dict
+    rows: list                            # their conversations, names swapped where asked
+    tied_rows: list[list[int]] | None     # embedding rows SFT moves together (tied_row_groups)
+    sft: SFTConfig                        # at the steps the rows take (warm_start_steps)
+
+
+def warm_start_inputs(cfg: ml_collections.ConfigDict, setup: Setup, demos: list | None = None) -> WarmStart:
+    """The warm start's rows and settings: `demos` (default: the demonstrator's episodes on
+    demo_questions), `sft.name_swap_rate` of their conversations with the world's names swapped for
+    names no question asks about (data/name_swap.py), the tied rows, and SFT's settings. Every key
+    is read and refused (warm_start_settings) before the demonstrator runs."""
+    s = warm_start_settings(cfg, setup)
+    if demos is None:
+        questions = demo_questions(cfg, setup)
+        demos = make_demonstrations(questions, setup.builder, setup.retriever, seed=cfg.train.seed, config=s.demo)
+    tied_rows = tied_row_groups(setup.tokenizer_dir) if s.tie_rows else None
+    if s.name_swap_rate:
+        table = world_name_table(setup.tokenizer_dir, setup.world.world_dir)
+        rows = name_swapped_conversations(demos, table, s.name_swap_rate, seed=cfg.train.seed)
+    else:
+        rows = demo_conversations(demos)
+    sft = sft_config(cfg, warm_start_steps(cfg, len(rows)))
+    return WarmStart(demos=len(demos), stats=demo_stats(demos), rows=rows, tied_rows=tied_rows, sft=sft)
+
+
+def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, inputs: WarmStart | None = None) -> str:
+    """Supervised warm start on scripted demonstrations (`inputs`, default: warm_start_inputs);
     cached as a HF model dir in out_dir."""
     if os.path.exists(os.path.join(out_dir, "config.json")):
         _log(f"warm start: reusing {out_dir}")
         return out_dir
-    tied_rows = embedding_row_groups(cfg, setup)
-    demos = flawed_demonstrations(cfg, setup) if demos is None else demos
-    stats = demo_stats(demos)
-    rows = sft_conversations(cfg, setup, demos)
-    steps = warm_start_steps(cfg, len(rows))
-    _log(f"warm start: {len(demos)} scripted demonstrations ({', '.join(f'{k} {v:.3g}' for k, v in stats.items())}), "
-         f"{steps} SFT steps ({steps * cfg.sft.batch_size / len(rows):.2f} passes over {len(rows)} rows)")
+    inputs = warm_start_inputs(cfg, setup) if inputs is None else inputs
+    rows, steps = inputs.rows, inputs.sft.steps
+    _log(f"warm start: {inputs.demos} scripted demonstrations "
+         f"({', '.join(f'{k} {v:.3g}' for k, v in inputs.stats.items())}), "
+         f"{steps} SFT steps ({steps * inputs.sft.batch_size / len(rows):.2f} passes over {len(rows)} rows)")
     policy = load_policy(cfg, setup, lora=False)  # SFT trains every weight; GRPO adds adapters after
-    policy, history = sft_train(policy, rows, sft_config(cfg, steps), pad_id=setup.builder.pad_id, tied_rows=tied_rows)
+    policy, history = sft_train(policy, rows, inputs.sft, pad_id=setup.builder.pad_id, tied_rows=inputs.tied_rows)
     _log(f"warm start: loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}")
     save_pretrained(policy, out_dir, tokenizer_dir=setup.tokenizer_dir)
     return out_dir
@@ -165,13 +186,13 @@ def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seco
     (fresh draws of its flaws), starting from `model_dir`, for `seconds` of wall clock at the
     warm start's final learning rate. Returns (model, steps taken)."""
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
-    demos = flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000)
+    inputs = warm_start_inputs(cfg, setup, flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000))
     sft_cfg = dataclasses.replace(sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 10_000,
                                   progress=False)  # the clock ends it, not the step count
     lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
     optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
-    model, history = sft_train(policy, sft_conversations(cfg, setup, demos), sft_cfg, setup.builder.pad_id, optim=optim,
-                               seconds=seconds, tied_rows=embedding_row_groups(cfg, setup))
+    model, history = sft_train(policy, inputs.rows, sft_cfg, setup.builder.pad_id, optim=optim,
+                               seconds=seconds, tied_rows=inputs.tied_rows)
     return model, len(history)
 
 
@@ -267,16 +288,14 @@ class RunInterrupted(UserInputError):
     exit_code = 130  # the shell's code for a run ended by SIGINT
 
 
-def warm_start_demos(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fresh: bool) -> list | None:
-    """The warm start's demonstrations when it will run (sft.steps > 0 and no warm start cached
-    in `out`, or --fresh), made before anything is removed: a demonstrator that cannot answer
-    under this config fails while the earlier run is still there. None: no warm start to run."""
+def prepare_warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fresh: bool) -> WarmStart | None:
+    """The warm start's inputs when it will run (sft.steps > 0 and no warm start cached in `out`,
+    or --fresh), made before anything is removed: a demonstrator that cannot answer under this
+    config fails while the earlier run is still there. None: no warm start to run."""
     cached = os.path.exists(os.path.join(out, "warmstart", "config.json")) and not fresh
     if cfg.sft.steps <= 0 or cached:
         return None
-    embedding_row_groups(cfg, setup)  # refuses sft.tie_embedding_rows without a reading vocabulary
-    swaps_names(cfg, setup)  # and sft.name_swap_rate (the warm start builds the table once, later)
-    return flawed_demonstrations(cfg, setup)
+    return warm_start_inputs(cfg, setup)
 
 
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
@@ -285,7 +304,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     out = check_training(cfg, fresh=not resume)
     setup = build_setup(cfg)
     check_setup(cfg, setup)
-    demos = warm_start_demos(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
+    warm = prepare_warm_start(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
     prepare_output_dir(out, fresh=not resume)  # every check done: only now touch the disk
     if jax.process_index() == 0:
         record_config(cfg, out)
@@ -295,7 +314,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     job_start = compile_stats.snapshot()
     _log(f"compilation cache: {cache_dir or 'off'}")
     _log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
-    ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), demos) if cfg.sft.steps > 0 else None
+    ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), warm) if cfg.sft.steps > 0 else None
     trainer = assemble_trainer(cfg, setup, source=ws)  # GRPO starts from the warm start's weights
     resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
@@ -488,6 +507,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     check_eval_args(cfg, checkpoint, split, limit)
     check_eval_out(out, checkpoint or model_dir)
     check_config(cfg, training=False)
+    check_retriever(cfg)  # the network probe, after every local check
     setup = build_setup(cfg, training=False)
     check_setup(cfg, setup, training=False, workflow=workflow, model_dir=model_dir)
     if model_dir:

@@ -17,6 +17,8 @@ import re
 import shutil
 import time
 
+import ml_collections
+
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models.hf_io import TOKENIZER_FILES, is_model_file
 
@@ -298,3 +300,77 @@ def prepare_eval_out(out: str, source: str | None = None) -> dict[str, str]:
             json.dump({"written_by": "memsearcher-jax eval", "files": list(EVAL_FILES),
                        "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=2)
     return {name: os.path.join(path, name) for name in EVAL_FILES}
+
+
+# ----------------------------------------------------------------------------- the recorded experiment
+
+RUN_CONFIG = os.path.join("logs", "run_config.json")  # in the output dir; --fresh removes logs/ with it
+# Keys a resumed run may change: how long it runs, how often it logs, evaluates and saves, where
+# its files and caches are, how the same computation is laid out or batched. Every other key
+# (workflow, objectives, world, warm start, reward, losses, optimizer, data, model) is the
+# experiment: a resume that changes one mixes two experiments in one curve and one summary.
+RESUMABLE = ("train.steps", "train.save_every", "train.keep", "train.eval_every", "train.log_samples_every",
+             "train.samples_per_log", "train.wandb_project", "train.compilation_cache_dir", "train.output_dir",
+             "world.cache_dir", "retrieval.url", "model.dtype", "model.remat", "sampler.batch_size",
+             "sampler.prefill_query_block", "rl.micro_batch_size", "rl.logprob_batch_size", "rl.logits_chunk",
+             "mesh.", "hardware.")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_record(cfg: ml_collections.ConfigDict) -> dict:
+    """The config as the run records it (JSON: tuples become lists)."""
+    return json.loads(json.dumps(cfg.to_dict(), default=str))
+
+
+def changed_keys(recorded: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(key, recorded value, value now) for every key of both that changes the experiment. A key
+    only one of them has (a config of another version) is not compared. train.steps is the
+    experiment under a cosine schedule, whose length it sets."""
+    old, new = _flat(recorded), _flat(now)
+    free = [k for k in RESUMABLE if not (k == "train.steps" and new.get("optim.schedule") == "cosine")]
+    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys())
+            if old[k] != new[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
+
+
+def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
+    """A resumed run (a local output dir holding RUN_CONFIG) must keep the recorded experiment:
+    TrainConfigError naming each changed key with both values."""
+    path = os.path.join(out, RUN_CONFIG)
+    if "://" in out or not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"{path} cannot be read ({type(e).__name__}: {e}): it records the run's config; "
+                             "restore it, or pass --fresh to start over") from None
+    changed = changed_keys(recorded, config_record(cfg))
+    if changed:
+        what = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changed[:6])
+        more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+        ckpts = os.path.join(out, "checkpoints")
+        steps = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) if os.path.isdir(ckpts) else []
+        at = f"checkpoint step {steps[-1]}: " if steps else ""
+        raise UserInputError(f"train.output_dir={out} holds a run of another experiment ({at}{what}{more}; recorded in "
+                             f"{path}): resume it with those settings, or pass --fresh, or choose another "
+                             "train.output_dir (only the steps, the logging, evaluation and checkpoint cadence, "
+                             "paths and batching may change on resume)")
+
+
+def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
+    """Write RUN_CONFIG once, when the run starts (a run from before records its config now)."""
+    path = os.path.join(out, RUN_CONFIG)
+    if "://" in out or os.path.exists(path):
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config_record(cfg), f, indent=2)

@@ -1,17 +1,16 @@
 """A config's checks, before any work; every message names the key and what was expected.
 
     out = check_training(cfg, fresh)    # the one pass over a training config: check_config (its
-                                        # values, the files it names, the cache; then the plan, the
-                                        # retriever), the output directory, a resumed run's record
+                                        # values, the files it names, the cache; then the plan), the
+                                        # output directory, a resumed run's record, the retriever
     check_setup(cfg, setup)             # against the built set-up: the model's tokenizer, the
                                         # episodes (episode_problems): what the config cannot tell
 Both run before any model is loaded, any warm start runs or the output directory is made.
-Evaluation asks check_config(cfg, training=False), then check_setup(..., training=False).
+Evaluation asks check_config(cfg, training=False) and check_retriever, then check_setup(..., training=False).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import ml_collections
@@ -35,7 +34,7 @@ from memsearcher_jax.experiment import (
     refuse,
 )
 from memsearcher_jax.planner import check_fits
-from memsearcher_jax.run_dir import check_output_dir, output_dir_path
+from memsearcher_jax.run_dir import check_output_dir, check_same_experiment, output_dir_path
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.
 LONGEST_QUESTIONS = 8
@@ -139,80 +138,6 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
     return prompt_problems(cfg, setup, agent, setup.train_questions + setup.eval_questions)
 
 
-# ----------------------------------------------------------------------------- resuming a run
-
-RUN_CONFIG = os.path.join("logs", "run_config.json")  # in the output dir; --fresh removes logs/ with it
-# Keys a resumed run may change: how long it runs, how often it logs, evaluates and saves, where
-# its files and caches are, how the same computation is laid out or batched. Every other key
-# (workflow, objectives, world, warm start, reward, losses, optimizer, data, model) is the
-# experiment: a resume that changes one mixes two experiments in one curve and one summary.
-RESUMABLE = ("train.steps", "train.save_every", "train.keep", "train.eval_every", "train.log_samples_every",
-             "train.samples_per_log", "train.wandb_project", "train.compilation_cache_dir", "train.output_dir",
-             "world.cache_dir", "retrieval.url", "model.dtype", "model.remat", "sampler.batch_size",
-             "sampler.prefill_query_block", "rl.micro_batch_size", "rl.logprob_batch_size", "rl.logits_chunk",
-             "mesh.", "hardware.")
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def config_record(cfg: ml_collections.ConfigDict) -> dict:
-    """The config as the run records it (JSON: tuples become lists)."""
-    return json.loads(json.dumps(cfg.to_dict(), default=str))
-
-
-def changed_keys(recorded: dict, now: dict) -> list[tuple[str, object, object]]:
-    """(key, recorded value, value now) for every key of both that changes the experiment. A key
-    only one of them has (a config of another version) is not compared. train.steps is the
-    experiment under a cosine schedule, whose length it sets."""
-    old, new = _flat(recorded), _flat(now)
-    free = [k for k in RESUMABLE if not (k == "train.steps" and new.get("optim.schedule") == "cosine")]
-    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys())
-            if old[k] != new[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
-
-
-def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
-    """A resumed run (a local output dir holding RUN_CONFIG) must keep the recorded experiment:
-    TrainConfigError naming each changed key with both values."""
-    path = os.path.join(out, RUN_CONFIG)
-    if "://" in out or not os.path.isfile(path):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            recorded = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserInputError(f"{path} cannot be read ({type(e).__name__}: {e}): it records the run's config; "
-                             "restore it, or pass --fresh to start over") from None
-    changed = changed_keys(recorded, config_record(cfg))
-    if changed:
-        what = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changed[:6])
-        more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
-        ckpts = os.path.join(out, "checkpoints")
-        steps = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) if os.path.isdir(ckpts) else []
-        at = f"checkpoint step {steps[-1]}: " if steps else ""
-        raise UserInputError(f"train.output_dir={out} holds a run of another experiment ({at}{what}{more}; recorded in "
-                             f"{path}): resume it with those settings, or pass --fresh, or choose another "
-                             "train.output_dir (only the steps, the logging, evaluation and checkpoint cadence, "
-                             "paths and batching may change on resume)")
-
-
-def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
-    """Write RUN_CONFIG once, when the run starts (a run from before records its config now)."""
-    path = os.path.join(out, RUN_CONFIG)
-    if "://" in out or os.path.exists(path):
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config_record(cfg), f, indent=2)
-
-
 # ----------------------------------------------------------------------------- files the job will write
 
 def cache_dir_problems(configured: str | None) -> list[str]:
@@ -292,8 +217,8 @@ def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     """The one pass over a config before any work: every problem of its values (config_problems,
     setting_problems), of the files it names and of the compilation cache, reported together
     (TrainConfigError); then what needs sane values to be asked: whether training fits its devices
-    (planner.check_fits, PlanError with the table) and splits over its hosts, and whether an HTTP
-    retriever answers."""
+    (planner.check_fits, PlanError with the table) and splits over its hosts. The job then probes
+    an HTTP retriever (check_retriever), last."""
     files = input_path_problems(cfg, training)
     if training:
         files += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
@@ -302,19 +227,20 @@ def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     if training:
         check_hosts(cfg)
         check_fits(cfg)  # before the warm start compiles anything
-    check_retriever(cfg)
 
 
 def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
     """Every check a training run can make before it builds anything, in order: the config
     (check_config), its output directory (blank, a file, a directory of the user's, one in use;
-    with `fresh`, one holding files no run wrote) and, resuming, the experiment recorded there
-    (check_same_experiment). Returns the output directory, absolute (a remote one as it is)."""
+    with `fresh`, one holding files no run wrote), resuming, the experiment recorded there
+    (run_dir.check_same_experiment), and last, after every local check, the retriever's probe
+    (check_retriever). Returns the output directory, absolute (a remote one as it is)."""
     check_config(cfg)
     out = output_dir_path(cfg.train.output_dir)
     check_output_dir(out, fresh=fresh)
     if not fresh:
         check_same_experiment(cfg, out)
+    check_retriever(cfg)
     return out
 
 

@@ -188,13 +188,13 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
     cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=12)
     assert cfg.sft.name_swap_rate == 0.0  # the default
     demos = jobs.flawed_demonstrations(cfg, setup)
-    jobs.warm_start(cfg, setup, str(tmp_path / "plain"), demos=demos)
+    jobs.warm_start(cfg, setup, str(tmp_path / "plain"), jobs.warm_start_inputs(cfg, setup, demos))
     cfg.sft.name_swap_rate = 1.0
     builds, build = [], NameTable.build
     monkeypatch.setattr(NameTable, "build", classmethod(lambda cls, *a: builds.append(a) or build(*a)))
-    # as train_job runs it: the checks and demonstrations first, then the warm start on them
-    checked = jobs.warm_start_demos(cfg, setup, str(tmp_path / "run"), fresh=True)
-    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), demos=checked)
+    # as train_job runs it: the checks and inputs first, then the warm start on them
+    checked = jobs.prepare_warm_start(cfg, setup, str(tmp_path / "run"), fresh=True)
+    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), checked)
     assert len(builds) == 1  # it was built twice: once to check the rate, once for the rows
     (plain, _), (swapped, _) = calls
     assert [c.loss_mask for c in plain] == [c.loss_mask for c in swapped]
@@ -207,4 +207,4 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
                             SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
     plain_cfg.sft.update(steps=1, name_swap_rate=0.5)
     with pytest.raises(UserInputError, match="sft.name_swap_rate=0.5.*reading_vocab.json"):
-        jobs.warm_start_demos(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)
+        jobs.prepare_warm_start(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)

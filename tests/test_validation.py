@@ -184,7 +184,7 @@ def test_resume_refuses_another_experiment_and_allows_more_steps(tmp_path, capsy
 
 def test_changed_keys_names_the_experiment_and_lets_the_cadence_change():
     from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.validation import changed_keys, config_record
+    from memsearcher_jax.run_dir import changed_keys, config_record
 
     base = config_record(load_config(DEFAULT))
     now = config_record(load_config(DEFAULT, [("train.steps", "99"), ("train.eval_every", "5"), ("mesh.fsdp", "2"),

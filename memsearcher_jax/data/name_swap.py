@@ -12,10 +12,13 @@ the vocabulary's reserved names outside the world.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import random
 from collections.abc import Iterable, Sequence
 
 from memsearcher_jax.agent.rollout import Conversation
+from memsearcher_jax.data.vocab import ReadingVocab
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,15 @@ class NameTable:
             world.update({ids[n]: kind for n in every if n in in_world})
             free[kind] = [ids[n] for n in pools.get("reserved", ()) if n not in in_world]
         return cls(world=world, free=free)
+
+
+def world_name_table(tokenizer_dir: str, world_dir: str) -> NameTable:
+    """The table of a synthetic world (its entities.json in `world_dir`) against the reading
+    vocabulary in `tokenizer_dir`: the world's names and the vocabulary's unused reserved names."""
+    vocab = ReadingVocab.load(tokenizer_dir)
+    with open(os.path.join(world_dir, "entities.json"), encoding="utf-8") as f:
+        entities = json.load(f)["entities"]
+    return NameTable.build(vocab.names, vocab.ids, entities)
 
 
 def swap_names(conversations: Sequence[Conversation], table: NameTable, rng: random.Random) -> list[Conversation]:

@@ -458,22 +458,6 @@ def objectives_of(row: dict[str, Any]) -> list[dict[str, Any]]:
     return list(row["objectives"]) if "objectives" in row else [row]
 
 
-def parse_objective_counts(spec, key: str, default: int) -> tuple[int, ...]:
-    """A comma-separated list of objective counts ("1,2") as a tuple; "" means (default,).
-    ValueError naming the key for anything but comma-separated integers >= 1."""
-    spec = str(spec).strip()
-    if not spec:
-        return (default,)
-    try:
-        counts = tuple(int(x) for x in spec.split(","))
-        for c in counts:
-            check_objectives(c)
-    except ValueError:
-        raise ValueError(f"{key} must be comma-separated integers >= 1 (e.g. '1,2'; '' for world.objectives), "
-                         f"got {spec!r}") from None
-    return counts
-
-
 def mix_objectives(rows: list[dict[str, Any]], counts: tuple[int, ...], seed: int = 0) -> list[dict[str, Any]]:
     """Questions at several objective counts in equal shares: `join_objectives` at each count,
     interleaved (row i at every count, then row i + 1), so that any prefix keeps the shares; one

@@ -180,3 +180,10 @@ def name_groups(vocab: ReadingVocab) -> list[list[int]]:
 def value_groups(vocab: ReadingVocab) -> list[list[int]]:
     """Token ids of the attribute values, one group per kind (years, occupations, ...)."""
     return [[vocab.ids[v] for v in values] for values in vocab.values.values()]
+
+
+def tied_row_groups(directory: str) -> list[list[int]]:
+    """The reading vocabulary's (in `directory`) name rows, a group per type, and value rows, a
+    group per kind: the embedding rows SFT moves together, as pretraining did."""
+    vocab = ReadingVocab.load(directory)
+    return name_groups(vocab) + value_groups(vocab)
