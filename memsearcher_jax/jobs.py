@@ -61,10 +61,11 @@ def _log(msg: str):
     print(f"[memsearcher-jax {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None) -> list:
+def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None,
+                          config: DemoConfig | None = None) -> list:
     """The scripted demonstrator's episodes on the first `sft.num_demos` training questions (at the
     `sft.demo_objectives` counts), with its deliberate flaws (demo_config; what the warm start imitates)."""
-    config = demo_config(cfg)
+    config = demo_config(cfg) if config is None else config
     return make_demonstrations(demo_questions(cfg, setup), setup.builder, setup.retriever,
                                seed=cfg.train.seed if seed is None else seed, config=config)
 
@@ -151,8 +152,7 @@ def warm_start_inputs(cfg: ml_collections.ConfigDict, setup: Setup, demos: list 
     is read and refused (warm_start_settings) before the demonstrator runs."""
     s = warm_start_settings(cfg, setup)
     if demos is None:
-        questions = demo_questions(cfg, setup)
-        demos = make_demonstrations(questions, setup.builder, setup.retriever, seed=cfg.train.seed, config=s.demo)
+        demos = flawed_demonstrations(cfg, setup, config=s.demo)
     tied_rows = tied_row_groups(setup.tokenizer_dir) if s.tie_rows else None
     if s.name_swap_rate:
         table = world_name_table(setup.tokenizer_dir, setup.world.world_dir)
