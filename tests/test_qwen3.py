@@ -93,9 +93,10 @@ def test_sampler_greedy_equals_transformers_and_logprobs_equal_forward(odd):
     for p, o in zip(prompts, outs):
         assert len(o.tokens) == n and o.tokens == _hf_greedy(hf, p, n)
         assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() < 1e-4
-    # Sampled tokens (temperature, top-p): log-probs still those of the full forward.
+    # Sampled tokens (temperature, top-p): log-probs those of the full forward under the
+    # distribution drawn from, softmax(logits / T) (what the learner scores at that temperature).
     for p, o in zip(prompts, s.generate(prompts, max_new_tokens=8, temperature=1.2, top_p=0.9, seed=3)):
-        assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() < 1e-4
+        assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens, 1.2)).max() < 1e-4
     # A shared prefix stored once (its keys q/k-normed in prefill, read by decode) changes nothing.
     head = rng.randint(2, VOCAB, 20).tolist()
     shared = [head + rng.randint(2, VOCAB, k).tolist() for k in (2, 5, 1)]

@@ -85,5 +85,7 @@ def item_problem(step_dir: str, name: str, tree) -> str | None:
     item_dir = os.path.join(step_dir, name)
     if not os.path.isdir(item_dir):
         return f"{name}/ is missing"
-    problem = shape_problem(item_dir, tree) or data_problem(item_dir)
+    # The data first: reading the tree metadata of a store whose manifest is gone starts Orbax's
+    # concurrent reads, which fail and leave the same pending coroutines a restore would.
+    problem = data_problem(item_dir) or shape_problem(item_dir, tree)
     return f"{name}/: {problem}" if problem else None
