@@ -395,3 +395,32 @@ def test_several_objective_demos_search_every_objective_before_answering(world, 
             assert d.act_kinds.count(ActKind.TOOL_CALLS) == sum(o["hops"] for o in d.row["objectives"]) - 1
     singles = make_demonstrations(rows[:60], builder, retriever, seed=2, config=cfg)
     assert any(d.flaw == "early_answer" and d.act_kinds == [ActKind.ANSWER] for d in singles)
+
+
+def test_the_no_result_note_reads_as_a_fact_not_a_think(world):
+    """A search that found nothing leaves a note in memory. Worded "Nothing found about X yet." it
+    shared "found" with the retry think ("Not found. Search again.") and sampled updates closed it
+    with </think> (36 of 46 malformed updates, docs/lab/2026-11-29-four-designs-seed0-and-sampled-
+    episodes.md): the note now opens with its subject, as facts do, and shares no word with a think."""
+    import re
+
+    from memsearcher_jax.data import demos as demos_mod
+
+    rows, builder, retriever = world
+    demos = make_demonstrations(rows, builder, retriever, seed=0, config=DemoConfig(1.0, 0, 0))
+    thinks = [v for k, v in vars(demos_mod).items() if k.startswith("THINK_")]
+    think_words = {w.lower() for t in thinks for w in re.findall(r"[A-Za-z]+", t) if w != "e"}
+    noted = 0
+    for d in demos:
+        subject = d.row["subject"]
+        note = demos_mod.EMPTY_MEMORY.format(s=subject)
+        updates = [b for c in d.conversations for b in builder.tokenizer.decode(c.response_ids).split("<memory>")[1:]]
+        if note in d.memories[0] if d.memories else False:
+            noted += 1
+            assert d.memories[0].startswith(subject), d.memories[0]
+            assert any(u.startswith(note) and u.split("</memory>")[0].endswith(note) for u in updates), updates
+        for u in updates:  # every update closes as a memory, never as a think
+            assert "</memory>" in u and "</think>" not in u.split("</memory>")[0], u
+    assert noted >= len(demos) // 4, noted  # the vague path leaves the note (when the vague search misses)
+    note_words = {w.lower() for w in re.findall(r"[A-Za-z]+", demos_mod.EMPTY_MEMORY.format(s=""))}
+    assert note_words and not note_words & think_words, note_words & think_words

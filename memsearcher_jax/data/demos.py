@@ -11,7 +11,7 @@ and a final act `...</think>\\n\\boxed{answer}<|im_end|>`. ReAct (the baseline, 
     response = act (mask 1) + builder.react_observation(hits) (mask 0) + act (mask 1) + ... + final act
 mem1: one conversation per turn holding the act only, on question + last act + last observation;
 the script's memory opens each act's thinking (the internal state). memory_ops: as MemSearcher,
-with the bank in the context and `<ops>ADD fact</ops>` (or UPDATE of a "nothing found" note) as the second call.
+with the bank in the context and `<ops>ADD fact</ops>` (or UPDATE of the no-result note) as the second call.
 Every format comes from the same script (same searches, flaws and answers for a given seed and
 row); only the recording differs. Supervised warm-up on these rows teaches exactly the format
 the loop parses (tests replay them through `AgentRunner`).
@@ -67,7 +67,11 @@ THINK_RETRY = "Not found. Search again."
 THINK_ANSWER = "The memory has the answer."
 THINK_GUESS = "I know the answer."
 THINK_NEXT_QUESTION = "Next question."
-EMPTY_MEMORY = "Nothing found about {s} yet."
+# The note a search that found nothing leaves in memory. Shaped as a fact (its subject first) and
+# sharing no word with the thinks above: worded "Nothing found about X yet." it read as a think
+# ("Not found. Search again.") and sampled updates closed it with </think>, ending the episode
+# (docs/lab/2026-11-29-four-designs-seed0-and-sampled-episodes.md).
+EMPTY_MEMORY = "{s}: no result."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +254,7 @@ class _Mem1Builder(_Builder):
 class _MemoryOpsBuilder(_Builder):
     """As AgentRunner's memory_ops workflow records them: the bank in the context, and after
     each observation `ADD` of the newly found supporting sentence; a search that found nothing
-    adds the script's "nothing found" note, which the next found sentence replaces (`UPDATE`)."""
+    adds the script's no-result note, which the next found sentence replaces (`UPDATE`)."""
 
     def new_turn(self) -> Conversation:
         s = self.t.state
@@ -260,7 +264,7 @@ class _MemoryOpsBuilder(_Builder):
     def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
         s = self.t.state
         entries, note_id = s["entries"], s.get("note_id")
-        if new_fact and note_id:  # the fact replaces the "nothing found" note
+        if new_fact and note_id:  # the fact replaces the no-result note
             op, entries, s["note_id"] = f"UPDATE {note_id} {new_fact}", [(i, new_fact if i == note_id else x)
                                                                          for i, x in entries], None
         else:
