@@ -112,6 +112,15 @@ def _cpu_collectives_if_needed(env: Mapping[str, str] | None) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
+def batch_split_problems(batch_questions: int, hosts: int) -> list[str]:
+    """rl.batch_questions over `hosts` (the live process count, or the planned hardware.hosts):
+    each host rolls out an equal slice (host_shard), so it must divide."""
+    if hosts > 1 and batch_questions % hosts:
+        return [f"rl.batch_questions={batch_questions} must be a multiple of the {hosts} hosts "
+                "(each rolls out an equal slice)"]
+    return []
+
+
 def host_shard(items: Sequence[T], process_index: int, process_count: int) -> list[T]:
     """This host's contiguous slice of a global batch (equal sizes; the batch must divide).
 

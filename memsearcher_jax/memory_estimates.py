@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
 
 GIB = 1024 ** 3
@@ -224,10 +225,9 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     d, f, t = mesh_shape(cfg)
     hosts, per_host = hosts_and_local_devices(cfg)
     mesh = (1, per_host // t, t) if hosts > 1 else (d, f, t)
-    questions = int(cfg.rl.batch_questions)
-    if questions % hosts:
-        raise PlanError(f"rl.batch_questions={questions} must be a multiple of the {hosts} hosts "
-                        "(each rolls out an equal slice)")
+    split = batch_split_problems(int(cfg.rl.batch_questions), hosts)
+    if split:
+        raise PlanError(split[0])
     rows, a = sampler_rows(cfg, hosts), cfg.agent
     longest_prompt = int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens)) - 1
     budget = int(min(a.max_new_tokens, a.max_response_tokens, a.max_context_tokens - 1))

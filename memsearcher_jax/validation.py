@@ -1,12 +1,14 @@
-"""A config's checks, before any work; every message names the key and what was expected.
+"""What a config cannot tell alone, asked before any work; every message names the key and what was expected.
 
-    out = check_training(cfg, fresh)    # the one pass over a training config: check_config (its
-                                        # values, the files it names, the cache; then the plan), the
-                                        # output directory, a resumed run's record, the retriever
+    out = check_training(cfg, fresh)    # the one pass over a training run: config_rules.check_config
+                                        # (every rule of the config: its values, settings, the files
+                                        # it names, the cache; then the plan), the output directory,
+                                        # a resumed run's record, the retriever
     check_setup(cfg, setup)             # against the built set-up: the model's tokenizer, the
                                         # episodes (episode_problems): what the config cannot tell
 Both run before any model is loaded, any warm start runs or the output directory is made.
-Evaluation asks check_config(cfg, training=False) and check_retriever, then check_setup(..., training=False).
+Evaluation asks config_rules.check_config(cfg, training=False) and check_retriever, then
+check_setup(..., training=False). Every rule of the config itself lives in config_rules.py.
 """
 from __future__ import annotations
 
@@ -15,25 +17,12 @@ import os
 
 import ml_collections
 
-from memsearcher_jax import compile_stats
-from memsearcher_jax.agent.rollout import AgentConfig
-from memsearcher_jax.agent.tools import tool_spec
+from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
+from memsearcher_jax.config_rules import TrainConfigError, agent_config, check_config, refuse
 from memsearcher_jax.data.synthetic import objectives_of
-from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import (
-    Setup,
-    TrainConfigError,
-    agent_config,
-    auto_flag,
-    check_hosts,
-    config_problems,
-    demo_questions,
-    eval_questions,
-    refuse,
-)
-from memsearcher_jax.planner import check_fits
+from memsearcher_jax.experiment import Setup, demo_questions, eval_questions
 from memsearcher_jax.run_dir import check_output_dir, check_same_experiment, output_dir_path
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.
@@ -138,72 +127,6 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
     return prompt_problems(cfg, setup, agent, setup.train_questions + setup.eval_questions)
 
 
-# ----------------------------------------------------------------------------- files the job will write
-
-def cache_dir_problems(configured: str | None) -> list[str]:
-    """The persistent compilation cache (train.compilation_cache_dir, or the environment's
-    override) must be a directory the job can make and write: a file there, or under it, was a
-    FileExistsError / NotADirectoryError traceback."""
-    try:
-        path = compile_stats.resolve_cache_dir(configured)
-    except ValueError as e:  # a blank directory (it would become a directory named " ")
-        return [str(e)]
-    if not path:
-        return []
-    env = os.environ.get(compile_stats.CACHE_DIR_ENV)
-    named = (f"${compile_stats.CACHE_DIR_ENV}={env}" if env is not None
-             else f"train.compilation_cache_dir={configured if configured is not None else path}")
-    fix = (f"point {'it' if env is not None else 'train.compilation_cache_dir'} at a directory, or set it to '' "
-           "for no cache")
-    parent = path
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        where = "is a file" if parent == path else f"lies under the file {parent}"
-        return [f"{named}: {path} {where}, not a directory; {fix}"]
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return [f"{named}: {parent} is not writable; {fix}"]
-    return []
-
-
-def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
-    """The local files and directories the job reads exist. Evaluation (training=False) never
-    reads data.train_path, so it is not asked for."""
-    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
-    if not cfg.world.enabled:
-        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
-        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
-    if cfg.retrieval.kind == "index":
-        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
-    return [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
-            for key, value, exists in wanted
-            if value and "://" not in value and not exists(os.path.expanduser(value))]
-
-
-def setting_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
-    """Settings read only once the world is built (the search tool, the prompt's answer format) or
-    the warm start runs (its length in passes, its name swaps, its tied rows), asked up front:
-    agent.tool / agent.tool_schema, agent.multi_answer_prompt, sft.passes, sft.name_swap_rate and
-    sft.tie_embedding_rows. Evaluation (training=False) runs no warm start."""
-    checks = [lambda: tool_spec(cfg.agent.tool, cfg.agent.get("tool_schema", "")),
-              lambda: auto_flag(cfg, "agent", "multi_answer_prompt")]
-    checks += [lambda: auto_flag(cfg, "sft", "tie_embedding_rows")] if training else []
-    problems = []
-    for check in checks:
-        try:
-            check()
-        except UserInputError as e:
-            problems.append(str(e))
-    if not training:
-        return problems
-    passes, rate = cfg.sft.get("passes", 0.0), cfg.sft.get("name_swap_rate", 0.0)
-    if passes < 0:
-        problems.append(f"sft.passes={passes}: passes over the warm start's rows, expected >= 0 (0: use sft.steps)")
-    if not 0 <= rate <= 1:
-        problems.append(f"sft.name_swap_rate={rate}: a share of the demonstrations, expected in [0, 1]")
-    return problems
-
-
 def check_retriever(cfg: ml_collections.ConfigDict) -> None:
     """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
     if cfg.retrieval.kind == "http":
@@ -213,25 +136,9 @@ def check_retriever(cfg: ml_collections.ConfigDict) -> None:
             retriever.check_reachable()
 
 
-def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
-    """The one pass over a config before any work: every problem of its values (config_problems,
-    setting_problems), of the files it names and of the compilation cache, reported together
-    (TrainConfigError); then what needs sane values to be asked: whether training fits its devices
-    (planner.check_fits, PlanError with the table) and splits over its hosts. The job then probes
-    an HTTP retriever (check_retriever), last."""
-    files = input_path_problems(cfg, training)
-    if training:
-        files += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
-    problems = config_problems(cfg, training) + setting_problems(cfg, training) + files
-    refuse(problems, "training config" if training else "evaluation config")
-    if training:
-        check_hosts(cfg)
-        check_fits(cfg)  # before the warm start compiles anything
-
-
 def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
     """Every check a training run can make before it builds anything, in order: the config
-    (check_config), its output directory (blank, a file, a directory of the user's, one in use;
+    (config_rules.check_config), its output directory (blank, a file, a directory of the user's, one in use;
     with `fresh`, one holding files no run wrote), resuming, the experiment recorded there
     (run_dir.check_same_experiment), and last, after every local check, the retriever's probe
     (check_retriever). Returns the output directory, absolute (a remote one as it is)."""

@@ -140,6 +140,8 @@ LAYER_RULES = (
      "the learner reads no data files, builds no retriever and knows no experiment"),
     (M + "data", "never", (M + "rl", M + "experiment", M + "jobs", M + "cli", M + "pretrain"),
      "data knows no learner and no run"),
+    (M + "config_rules", "never", (M + "experiment", M + "validation", M + "jobs", M + "cli"),
+     "the config's rules sit below what builds and runs from a checked config"),
     (M + "pretrain", "never", (M + "jobs", M + "cli", M + "planner"),
      "pretraining is a job beside jobs.py: the command line calls it, it calls no other job"),
     ("retrieval", "only", (M + "errors",), "retrieval stands apart: a library the agent reaches as a tool"),

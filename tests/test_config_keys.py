@@ -1,4 +1,4 @@
-"""One source of truth: configs/default.py and the dataclasses experiment.py builds from it."""
+"""One source of truth: configs/default.py and the dataclasses config_rules.py reads from it."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from memsearcher_jax.config_utils import load_config
-from memsearcher_jax.experiment import (
+from memsearcher_jax.config_rules import (
     COMPUTED_FIELDS,
     KEYS_READ_HERE,
     SECTIONS_OF,
@@ -16,6 +15,7 @@ from memsearcher_jax.experiment import (
     loop_config,
     typed,
 )
+from memsearcher_jax.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -57,7 +57,7 @@ def test_every_config_key_of_those_sections_has_a_reader():
             readers.setdefault(s, set()).update(_fields(cls))
     for s, names in readers.items():
         unread = set(cfg[s].keys()) - names - set(KEYS_READ_HERE.get(s, ()))
-        assert not unread, f"{s}: keys no dataclass takes and experiment.py does not read: {sorted(unread)}"
+        assert not unread, f"{s}: keys no dataclass takes and no module reads by name: {sorted(unread)}"
     # A key is never in two sections of one dataclass (which one would win?).
     for cls, sections in SECTIONS_OF.items():
         if len(sections) > 1:

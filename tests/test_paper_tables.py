@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -177,6 +178,24 @@ def test_an_unknown_workflow_is_refused_before_anything_trains(tmp_path):
 
     with pytest.raises(TrainConfigError, match="workflow"):
         pt.main(["--workflows", "memsearcher,nope", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("key, value, named", [("sft.passes", "-1", "sft.passes=-1"),
+                                                ("agent.tool", "bing_search", "agent.tool='bing_search'")])
+def test_a_bad_setting_is_refused_before_anything_trains(key, value, named, tmp_path, monkeypatch):
+    """The bench checked each workflow's config with experiment.validate, which did not see the
+    settings only the jobs' validator asked (sft.passes=-1 trained one warm-start step); it runs
+    the one pass now."""
+    from memsearcher_jax.experiment import TrainConfigError
+
+    def trained(*args, **kwargs):
+        raise AssertionError("the bench went on with a config it should have refused")
+
+    monkeypatch.setattr(pt, "check_settings", trained)
+    monkeypatch.setattr(pt, "run_workflow", trained)
+    with pytest.raises(TrainConfigError, match=re.escape(named)):
+        pt.main(["--workflows", "react", "--out", str(tmp_path / "o"), f"--config.{key}={value}"])
     assert not (tmp_path / "o").exists()
 
 

@@ -497,3 +497,72 @@ def test_group_size_has_one_rule_and_evaluation_asks_for_no_groups():
             validate(cfg)
         assert config_problems(cfg, training=False) == []
     assert config_problems(load_config(DEFAULT, [("rl.group_size", "2")])) == []
+
+
+# The keys each entry point must name for a config with several bad values at once: a value rule,
+# a training rule, a tool and a warm-start setting (once only the jobs' validator asked those) and
+# an input path. Evaluation runs no groups and no warm start: it names the rest.
+SEVERAL_BAD = [("rl.group_size", "1"), ("rl.max_refill", "-1"), ("agent.tool", "bing_search"),
+               ("sft.passes", "-1.0"), ("data.tokenizer_dir", "/no/such/tokenizer")]
+NAMED = {True: ("rl.group_size=1", "rl.max_refill must be >= 0", "agent.tool='bing_search'", "sft.passes=-1.0",
+                "data.tokenizer_dir=/no/such/tokenizer: no such directory"),
+         False: ("rl.max_refill must be >= 0", "agent.tool='bing_search'",
+                 "data.tokenizer_dir=/no/such/tokenizer: no such directory")}
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_every_entry_point_reports_the_same_problems_of_a_config(training):
+    """experiment.validate (build_trainer, the paper bench, a library user) saw only the value rules;
+    the jobs' validation.check_config also saw agent.tool, sft.passes, ... and the input paths. Both
+    now run the one pass: the same message, every problem in it."""
+    from memsearcher_jax import experiment, validation
+    from memsearcher_jax.config_utils import load_config
+
+    cfg = load_config(DEFAULT, SEVERAL_BAD)
+    with pytest.raises(experiment.TrainConfigError) as by_job:
+        validation.check_config(cfg, training=training)
+    with pytest.raises(experiment.TrainConfigError) as by_library:
+        experiment.validate(cfg, training=training)
+    assert str(by_library.value) == str(by_job.value)
+    for named in NAMED[training]:
+        assert named in str(by_job.value), (named, str(by_job.value))
+    assert ("sft.passes" in str(by_job.value)) == training and ("rl.group_size" in str(by_job.value)) == training
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("sft.passes", "-1.0", "sft.passes=-1.0: passes over the warm start's rows, expected >= 0"),
+    ("agent.tool", "bing_search", "agent.tool='bing_search' is not a registered tool"),
+])
+def test_build_trainer_refuses_a_bad_setting_before_building_anything(key, value, named, monkeypatch):
+    """build_trainer checked with experiment.validate, which did not see these settings: it went on
+    to build the world and the model, and the value failed later (sft.passes: never, at steps=0)."""
+    from memsearcher_jax import experiment
+    from memsearcher_jax.config_utils import load_config
+
+    def built(*args, **kwargs):
+        raise AssertionError("build_trainer built something before refusing the config")
+
+    monkeypatch.setattr(experiment, "build_setup", built)
+    monkeypatch.setattr(experiment, "assemble_trainer", built)
+    with pytest.raises(experiment.TrainConfigError) as e:
+        experiment.build_trainer(load_config(DEFAULT, [(key, value)]))
+    assert named in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
+
+
+def test_the_hosts_rule_is_one_rule_reported_with_the_rest(monkeypatch):
+    """rl.batch_questions over the hosts was checked twice (experiment.check_hosts for the live
+    run, raised on its own after the other problems; the planner for hardware.hosts) by two copies
+    of one message: one rule (distributed.batch_split_problems) now, in the one list."""
+    import jax
+
+    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.distributed import batch_split_problems
+
+    cfg = load_config(DEFAULT, [("rl.batch_questions", "3"), ("rl.max_refill", "-1")])
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    problems = config_problems(cfg)
+    assert batch_split_problems(3, 2)[0] in problems and any("rl.max_refill" in p for p in problems), problems
+    assert "rl.batch_questions=3 must be a multiple of the 2 hosts" in batch_split_problems(3, 2)[0]
+    assert config_problems(cfg, training=False) == ["rl.max_refill must be >= 0, got -1"]
+    assert batch_split_problems(4, 2) == [] and batch_split_problems(3, 1) == []

@@ -7,10 +7,10 @@ import os
 
 import ml_collections
 
+from memsearcher_jax.config_rules import TrainConfigError
 from memsearcher_jax.data.synthetic import WORDINGS
 from memsearcher_jax.data.vocab import MANIFEST as VOCAB_MANIFEST
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import TrainConfigError
 from memsearcher_jax.pretrain.phases import phase_list, phase_problems
 
 

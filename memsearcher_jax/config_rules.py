@@ -1,0 +1,444 @@
+"""Every rule of a config, in one place: what the config alone can tell, each problem naming its key.
+
+    problems = config_problems(cfg, training)   # every problem, in one list (training=False: evaluation)
+    validate(cfg, training)                     # TrainConfigError listing them all; nothing when none
+    check_config(cfg, training)                 # validate, then (training) whether the plan fits its devices
+
+Every entry point asks these: a job (validation.check_training, jobs' eval), experiment.build_trainer,
+the benches and a library user, so none sees fewer rules than another. The typed readers (a
+config's sections -> the dataclasses `agent/` and `rl/` take) live here too: the last rule is that
+those dataclasses accept what the config gives them. Above this module, experiment.py builds from a
+checked config, and validation.py asks what only the built set-up and the output directory tell.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+
+import jax
+import ml_collections
+
+from memsearcher_jax import compile_stats
+from memsearcher_jax.agent.config import AgentConfig
+from memsearcher_jax.agent.tools import tool_spec
+from memsearcher_jax.data.demos import EARLY_TWO_HOP
+from memsearcher_jax.data.synthetic import check_objectives
+from memsearcher_jax.distributed import batch_split_problems
+from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.memory_estimates import lora_fields
+from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
+from memsearcher_jax.planner import check_fits
+from memsearcher_jax.qa_metrics import compute_reward
+from memsearcher_jax.rl.grpo import GRPOConfig
+from memsearcher_jax.rl.learner import OptimConfig
+from memsearcher_jax.rl.losses import LossConfig
+from memsearcher_jax.rl.trainer import LoopConfig
+from memsearcher_jax.sampling.sampler import check_query_block
+
+
+class TrainConfigError(UserInputError):
+    """The training config is inconsistent; raised before anything is compiled."""
+
+
+# ----------------------------------------------------------------------------- config -> typed
+# Every dataclass below takes its fields from its config sections by name, so a field and its
+# key cannot drift apart (tests/test_config_keys.py checks both directions against
+# configs/default.py). A field computed from other keys is passed to `typed` explicitly.
+
+SECTIONS_OF = {AgentConfig: ("agent",), LossConfig: ("rl",), GRPOConfig: ("rl",), OptimConfig: ("optim",),
+               LoopConfig: ("train", "rl")}
+COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "optim"),
+                   LossConfig: ("temperature",),
+                   OptimConfig: ("total_steps", "later_rates"),
+                   LoopConfig: ("output_dir", "sampling_dtype")}
+# Keys of those sections that no dataclass takes: read by name, here or in experiment.py.
+KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids", "multi_answer_prompt"),
+                  "rl": ("reward_fn",),
+                  "train": ("eval_questions", "eval_per_set", "compilation_cache_dir")}
+
+
+def typed(cls, cfg: ml_collections.ConfigDict, **computed):
+    """cls(...) with every field not in `computed` read from the key of the same name in its
+    config sections (SECTIONS_OF[cls]); TrainConfigError naming a key the config lacks."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in computed:
+            continue
+        section = next((s for s in SECTIONS_OF[cls] if f.name in cfg[s]), None)
+        if section is None:
+            raise TrainConfigError(f"the config has no {' or '.join(f'{s}.{f.name}' for s in SECTIONS_OF[cls])} "
+                                   f"({cls.__name__}.{f.name}); start from configs/default.py, which has every key")
+        values[f.name] = cfg[section][f.name]
+    return cls(**values, **computed)
+
+
+def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
+    # Rows per sampler call live with the sampler's settings (the planner reads them there).
+    return typed(AgentConfig, cfg, sampler_batch_size=int(cfg.sampler.batch_size))
+
+
+def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
+    # The cosine schedule's length: every optimizer step of the run. later_rates belong to
+    # pretraining phases (memsearcher_jax/pretrain/), not to GRPO.
+    optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps, later_rates=())
+    # The learner scores tokens under the distribution the rollouts sampled from. Greedy (0) is refused
+    # for training by rl_problems; an evaluation config that sets it never trains.
+    temperature = cfg.agent.temperature if cfg.agent.temperature > 0 else 1.0
+    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg, temperature=temperature), optim=optim)
+
+
+def output_path(path: str) -> str:
+    """A local output path made absolute; a remote one (gs://, s3://) as it is."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
+    # Weights move to the sampler in the model's compute dtype.
+    return typed(LoopConfig, cfg, output_dir=output_path(cfg.train.output_dir), sampling_dtype=cfg.model.dtype)
+
+
+def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
+    """sampler.prefill_query_block; TrainConfigError naming the key unless an integer >= 0."""
+    try:
+        return check_query_block(cfg.sampler.prefill_query_block)
+    except ValueError as e:
+        raise TrainConfigError(f"sampler.{e}") from None
+
+
+def load_reward_fn(spec: str) -> Callable:
+    """`rl.reward_fn`: "" for the MemSearcher reward, else "module:function" or
+    "path/to/file.py:function", a callable with `compute_reward`'s signature
+    (blocks, ended_with_eos, golds) -> RewardResult."""
+    if not spec:
+        return compute_reward
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise TrainConfigError(f"rl.reward_fn={spec!r}: expected 'module:function' or 'file.py:function'")
+    try:
+        if where.endswith(".py"):
+            loader = importlib.util.spec_from_file_location(f"_reward_{abs(hash(where))}", os.path.expanduser(where))
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (ImportError, FileNotFoundError, SyntaxError) as e:
+        raise TrainConfigError(f"rl.reward_fn={spec!r}: cannot load {where!r}: {e}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise TrainConfigError(f"rl.reward_fn={spec!r}: {where!r} has no callable {name!r}")
+    return fn
+
+
+def parse_objective_counts(spec, key: str, default: int) -> tuple[int, ...]:
+    """A comma-separated list of objective counts ("1,2") as a tuple; "" means (default,).
+    ValueError naming the key for anything but comma-separated integers >= 1."""
+    spec = str(spec).strip()
+    if not spec:
+        return (default,)
+    try:
+        counts = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{key} must be comma-separated integers >= 1 (e.g. '1,2'; '' for world.objectives), "
+                         f"got {spec!r}")
+    return counts
+
+
+def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """`sft.demo_objectives` ("1,2") as counts; "" means the training questions' counts."""
+    if not str(cfg.sft.demo_objectives).strip():
+        return train_objective_counts(cfg)
+    return parse_objective_counts(cfg.sft.demo_objectives, "sft.demo_objectives", cfg.world.objectives)
+
+
+def train_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """`world.objectives_mix` ("1,2,3,4") as counts: GRPO's training questions in equal shares at
+    each; "" means world.objectives alone. Evaluation asks world.objectives (or --objectives)."""
+    return parse_objective_counts(cfg.world.get("objectives_mix", ""), "world.objectives_mix", cfg.world.objectives)
+
+
+def auto_flag(cfg: ml_collections.ConfigDict, section: str, key: str) -> str:
+    """A setting that is "auto", True or False (a bool or its spelling), as "auto" / "true" / "false";
+    UserInputError naming the key for anything else."""
+    value = cfg[section].get(key, "auto")
+    mode = str(value).strip().lower()
+    if mode not in ("auto", "true", "false"):
+        raise UserInputError(f"{section}.{key}={value!r}: expected auto, True or False")
+    return mode
+
+
+def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
+    """Whether the system prompts state the N-answer format (`agent.multi_answer_prompt`): "auto"
+    states it when the task asks several questions at once, in the world (world.objectives) or in
+    the warm start's demonstrations (sft.demo_objectives); True / False force it."""
+    mode = auto_flag(cfg, "agent", "multi_answer_prompt")
+    if mode == "auto":
+        return max(cfg.world.objectives, *demo_objective_counts(cfg), *train_objective_counts(cfg)) > 1
+    return mode == "true"
+
+
+# ----------------------------------------------------------------------------- the one pass
+
+def refuse(problems: list[str], what: str = "training config") -> None:
+    """TrainConfigError listing `problems` (one line when there is one); nothing when there are none."""
+    if len(problems) == 1:
+        raise TrainConfigError(f"invalid {what}: {problems[0]}")
+    if problems:
+        raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
+
+
+def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """Every problem the config alone can tell, each naming its key, in one list: its values
+    (key_problems; when they are sane, the typed dataclasses' own checks), the settings read only
+    later (setting_problems), the files it reads (input_path_problems) and, for training, the
+    compilation cache (cache_dir_problems). training=False (evaluation) asks for no training data,
+    no groups and no warm start."""
+    problems = key_problems(cfg, training) or typed_problems(cfg)
+    problems += setting_problems(cfg, training) + input_path_problems(cfg, training)
+    if training:
+        problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
+    return problems
+
+
+def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """TrainConfigError listing every problem `config_problems` finds (nothing when there are none)."""
+    refuse(config_problems(cfg, training), "training config" if training else "evaluation config")
+
+
+def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+    """The one pass over a config before any work: every problem of it, reported together
+    (validate); then what needs sane values to be asked: whether training fits its devices
+    (planner.check_fits, PlanError with the table), before anything compiles."""
+    validate(cfg, training)
+    if training:
+        check_fits(cfg)
+
+
+def key_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """Each key's value and the keys' agreement: cheap checks with messages naming the key."""
+    return (rl_problems(cfg, training) + value_problems(cfg) + train_problems(cfg)
+            + retrieval_and_data_problems(cfg, training) + objectives_problems(cfg) + sft_problems(cfg, training)
+            + model_problems(cfg))
+
+
+def typed_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The typed dataclasses' own checks (asked once the rest passed: they assume sane values)."""
+    try:
+        agent_config(cfg)
+        grpo_config(cfg)
+        loop_config(cfg)
+    except (ValueError, TypeError) as e:
+        return [str(e)]
+    return []
+
+
+def rl_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """The rl section: batch sizes, groups, the sampling temperature GRPO needs, its reward and
+    old log-probs; and, training on several hosts, an equal slice of the questions for each."""
+    problems = []
+    for key in ("batch_questions", "optimizer_steps", "micro_batch_size", "logprob_batch_size"):
+        if cfg.rl[key] < 1:
+            problems.append(f"rl.{key} must be >= 1, got {cfg.rl[key]}")
+    if training and cfg.rl.group_size < 2:  # evaluation samples one episode a question: no groups
+        problems.append(f"rl.group_size={cfg.rl.group_size}: GRPO's advantage compares the samples of a question "
+                        "with each other, so it needs >= 2 (a group of one never learns)")
+    if training and not cfg.agent.temperature > 0:
+        problems.append(f"agent.temperature={cfg.agent.temperature}: GRPO samples its groups (greedy episodes "
+                        "of one question are all the same); expected > 0 (the recipe's 1.0)")
+    trajectories = cfg.rl.batch_questions * cfg.rl.group_size
+    if cfg.rl.optimizer_steps > trajectories >= 1:
+        problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} "
+                        "trajectories (rl.batch_questions * rl.group_size): some mini-batches would be empty; "
+                        f"set rl.optimizer_steps <= {trajectories}")
+    if training and cfg.rl.batch_questions >= 1:
+        problems += batch_split_problems(cfg.rl.batch_questions, jax.process_count())
+    if cfg.rl.filter_groups not in ("none", "zero_std"):
+        problems.append(f"rl.filter_groups must be 'none' or 'zero_std', got {cfg.rl.filter_groups!r}")
+    if cfg.rl.max_refill < 0:
+        problems.append(f"rl.max_refill must be >= 0, got {cfg.rl.max_refill}")
+    if cfg.rl.get("old_logprobs", "recompute") not in ("recompute", "sampler"):
+        problems.append(f"rl.old_logprobs must be 'recompute' or 'sampler', got {cfg.rl.old_logprobs!r}")
+    elif cfg.rl.get("old_logprobs") == "sampler" and cfg.sampler.cache_dtype != cfg.model.dtype:
+        # The sampler then scores in another precision than the trainer: its log-probs are not the old policy's.
+        problems.append(f"rl.old_logprobs='sampler' needs the sampler to run the trainer's dtype, but "
+                        f"sampler.cache_dtype={cfg.sampler.cache_dtype!r} and model.dtype={cfg.model.dtype!r}; "
+                        "set them equal or rl.old_logprobs='recompute'")
+    try:
+        load_reward_fn(cfg.rl.reward_fn)
+    except TrainConfigError as e:
+        problems.append(str(e))
+    return problems
+
+
+def train_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The train section's counts and cadences, and the sampler's prefill block."""
+    problems = []
+    try:
+        prefill_query_block(cfg)
+    except TrainConfigError as e:
+        problems.append(str(e))
+    if cfg.train.steps < 0:
+        problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
+    if cfg.train.save_every < 1 or cfg.train.keep < 1:
+        problems.append("train.save_every and train.keep must be >= 1")
+    for key in ("eval_every", "eval_questions", "eval_per_set", "log_samples_every"):
+        if cfg.train[key] < 0:
+            problems.append(f"train.{key} must be >= 0, got {cfg.train[key]}")
+    return problems
+
+
+def retrieval_and_data_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """The retriever the config names, and the data it needs without the synthetic world."""
+    problems = []
+    if cfg.retrieval.kind not in ("bm25", "index", "http"):
+        problems.append(f"retrieval.kind must be bm25, index or http, got {cfg.retrieval.kind!r}")
+    if cfg.retrieval.kind == "http" and not cfg.retrieval.url:
+        problems.append("retrieval.kind=http needs retrieval.url")
+    if cfg.retrieval.kind == "index" and not cfg.retrieval.index_dir:
+        problems.append("retrieval.kind=index needs retrieval.index_dir")
+    if training and not cfg.world.enabled and not cfg.data.train_path:
+        problems.append("data.train_path is required when world.enabled is false")
+    if not training and not cfg.world.enabled and not cfg.data.eval_path:
+        problems.append("data.eval_path (a directory of evaluation sets) is required when world.enabled is false")
+    return problems
+
+
+def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """The warm start's values read with the rest (setting_problems asks those read only later)."""
+    problems = []
+    if cfg.sft.get("early_two_hop", "first_hop") not in EARLY_TWO_HOP:
+        problems.append(f"sft.early_two_hop must be one of {', '.join(EARLY_TWO_HOP)}, got {cfg.sft.early_two_hop!r}")
+    if cfg.sft.get("max_batch_tokens", 0) < 0:
+        problems.append(f"sft.max_batch_tokens={cfg.sft.max_batch_tokens}: padded slots per SFT micro-batch, "
+                        "expected >= 0 (0: no split)")
+    if training and not cfg.world.enabled and cfg.sft.steps > 0:
+        problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
+                        "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
+    return problems
+
+
+def model_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The model section's values: dtypes, LoRA settings, and a source that exists."""
+    problems = []
+    for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
+        if cfg.model[key] not in DTYPES:
+            problems.append(f"model.{key} must be one of {DTYPES}, got {cfg.model[key]!r}")
+    lora = lora_fields(cfg)
+    if lora["lora_rank"] < 0:
+        problems.append(f"model.lora_rank must be >= 0 (0 = full fine-tuning), got {lora['lora_rank']}")
+    elif lora["lora_rank"] > 0:
+        bad = [t for t in lora["lora_targets"] if t not in LORA_TARGETS]
+        if bad or not lora["lora_targets"]:
+            problems.append(f"model.lora_targets must name some of {', '.join(LORA_TARGETS)}, got "
+                            f"{cfg.model.lora_targets!r}")
+        if not lora["lora_alpha"] > 0:
+            problems.append(f"model.lora_alpha must be > 0, got {lora['lora_alpha']}")
+    if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
+        problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
+    return problems
+
+
+def value_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """Values the typed dataclasses let through that would end in a traceback."""
+    problems = []
+    bad_ids = [v for v in cfg.agent.stop_token_ids if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad_ids:
+        problems.append(f"agent.stop_token_ids={tuple(cfg.agent.stop_token_ids)}: expected token ids (integers >= 0, "
+                        f"e.g. --config.agent.stop_token_ids=151643,151645), got {bad_ids[0]!r}")
+    if cfg.world.enabled and cfg.world.num_entities < 1:
+        problems.append(f"world.num_entities={cfg.world.num_entities}: the synthetic world needs >= 1 entity")
+    m = cfg.model
+    if m.source == "init" and (m.num_kv_heads < 1 or m.num_heads % m.num_kv_heads):
+        problems.append(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
+                        "(each KV head serves a whole group of query heads)")
+    return problems
+
+
+def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """world.objectives: an integer >= 1, and above 1 only on the synthetic world; each count of
+    world.objectives_mix and sft.demo_objectives likewise."""
+    n = cfg.world.objectives
+    try:
+        check_objectives(n)
+        counts = demo_objective_counts(cfg)
+        mix = train_objective_counts(cfg)
+    except ValueError as e:
+        return [str(e)]
+    if n > 1 and not cfg.world.enabled:
+        return [f"world.objectives={n} joins questions of the synthetic world; with world.enabled=false set "
+                "world.objectives=1"]
+    if max(mix) > 1 and not cfg.world.enabled:
+        return [f"world.objectives_mix={cfg.world.objectives_mix!r} joins questions of the synthetic world; with "
+                "world.enabled=false set world.objectives_mix=''"]
+    if max(counts) > 1 and not cfg.world.enabled:
+        return [f"sft.demo_objectives={cfg.sft.demo_objectives!r} joins questions of the synthetic world; with "
+                "world.enabled=false set sft.demo_objectives=''"]
+    return []
+
+
+def setting_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """Settings read only once the world is built (the search tool, the prompt's answer format) or
+    the warm start runs (its length in passes, its name swaps, its tied rows), asked up front:
+    agent.tool / agent.tool_schema, agent.multi_answer_prompt, sft.passes, sft.name_swap_rate and
+    sft.tie_embedding_rows. Evaluation (training=False) runs no warm start."""
+    checks = [lambda: tool_spec(cfg.agent.tool, cfg.agent.get("tool_schema", "")),
+              lambda: auto_flag(cfg, "agent", "multi_answer_prompt")]
+    checks += [lambda: auto_flag(cfg, "sft", "tie_embedding_rows")] if training else []
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except UserInputError as e:
+            problems.append(str(e))
+    if not training:
+        return problems
+    passes, rate = cfg.sft.get("passes", 0.0), cfg.sft.get("name_swap_rate", 0.0)
+    if passes < 0:
+        problems.append(f"sft.passes={passes}: passes over the warm start's rows, expected >= 0 (0: use sft.steps)")
+    if not 0 <= rate <= 1:
+        problems.append(f"sft.name_swap_rate={rate}: a share of the demonstrations, expected in [0, 1]")
+    return problems
+
+
+def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+    """The local files and directories the job reads exist. Evaluation (training=False) never
+    reads data.train_path, so it is not asked for."""
+    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
+    if not cfg.world.enabled:
+        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
+        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
+    if cfg.retrieval.kind == "index":
+        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
+    return [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
+            for key, value, exists in wanted
+            if value and "://" not in value and not exists(os.path.expanduser(value))]
+
+
+def cache_dir_problems(configured: str | None) -> list[str]:
+    """The persistent compilation cache (train.compilation_cache_dir, or the environment's
+    override) must be a directory the job can make and write: a file there, or under it, was a
+    FileExistsError / NotADirectoryError traceback."""
+    try:
+        path = compile_stats.resolve_cache_dir(configured)
+    except ValueError as e:  # a blank directory (it would become a directory named " ")
+        return [str(e)]
+    if not path:
+        return []
+    env = os.environ.get(compile_stats.CACHE_DIR_ENV)
+    named = (f"${compile_stats.CACHE_DIR_ENV}={env}" if env is not None
+             else f"train.compilation_cache_dir={configured if configured is not None else path}")
+    fix = (f"point {'it' if env is not None else 'train.compilation_cache_dir'} at a directory, or set it to '' "
+           "for no cache")
+    parent = path
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        where = "is a file" if parent == path else f"lies under the file {parent}"
+        return [f"{named}: {path} {where}, not a directory; {fix}"]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"{named}: {parent} is not writable; {fix}"]
+    return []
