@@ -1,19 +1,34 @@
-"""Where a workflow's episodes fail: a per-episode account of a trained model's greedy runs.
+"""Where a workflow's episodes fail: a per-episode account of a trained model's greedy runs, or of
+the sampled training episodes GRPO learns from.
 
     python bench/episode_report.py --run runs/paper_tables --workflows memsearcher,react \
-        [--models warm_start,grpo] [--objectives 2] [--questions 100] [--out DIR]
+        [--models warm_start,grpo] [--objectives 2] [--questions 100] [--sampled [--seed 123]] [--out DIR]
 
 Reads the runs `bench/paper_tables.py` left in RUN/<workflow>/ (the warm start in `warmstart/`,
-GRPO's checkpoints), evaluates each model greedily on the held-out questions at N objectives
-(the same questions, config and turn limits the tables use), and writes, per (workflow, model):
+GRPO's checkpoints) and runs each model on N-objective questions:
 
-- OUT/<workflow>-<model>-N<n>.jsonl: one line per episode: the question's objectives (hops,
-  facts, golds), the answer and each part's EM, the end reason, turns, every query, what each
-  observation retrieved, every memory (workflows that carry one) and, per objective, whether
-  its subject was searched, each hop's fact retrieved, each fact still held at the end.
-- a summary printed and written to OUT/summary.md: end reasons, searches per episode, the share
-  of objectives searched / retrieved / held at the end / answered, and for memory workflows
-  how often a memory update drops a needed fact it had (in its old memory or its observation).
+- by default greedily on the held-out questions (the same questions, config and turn limits the
+  tables use), scored as evaluation scores them;
+- with `--sampled`, as GRPO's rollouts run: the run's training config (agent.temperature, top_p,
+  agent.max_turns, memory budget), one sample per training question (the first --questions of
+  the training questions joined N at a time), sampling seed --seed, scored by the trainer's
+  reward (`rl.reward_fn`, `rl.grpo.score_trajectories`).
+
+It writes, per (workflow, model):
+
+- OUT/<workflow>-<model>-N<n>.jsonl (greedy) or OUT/<workflow>-<model>-N<n>-sampled-seed<s>.jsonl:
+  one line per episode: the question's objectives (hops, facts, golds), the answer and each
+  part's EM, the reward and the scorer's failure (None when the format passed), whether the
+  failing block is a memory update closed by `</think>`, the end reason, turns, every query and
+  how many repeat an earlier one, what each observation retrieved, every memory (workflows that
+  carry one) and, per objective, whether its subject was searched, each hop's fact retrieved,
+  each fact still held at the end.
+- a summary printed and appended to OUT/summary.md, its line naming the mode: end reasons, reward,
+  format failures by reason (episodes, mean searches and reward), memory updates closed by
+  `</think>`, searches and repeated queries per episode, the share of objectives searched /
+  retrieved / held at the end / answered, the same split by 1-hop and 2-hop objectives (subject
+  searched, each hop retrieved), and for memory workflows how often a memory update drops a
+  needed fact it had (in its old memory or its observation).
 
 The facts are the world's supporting sentences (`facts` of each objective row); "held" means
 the sentence appears verbatim in the final context's memory (memsearcher, memory_ops) or in
@@ -25,6 +40,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 
 import ml_collections
@@ -33,29 +49,50 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench.paper_tables import eval_config  # noqa: E402
 from memsearcher_jax.agent.parsing import extract_boxed, parse_tool_calls  # noqa: E402
+from memsearcher_jax.agent.rollout import AgentRunner  # noqa: E402
 from memsearcher_jax.data.synthetic import objectives_of  # noqa: E402
+from memsearcher_jax.errors import UserInputError  # noqa: E402
 from memsearcher_jax.experiment import (  # noqa: E402
+    agent_config,
     build_sampler,
     build_setup,
     eval_runner,
     evaluate,
+    load_reward_fn,
     sampling_mesh,
     with_objectives,
 )
 from memsearcher_jax.jobs import restore_policy  # noqa: E402
 from memsearcher_jax.models import from_pretrained  # noqa: E402
-from memsearcher_jax.qa_metrics import exact_match, split_answers  # noqa: E402
+from memsearcher_jax.qa_metrics import compute_reward, exact_match, split_answers  # noqa: E402
+from memsearcher_jax.rl.grpo import score_trajectories  # noqa: E402
 
 MEMORY_WORKFLOWS = ("memsearcher", "memory_ops")
+MODELS = ("warm_start", "grpo")
+# The format gate names the block it failed on ("block 3: unbalanced <think> tags").
+FAILED_BLOCK = re.compile(r"^block (\d+): ")
 
 
 def run_config(run: str, workflow: str):
     """The workflow's config as paper_tables ran it (OUT/settings.json holds every workflow's)."""
-    with open(os.path.join(run, "settings.json"), encoding="utf-8") as f:
-        settings = json.load(f)
+    path = os.path.join(run, "settings.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            settings = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"--run {run}: cannot read {path} ({type(e).__name__}); expected a "
+                             "bench/paper_tables.py --out directory") from None
+    if workflow not in settings.get("workflow_configs", {}):
+        raise UserInputError(f"--workflows {workflow}: {path} holds no such workflow; it has "
+                             f"{', '.join(settings.get('workflow_configs', {})) or 'none'}")
     cfg = ml_collections.ConfigDict(settings["workflow_configs"][workflow])
     cfg.train.output_dir = os.path.join(run, workflow)
     return cfg
+
+
+def report_name(workflow: str, model: str, objectives: int, sampled: bool, seed: int) -> str:
+    """The JSONL of one (workflow, model, N): a sampled report (per seed) never takes a greedy one's name."""
+    return f"{workflow}-{model}-N{objectives}" + (f"-sampled-seed{seed}" if sampled else "") + ".jsonl"
 
 
 def observations(conv, builder) -> list[str]:
@@ -72,8 +109,31 @@ def observations(conv, builder) -> list[str]:
     return spans
 
 
-def episode(t, row, builder, workflow: str) -> dict:
-    """One episode's account (see the module docstring)."""
+def failure_reason(failure: str | None) -> str | None:
+    """The scorer's failure without the block it names, so that failures group by kind."""
+    return FAILED_BLOCK.sub("", failure) if failure else None
+
+
+def memory_closed_by_think(block: str) -> bool:
+    """A memory update opened with `<memory>` whose first closing tag is `</think>`, not `</memory>`
+    (e.g. `<memory>X: no result.</think>`: a sampled update written as a think)."""
+    text = block.lstrip()
+    if not text.startswith("<memory>"):
+        return False
+    think, memory = text.find("</think>"), text.find("</memory>")
+    return think >= 0 and (memory < 0 or think < memory)
+
+
+def failing_block(blocks, failure: str | None) -> str | None:
+    """The final conversation's block the scorer's failure names, if it names one."""
+    m = FAILED_BLOCK.match(failure or "")
+    return blocks[int(m.group(1))] if m and int(m.group(1)) < len(blocks) else None
+
+
+def episode(t, row, builder, workflow: str, result=None) -> dict:
+    """One episode's account (see the module docstring). result: its RewardResult (None: scored
+    here by compute_reward, the reward training and evaluation use by default)."""
+    result = result if result is not None else score_trajectories([t], compute_reward)[0]
     objs = objectives_of(row)
     acts = [b for c in t.conversations for b in c.blocks if "<memory>" not in b and "<ops>" not in b]
     queries = [c.query for b in acts for c in parse_tool_calls(b)]
@@ -102,10 +162,36 @@ def episode(t, row, builder, workflow: str) -> dict:
             had = [f for f in facts if f in prev or f in ob]
             drops.append({"had": len(had), "kept": sum(f in mem for f in had)})
             prev = mem
+    failed = failing_block(t.final.blocks, result.failure)
     return {"question": row["question"], "answer": answer, "end_reason": t.end_reason, "turns": t.turns,
-            "searches": t.num_searches, "queries": queries, "memories": list(t.memories),
-            "memory_tokens": list(t.memory_tokens), "objectives": per_obj, "updates": drops,
-            "peak_tokens": t.peak_tokens}
+            "reward": float(result.reward), "failure": result.failure,
+            "memory_closed_by_think": failed is not None and memory_closed_by_think(failed),
+            "searches": t.num_searches, "queries": queries, "repeated_queries": len(queries) - len(set(queries)),
+            "memories": list(t.memories), "memory_tokens": list(t.memory_tokens), "objectives": per_obj,
+            "updates": drops, "peak_tokens": t.peak_tokens}
+
+
+def failures(eps: list[dict]) -> dict:
+    """Format failures by reason, most frequent first: episodes, their mean searches and reward."""
+    by = collections.defaultdict(list)
+    for e in eps:
+        if e["failure"]:
+            by[failure_reason(e["failure"])].append(e)
+    return {r: {"episodes": len(es), "searches": sum(e["searches"] for e in es) / len(es),
+                "reward": sum(e["reward"] for e in es) / len(es)}
+            for r, es in sorted(by.items(), key=lambda kv: -len(kv[1]))}
+
+
+def by_hops(objs: list[dict]) -> dict:
+    """Per hop count ("1-hop", "2-hop"): objectives, the share whose subject was searched and, per
+    hop, the share whose fact was retrieved."""
+    out = {}
+    for hops in sorted({o["hops"] for o in objs}):
+        group = [o for o in objs if o["hops"] == hops]
+        out[f"{hops}-hop"] = {"objectives": len(group),
+                              "searched": sum(o["searched_subject"] for o in group) / len(group),
+                              "retrieved": [sum(o["retrieved"][h] for o in group) / len(group) for h in range(hops)]}
+    return out
 
 
 def summarize(eps: list[dict]) -> dict:
@@ -117,13 +203,19 @@ def summarize(eps: list[dict]) -> dict:
     return {
         "episodes": len(eps),
         "end_reasons": dict(collections.Counter(e["end_reason"] for e in eps).most_common()),
+        "reward": sum(e["reward"] for e in eps) / n,
+        "failed": sum(bool(e["failure"]) for e in eps),
+        "failures": failures(eps),
+        "memory_closed_by_think": sum(e["memory_closed_by_think"] for e in eps),
         "searches": sum(e["searches"] for e in eps) / n,
+        "repeated_queries": sum(e["repeated_queries"] for e in eps) / n,
         "turns": sum(e["turns"] for e in eps) / n,
         "answered": sum(e["answer"] is not None for e in eps) / n,
         "obj_em": sum(o["em"] for o in objs) / m,
         "obj_searched": sum(o["searched_subject"] for o in objs) / m,
         "obj_all_retrieved": sum(all(o["retrieved"]) for o in objs) / m,
         "obj_all_held": sum(all(o["held"]) for o in objs) / m,
+        "by_hops": by_hops(objs),
         "em_if_all_held": (sum(o["em"] for o in objs if all(o["held"]))
                            / max(1, sum(all(o["held"]) for o in objs))),
         "em_if_not_held": (sum(o["em"] for o in objs if not all(o["held"]))
@@ -134,23 +226,59 @@ def summarize(eps: list[dict]) -> dict:
     }
 
 
-def main(argv=None):
+def run_episodes(cfg, setup_n, sampler, args) -> tuple[list[dict], list, list, str]:
+    """(questions, trajectories, their RewardResults, the mode in words) for one model."""
+    if args.sampled:
+        # GRPO's rollouts: the training config's agent (experiment.assemble_trainer builds the same
+        # runner), the training questions, and the trainer's reward.
+        agent = agent_config(cfg)
+        runner = AgentRunner(setup_n.builder, sampler, setup_n.retriever, agent)
+        rows, reward_fn, seed = setup_n.train_questions[:args.questions], load_reward_fn(cfg.rl.reward_fn), args.seed
+        mode = (f"sampled (training questions, temperature {agent.temperature}, top_p {agent.top_p}, "
+                f"{agent.max_turns} turns, seed {seed})")
+    else:
+        ecfg = eval_config(cfg, args.objectives)
+        runner, rows = eval_runner(ecfg, setup_n, sampler), setup_n.eval_questions[:args.questions]
+        reward_fn, seed = compute_reward, 0  # what evaluation scores; greedy needs no seed
+        mode = f"greedy (held-out questions, {ecfg.agent.eval_max_turns} turns)"
+    trajs = evaluate(runner, rows, seed=seed)["trajectories"]
+    return rows, trajs, score_trajectories(trajs, reward_fn), mode
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, help="a bench/paper_tables.py --out directory")
     ap.add_argument("--workflows", default="memsearcher,react")
     ap.add_argument("--models", default="warm_start,grpo")
     ap.add_argument("--objectives", type=int, default=2)
     ap.add_argument("--questions", type=int, default=100)
+    ap.add_argument("--sampled", action="store_true",
+                    help="sample training episodes as GRPO's rollouts do, instead of greedy held-out ones")
+    ap.add_argument("--seed", type=int, default=123, help="the sampling seed of --sampled")
     ap.add_argument("--out", default=None, help="default: RUN/episode_report")
     args = ap.parse_args(argv)
+    if args.objectives < 1 or args.questions < 1:
+        raise UserInputError(f"--objectives {args.objectives} --questions {args.questions}: expected whole "
+                             "numbers >= 1")
+    bad = [m for m in args.models.split(",") if m not in MODELS]
+    if bad:
+        raise UserInputError(f"--models {args.models}: {', '.join(bad)} unknown; expected some of {', '.join(MODELS)}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     out = args.out or os.path.join(args.run, "episode_report")
+    cfgs = {wf: run_config(args.run, wf) for wf in args.workflows.split(",")}  # every one read before any load
+    for wf, cfg in cfgs.items():
+        if args.sampled and not cfg.agent.temperature > 0:
+            raise UserInputError(f"--sampled: {wf}'s run has agent.temperature={cfg.agent.temperature}; sampled "
+                                 "episodes need a temperature > 0 (GRPO's)")
     os.makedirs(out, exist_ok=True)
     lines = []
-    for wf in args.workflows.split(","):
-        cfg = run_config(args.run, wf)
+    for wf, cfg in cfgs.items():
         setup = build_setup(cfg)
         setup_n = with_objectives(setup, args.objectives, seed=cfg.world.seed)
-        ecfg = eval_config(cfg, args.objectives)
         for which in args.models.split(","):
             if which == "warm_start":
                 model = from_pretrained(os.path.join(cfg.train.output_dir, "warmstart"), dtype=cfg.model.dtype,
@@ -158,20 +286,28 @@ def main(argv=None):
             else:
                 model, _ = restore_policy(cfg.train.output_dir)
             sampler = build_sampler(cfg, model, sampling_mesh(cfg))
-            rows = setup_n.eval_questions[:args.questions]
-            got = evaluate(eval_runner(ecfg, setup_n, sampler), rows)
-            eps = [episode(t, row, setup.builder, wf) for t, row in zip(got["trajectories"], rows)]
-            path = os.path.join(out, f"{wf}-{which}-N{args.objectives}.jsonl")
+            rows, trajs, results, mode = run_episodes(cfg, setup_n, sampler, args)
+            eps = [episode(t, row, setup.builder, wf, r) for t, row, r in zip(trajs, rows, results)]
+            path = os.path.join(out, report_name(wf, which, args.objectives, args.sampled, args.seed))
             with open(path, "w", encoding="utf-8") as f:
                 for e in eps:
                     f.write(json.dumps(e) + "\n")
-            s = summarize(eps)
-            line = f"{wf} {which} N={args.objectives}: " + json.dumps(s)
+            line = f"{wf} {which} N={args.objectives} {mode}: " + json.dumps(summarize(eps))
             print(line, flush=True)
             lines.append(line)
     with open(os.path.join(out, "summary.md"), "a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
 
+def cli() -> int:
+    """main() as a command: bad input is one line on stderr and exit 2, not a traceback."""
+    try:
+        main()
+    except UserInputError as e:
+        print(f"episode_report: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -3,11 +3,15 @@ hand-made trajectories (a builder whose ids are characters)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import types
 
+import pytest
+
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
+from memsearcher_jax.errors import UserInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,14 +32,16 @@ ROW = {"question": "q1; q2", "objectives": [
      "golden_answers": ["Oslo"]}]}
 
 
-def _turn(t, query, observation, memory):
-    conv = Conversation(prompt_ids=[1])
+def _turn(t, query, observation, memory, update=None):
+    """One search turn; `update`: the update block as sampled (default: a well-formed one)."""
+    conv = Conversation(prompt_ids=[1], ended_with_eos=True)
     conv.add_generated([65], [0.0])
     conv.add_injected([ord(c) for c in observation])
     conv.add_generated([66], [0.0])
-    conv.blocks = [CALL % query, f"<memory>{memory}</memory>"]
+    conv.blocks = [CALL % query, update or f"<memory>{memory}</memory>"]
     t.conversations.append(conv)
-    t.memories.append(memory)
+    if update is None:
+        t.memories.append(memory)
     t.num_searches += 1
 
 
@@ -60,3 +66,81 @@ def test_episode_names_searched_retrieved_held_and_dropped_facts():
     # react holds what its context holds: every observation
     r = rep.episode(t, ROW, CHARS, "react")
     assert [o["held"] for o in r["objectives"]] == [[True], [True, False]] and r["updates"] == []
+
+
+def _answered(rep, queries_and_obs, answer):
+    """A memsearcher episode that searches each (query, observation) and answers `answer`."""
+    t = Trajectory(traj_id=0, group_id=0, question=ROW["question"], golds=[["Rome"], ["Oslo"]])
+    for q, ob in queries_and_obs:
+        _turn(t, q, ob, ob)
+    t.conversations.append(Conversation(prompt_ids=[1], blocks=[f"<think>m</think>\n\\boxed{{{answer}}}"],
+                                        ended_with_eos=True))
+    t.finish("answer")
+    return rep.episode(t, ROW, CHARS, "memsearcher")
+
+
+def test_failures_are_counted_by_reason_and_a_memory_closed_by_think_is_named():
+    rep = _report()
+    ok = _answered(rep, [("Lopa born", "Lopa was born in Rome."), ("Tarvel works", "Tarvel works for Acme."),
+                         ("Acme", "Acme is in Oslo.")], "Rome; Oslo")
+    assert (ok["reward"], ok["failure"], ok["memory_closed_by_think"]) == (1.0, None, False)
+    # a sampled update written as a think: the episode ends there, reward 0
+    t = Trajectory(traj_id=1, group_id=1, question=ROW["question"], golds=[["Rome"], ["Oslo"]])
+    _turn(t, "Lopa born", "Lopa was born in Rome.", "Lopa was born in Rome.")
+    _turn(t, "Lopa born", "Lopa was born in Rome.", None, update="<memory>Tarvel: no result.</think>")
+    t.finish("no_memory")
+    bad = rep.episode(t, ROW, CHARS, "memsearcher")
+    assert bad["failure"] == "block 1: unbalanced <think> tags" and bad["reward"] == 0.0
+    assert bad["memory_closed_by_think"] and bad["repeated_queries"] == 1
+    # out of turns after a well-formed update: a failure, but not a memory closed by </think>
+    t = Trajectory(traj_id=2, group_id=2, question=ROW["question"], golds=[["Rome"], ["Oslo"]])
+    _turn(t, "Tarvel works", "Tarvel works for Acme.", "Tarvel works for Acme.")
+    t.finish("max_turns")
+    cut = rep.episode(t, ROW, CHARS, "memsearcher")
+    assert cut["failure"] == "last block has no \\boxed{} answer" and not cut["memory_closed_by_think"]
+    assert rep.memory_closed_by_think("<memory>X: no result.</think>")
+    assert rep.memory_closed_by_think("<memory>The memory has the answer.</think>\\boxed{Rome}")
+    assert not rep.memory_closed_by_think("<memory>Lopa was born in Rome.</memory>")
+    assert not rep.memory_closed_by_think("<think>s</think>")
+    s = rep.summarize([ok, bad, cut])
+    assert s["failed"] == 2 and s["memory_closed_by_think"] == 1 and s["reward"] == pytest.approx(1 / 3)
+    assert s["failures"] == {"unbalanced <think> tags": {"episodes": 1, "searches": 2.0, "reward": 0.0},
+                             "last block has no \\boxed{} answer": {"episodes": 1, "searches": 1.0, "reward": 0.0}}
+    assert s["repeated_queries"] == pytest.approx(1 / 3)
+
+
+def test_objectives_split_by_hops_searched_and_each_hop_retrieved():
+    rep = _report()
+    # both questions searched, the 2-hop one's second fact found
+    full = _answered(rep, [("Lopa born", "Lopa was born in Rome."), ("Tarvel works", "Tarvel works for Acme."),
+                           ("Acme", "Acme is in Oslo.")], "Rome; Oslo")
+    # only the 1-hop question searched
+    half = _answered(rep, [("Lopa born", "Lopa was born in Rome.")], "Rome; Rome")
+    hops = rep.summarize([full, half])["by_hops"]
+    assert hops == {"1-hop": {"objectives": 2, "searched": 1.0, "retrieved": [1.0]},
+                    "2-hop": {"objectives": 2, "searched": 0.5, "retrieved": [0.5, 0.5]}}
+    one = rep.summarize([_answered(rep, [("Tarvel works", "Tarvel works for Acme.")], "Rome; Acme")])["by_hops"]
+    assert one["1-hop"]["searched"] == 0.0 and one["2-hop"]["retrieved"] == [1.0, 0.0]
+
+
+def test_greedy_and_sampled_reports_never_share_a_file():
+    rep = _report()
+    greedy = rep.report_name("memsearcher", "grpo", 2, sampled=False, seed=123)
+    assert greedy == "memsearcher-grpo-N2.jsonl"  # the name earlier greedy reports have
+    sampled = {rep.report_name("memsearcher", "grpo", 2, sampled=True, seed=s) for s in (123, 7)}
+    assert len(sampled) == 2 and greedy not in sampled and all(n.endswith("-sampled-seed123.jsonl")
+                                                                or n.endswith("-sampled-seed7.jsonl") for n in sampled)
+
+
+def test_sampled_refuses_a_greedy_run_and_unknown_models_before_loading(tmp_path):
+    rep = _report()
+    cfg = {"agent": {"temperature": 0.0}, "train": {"output_dir": ""}}
+    (tmp_path / "settings.json").write_text(json.dumps({"workflow_configs": {"memsearcher": cfg}}))
+    out = tmp_path / "out"
+    with pytest.raises(UserInputError, match="agent.temperature=0.0"):
+        rep.main(["--run", str(tmp_path), "--workflows", "memsearcher", "--sampled", "--out", str(out)])
+    with pytest.raises(UserInputError, match="--models best"):
+        rep.main(["--run", str(tmp_path), "--workflows", "memsearcher", "--models", "best"])
+    with pytest.raises(UserInputError, match="holds no such workflow"):
+        rep.main(["--run", str(tmp_path), "--workflows", "react"])
+    assert not out.exists()  # refused before anything was written
