@@ -198,6 +198,14 @@ def test_early_two_hop_no_search_guesses_and_every_searching_demo_finishes_its_h
 _FLAWED = dict(vague_query_rate=0.3, wrong_answer_rate=0.2, early_answer_rate=0.2)
 
 
+@pytest.fixture(scope="module")
+def flawed_memsearcher(world):
+    """Every row's flawed demonstration (seed 2) in the memsearcher format: the script the other
+    formats are compared with by two tests, which only read it."""
+    rows, builder, retriever = world
+    return make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED))
+
+
 def test_react_demos_equal_what_the_rollout_records(world):
     """ReAct-format demos: one growing conversation; replaying their acts through AgentRunner's
     react workflow (real BM25) gives exactly the recorded row, context lengths and searches."""
@@ -228,9 +236,9 @@ def test_react_demos_equal_what_the_rollout_records(world):
         assert traj.memories == []
 
 
-def test_react_share_mixes_formats_without_changing_the_script(world):
+def test_react_share_mixes_formats_without_changing_the_script(world, flawed_memsearcher):
     rows, builder, retriever = world
-    mem = make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED))
+    mem = flawed_memsearcher
     react = make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, react_share=1.0))
     mixed = make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, react_share=0.5))
     assert all(d.workflow == "memsearcher" for d in mem)
@@ -305,10 +313,12 @@ def test_new_formats_equal_what_the_rollout_records(world, workflow):
                 assert d.memories[-1] == "\n".join(f"[{i}] {f}" for i, f in enumerate(d.row["facts"], 1))
 
 
-def test_every_format_records_the_same_script(world):
+def test_every_format_records_the_same_script(world, flawed_memsearcher):
     rows, builder, retriever = world
-    by_format = {w: make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, workflow=w))
-                 for w in ("memsearcher", "react", "mem1", "memory_ops")}
+    assert DemoConfig(**_FLAWED, workflow="memsearcher") == DemoConfig(**_FLAWED)  # the fixture's config
+    by_format = {"memsearcher": flawed_memsearcher,
+                 **{w: make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, workflow=w))
+                    for w in ("react", "mem1", "memory_ops")}}
     for demos in zip(*by_format.values()):
         assert len({(d.flaw, d.answer, tuple(d.act_kinds), d.trajectory.num_searches) for d in demos}) == 1
     with pytest.raises(ValueError, match="recorded formats"):

@@ -146,7 +146,7 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
     # keeps its meaning). For token_mean and trajectory_mean that is the one-batch gradient itself.
     from memsearcher_jax.rl.grpo import RowBatch, micro_batch_loss
 
-    cfg = ModelConfig.tiny(vocab_size=64, num_layers=2)
+    cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
     n, s, mbs = 8, 40, 2
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(0)),
                           GRPOConfig(micro_batch_size=mbs, min_seq_len=8, loss=LossConfig(aggregation=mode),
@@ -189,7 +189,7 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
 
 def test_logprobs_in_chunks_of_like_length_equal_the_full_width_pass():
 
-    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=2), rngs=nnx.Rngs(3))
+    model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(3))
     learner = GRPOLearner(model, GRPOConfig(logprob_batch_size=3, min_seq_len=8, pack_rows=False))
     rows = _toy_rows(n=7, s=40, seed=2)
     rows.attention[:3, 12:] = 0  # three short rows: a narrower chunk

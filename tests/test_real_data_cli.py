@@ -15,6 +15,7 @@ import sys
 import pytest
 from flax import nnx
 
+from memsearcher_jax import compile_stats
 from memsearcher_jax.data.qa import EVAL_SETS
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 from tests.assets import qwen_tokenizer_dir
@@ -26,6 +27,11 @@ PEOPLE = [f"Person{i}" for i in range(50)]
 
 def cli(*args, check=True):
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    cache = os.environ.get(compile_stats.CACHE_DIR_ENV)
+    if cache:  # the session's compilation cache (conftest), which only `train` turns on itself: the
+        # evals of the one tiny model load the programs an earlier one compiled instead of compiling them
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     res = subprocess.run([sys.executable, "-m", "memsearcher_jax.cli", *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     if check and res.returncode != 0:
