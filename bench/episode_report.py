@@ -49,17 +49,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench.paper_tables import eval_config  # noqa: E402
 from memsearcher_jax.agent.parsing import extract_boxed, parse_tool_calls  # noqa: E402
-from memsearcher_jax.agent.rollout import AgentRunner  # noqa: E402
 from memsearcher_jax.data.synthetic import objectives_of  # noqa: E402
 from memsearcher_jax.errors import UserInputError  # noqa: E402
 from memsearcher_jax.experiment import (  # noqa: E402
-    agent_config,
     build_sampler,
     build_setup,
     eval_runner,
     evaluate,
     load_reward_fn,
     sampling_mesh,
+    training_runner,
     with_objectives,
 )
 from memsearcher_jax.jobs import restore_policy  # noqa: E402
@@ -229,10 +228,9 @@ def summarize(eps: list[dict]) -> dict:
 def run_episodes(cfg, setup_n, sampler, args) -> tuple[list[dict], list, list, str]:
     """(questions, trajectories, their RewardResults, the mode in words) for one model."""
     if args.sampled:
-        # GRPO's rollouts: the training config's agent (experiment.assemble_trainer builds the same
-        # runner), the training questions, and the trainer's reward.
-        agent = agent_config(cfg)
-        runner = AgentRunner(setup_n.builder, sampler, setup_n.retriever, agent)
+        # GRPO's rollouts: the training turn loop, the training questions, and the trainer's reward.
+        runner = training_runner(cfg, setup_n, sampler)
+        agent = runner.config
         rows, reward_fn, seed = setup_n.train_questions[:args.questions], load_reward_fn(cfg.rl.reward_fn), args.seed
         mode = (f"sampled (training questions, temperature {agent.temperature}, top_p {agent.top_p}, "
                 f"{agent.max_turns} turns, seed {seed})")

@@ -259,7 +259,7 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
     """The learner, the sampler and the turn loop for a checked config and its set-up, on the policy
     loaded from `source` (a Hugging Face directory, e.g. the warm start's; None: model.source)."""
     # What the pieces take from the config, read once before any is built.
-    grpo, agent, loop = grpo_config(cfg), agent_config(cfg), loop_config(cfg)
+    grpo, loop = grpo_config(cfg), loop_config(cfg)
     reward_fn, held_out = load_reward_fn(cfg.rl.reward_fn), eval_questions(cfg, setup)
     mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
     policy = load_policy(cfg, setup, source)
@@ -276,7 +276,7 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
                 if lora and jax.process_count() > 1 else None)
     weights = sampling_model(learner, mesh, sampler_mesh, cfg.model.dtype)
     sampler = build_sampler(cfg, weights, sampler_mesh, layer_by_layer=lora, to_local=to_local)
-    runner = AgentRunner(setup.builder, sampler, setup.retriever, agent)
+    runner = training_runner(cfg, setup, sampler)
     evaluate_fn = (lambda s: {k: v for k, v in evaluate(eval_runner(cfg, setup, s), held_out).items()
                               if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
     return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop, mesh=mesh,
@@ -284,6 +284,12 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
 
 
 # ----------------------------------------------------------------------------- evaluation (rl/evaluation.py runs it)
+
+def training_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler) -> AgentRunner:
+    """The turn loop as GRPO's rollouts run it: the training agent (temperature, top-p, agent.max_turns);
+    the RFT control and bench/episode_report.py --sampled sample with this same one."""
+    return AgentRunner(setup.builder, sampler, setup.retriever, agent_config(cfg))
+
 
 def eval_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
     """The turn loop as evaluation runs it: greedy, up to agent.eval_max_turns turns."""

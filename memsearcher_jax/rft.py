@@ -17,8 +17,7 @@ import time
 
 import ml_collections
 
-from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.experiment import Setup, agent_config, build_sampler, load_reward_fn, sampling_mesh
+from memsearcher_jax.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
 from memsearcher_jax.jobs import embedding_row_groups, sft_config
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.rl.grpo import score_trajectories
@@ -54,8 +53,7 @@ def sample_rollouts(cfg: ml_collections.ConfigDict, setup: Setup, model) -> list
     """GRPO's rollouts without its updates: per training step, that step's questions (the same
     data order, `rl.trainer.batch_for_step`) x rl.group_size samples, with the training sampling
     settings. Returns [(trajectories, reward results)] per step."""
-    runner = AgentRunner(setup.builder, build_sampler(cfg, model, sampling_mesh(cfg)), setup.retriever,
-                         agent_config(cfg))
+    runner = training_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
     reward_fn = load_reward_fn(cfg.rl.reward_fn)
     b, g = cfg.rl.batch_questions, cfg.rl.group_size
     out = []
