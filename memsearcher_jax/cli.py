@@ -116,9 +116,14 @@ _positive_int = _number_arg(int, lambda v: v >= 1, "a whole number", ">= 1")
 
 
 def cmd_plan(args) -> int:
+    from memsearcher_jax.config_rules import config_problems, refuse
     from memsearcher_jax.planner import main as plan_main
 
-    return plan_main(_load(args), args)
+    cfg = _load(args)
+    # The rules `train` asks, before the table: a plan of a config training would refuse is no
+    # answer. Not the files: the plan is often made away from the pod that holds the data.
+    refuse(config_problems(cfg, files=False))
+    return plan_main(cfg, args)
 
 
 def _add_pretrain(sub) -> None:

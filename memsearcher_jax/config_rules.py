@@ -191,16 +191,19 @@ def refuse(problems: list[str], what: str = "training config") -> None:
         raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
 
 
-def config_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files: bool = True) -> list[str]:
     """Every problem the config alone can tell, each naming its key, in one list: its values
     (key_problems; when they are sane, the typed dataclasses' own checks), the settings read only
     later (setting_problems), the files it reads (input_path_problems) and, for training, the
     compilation cache (cache_dir_problems). training=False (evaluation) asks for no training data,
-    no groups and no warm start."""
+    no groups and no warm start. files=False asks for the values alone, not this machine's files:
+    `memsearcher-jax plan` sizes a pod's run on a machine that holds none of its data."""
     problems = key_problems(cfg, training) or typed_problems(cfg)
-    problems += setting_problems(cfg, training) + input_path_problems(cfg, training)
-    if training:
-        problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
+    problems += setting_problems(cfg, training)
+    if files:
+        problems += input_path_problems(cfg, training)
+        if training:
+            problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
     return problems
 
 
@@ -322,7 +325,7 @@ def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[
 
 
 def model_problems(cfg: ml_collections.ConfigDict) -> list[str]:
-    """The model section's values: dtypes, LoRA settings, and a source that exists."""
+    """The model section's values: dtypes and LoRA settings (that its source exists: input_path_problems)."""
     problems = []
     for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
         if cfg.model[key] not in DTYPES:
@@ -337,8 +340,6 @@ def model_problems(cfg: ml_collections.ConfigDict) -> list[str]:
                             f"{cfg.model.lora_targets!r}")
         if not lora["lora_alpha"] > 0:
             problems.append(f"model.lora_alpha must be > 0, got {lora['lora_alpha']}")
-    if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
-        problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
     return problems
 
 
@@ -405,17 +406,21 @@ def setting_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> l
 
 
 def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
-    """The local files and directories the job reads exist. Evaluation (training=False) never
-    reads data.train_path, so it is not asked for."""
+    """The local files and directories the job reads exist: the model's source (unless 'init'), the
+    tokenizer, the data, the index. Evaluation (training=False) never reads data.train_path, so it
+    is not asked for."""
     wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
     if not cfg.world.enabled:
         wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
         wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
     if cfg.retrieval.kind == "index":
         wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
-    return [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
-            for key, value, exists in wanted
-            if value and "://" not in value and not exists(os.path.expanduser(value))]
+    problems = []
+    if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
+        problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
+    return problems + [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
+                       for key, value, exists in wanted
+                       if value and "://" not in value and not exists(os.path.expanduser(value))]
 
 
 def cache_dir_problems(configured: str | None) -> list[str]:

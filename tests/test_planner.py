@@ -288,6 +288,24 @@ def test_cli_plan_subcommand(capsys):
     assert "fits: yes" in capsys.readouterr().out
 
 
+def test_cli_plan_refuses_what_training_refuses_but_not_missing_files(capsys, tmp_path):
+    """`plan` asks the training config's rules before the table (a group of 1 has no advantage; a
+    bad reward spec), every problem in one message, exit 2; but not the data's files, which the
+    planning machine need not hold."""
+    from memsearcher_jax.cli import main as cli_main
+
+    recipe = os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")
+    ok = [f"--config.data.train_path={tmp_path}/absent", "--config.sampler.batch_size=8", "--device-memory-gib", "500"]
+    assert cli_main(["plan", "--config", recipe, *ok]) == 0
+    assert "fits: yes" in capsys.readouterr().out
+    code = cli_main(["plan", "--config", recipe, *ok, "--config.rl.group_size=1", "--config.rl.reward_fn=nowhere:fn"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "fits:" not in captured.out  # refused before the table
+    said = captured.out + captured.err
+    assert "rl.group_size=1" in said and "rl.reward_fn" in said
+
+
 @pytest.mark.parametrize("path", RECIPES, ids=[f"{m},{p}" for m, p in PAIRS])
 def test_every_recipe_fits(path, capsys):
     from memsearcher_jax.cli import main as cli_main
