@@ -319,29 +319,21 @@ class SFTTrainer(Learner):
             row_group, num_groups = jnp.asarray(groups), len(tied_rows)
             tie = lambda updates: tie_row_updates(updates, row_group, num_groups)
 
-        def loss_fn(params, *rows):
-            total, count = masked_nll_sum(nnx.merge(graphdef, params), *rows)
-            return total / jnp.maximum(count, 1.0), count
+        def step_on(nll_sum):
+            """One optimizer step on the mean token NLL of the rows, as `nll_sum` lays them out."""
+            def loss_fn(params, *rows):
+                total, count = nll_sum(nnx.merge(graphdef, params), *rows)
+                return total / jnp.maximum(count, 1.0), count
 
-        @self.donating_jit
-        def step(params, opt_state, *rows):
-            (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *rows)
-            params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx, tie)
-            return params, opt_state, loss, count, gnorm, skipped
+            @self.donating_jit
+            def step(params, opt_state, *rows):
+                (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *rows)
+                params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx, tie)
+                return params, opt_state, loss, count, gnorm, skipped
+            return step
 
-        self._step = step
-
-        def packed_loss(params, *rows):
-            total, count = packed_nll_sum(nnx.merge(graphdef, params), *rows)
-            return total / jnp.maximum(count, 1.0), count
-
-        @self.donating_jit
-        def packed_step(params, opt_state, *rows):
-            (loss, count), grads = jax.value_and_grad(packed_loss, has_aux=True)(params, *rows)
-            params, opt_state, gnorm, skipped = apply_update(params, opt_state, grads, tx, tie)
-            return params, opt_state, loss, count, gnorm, skipped
-
-        self._packed_step = packed_step
+        self._step = step_on(masked_nll_sum)            # padded rows [B, L]
+        self._packed_step = step_on(packed_nll_sum)     # packed rows with segment ids
         self._zero_sums, self._accumulate, self._update = _accumulating_steps(graphdef, tx, tie)
 
     def train_packed(self, rows: PackedRows) -> dict:
