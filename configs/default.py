@@ -124,6 +124,9 @@ def get_config() -> ml_collections.ConfigDict:
     # search, and whether GRPO finds it within 30 steps varies by seed:
     # docs/lab/2026-11-26-why-seed-2-learns-slowly.md).
     c.sft.early_two_hop = "no_search"
+    # With several objectives (bench/paper_tables.py): "first_hop" stops one 2-hop objective after its
+    # first hop and boxes the bridge; "skip" leaves one objective unsearched and guesses its answer.
+    c.sft.early_several = "first_hop"
     c.sft.react_share = 0.0          # share of demos recorded in the ReAct format (bench/context.py uses 0.5)
     # Objective counts of the demonstrations, equal shares (e.g. "1,2": half single questions, half
     # pairs); "": world.objectives only. bench/paper_tables.py uses "1,<training count>": a base that

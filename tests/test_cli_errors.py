@@ -354,6 +354,7 @@ def test_serve_retriever_reports_a_busy_port_before_serving(tmp_path, capsys):
     ("agent.stop_token_ids=abc", "agent.stop_token_ids"),
     ("world.num_entities=0", "world.num_entities=0"),
     ("sft.early_two_hop=halfway", "sft.early_two_hop must be one of first_hop, no_search"),
+    ("sft.early_several=halfway", "sft.early_several must be one of first_hop, skip"),
     ("sft.max_batch_tokens=-1", "sft.max_batch_tokens=-1"),
 ])
 def test_train_values_that_cannot_work_are_named(override, named, tmp_path, capsys):

@@ -407,6 +407,51 @@ def test_several_objective_demos_search_every_objective_before_answering(world, 
     assert any(d.flaw == "early_answer" and d.act_kinds == [ActKind.ANSWER] for d in singles)
 
 
+def test_early_several_skip_leaves_one_objective_unsearched_and_finishes_the_rest(world):
+    """early_several="skip": an early answer to several objectives leaves one objective (of any
+    kind) unsearched and guesses its answer (never its bridge entity, zero F1); every other
+    objective has all its hops found and its gold answer. Which rows and flaws is unchanged, and
+    "first_hop" (the default) still stops a 2-hop objective after its first hop."""
+    from memsearcher_jax.data.synthetic import join_objectives
+
+    rows, builder, retriever = world
+    rates = dict(vague_query_rate=0.1, wrong_answer_rate=0.05, early_answer_rate=0.6, max_turns=10)
+    joined = join_objectives(rows[:80], 2, seed=3)
+    stop = make_demonstrations(joined, builder, retriever, seed=4, config=DemoConfig(**rates))
+    skip = make_demonstrations(joined, builder, retriever, seed=4, config=DemoConfig(**rates, early_several="skip"))
+    for d_stop, d in zip(stop, skip):  # the same flaws, but a row of 1-hop objectives can now skip one
+        one_hop_row = all(o["hops"] == 1 for o in d.row["objectives"])
+        assert d_stop.flaw == d.flaw or (one_hop_row and (d_stop.flaw, d.flaw) == ("wrong_answer", "early_answer"))
+    early = [d for d in skip if d.flaw == "early_answer"]
+    assert len(early) >= 8
+    skipped_hops = set()
+    for d_stop, d in zip(stop, skip):
+        assert check_demonstration(d, builder) == []
+        seen = " ".join(builder.decode([t for t, m in zip(c.response_ids, c.loss_mask) if m == 0])
+                        for c in d.conversations)
+        written = " ".join(builder.decode([t for t, m in zip(c.response_ids, c.loss_mask) if m == 1])
+                           for c in d.conversations)
+        objs = d.row["objectives"]
+        if d.flaw != "early_answer":
+            assert d.answers == d_stop.answers
+            continue
+        unsearched = [k for k, o in enumerate(objs) if not any(q in written for q in o["queries"])]
+        assert len(unsearched) == 1, (d.row["question"], written)
+        k = unsearched[0]
+        skipped_hops.add(objs[k]["hops"])
+        assert d.answers[k] != objs[k].get("intermediate") and token_f1(d.answers[k], objs[k]["golden_answers"]) == 0.0
+        for j, o in enumerate(objs):
+            if j != k:  # every hop searched and found
+                assert all(q in written for q in o["queries"]) and all(f in seen for f in o["facts"])
+                assert d.answers[j] == o["golden_answers"][0]
+        assert d.act_kinds.count(ActKind.TOOL_CALLS) == sum(o["hops"] for j, o in enumerate(objs) if j != k)
+        # The default stops a 2-hop objective one hop short and boxes its bridge instead.
+        assert any(a == o.get("intermediate") for o, a in zip(objs, d_stop.answers)) or d_stop.flaw == "wrong_answer"
+    assert skipped_hops == {1, 2}  # the skipped objective is drawn among all, not only 2-hop ones
+    with pytest.raises(ValueError, match="early_several"):
+        DemoConfig(early_several="halfway")
+
+
 def test_the_no_result_note_reads_as_a_fact_not_a_think(world):
     """A search that found nothing leaves a note in memory. Worded "Nothing found about X yet." it
     shared "found" with the retry think ("Not found. Search again.") and sampled updates closed it

@@ -30,8 +30,9 @@ drawn at random, so GRPO has something to improve):
     early_answer  answers (wrongly) before every hop is found: 1-hop with no search at all,
                   2-hop right after the first hop (boxing the bridge entity), or with
                   `early_two_hop="no_search"` with no search at all, as on 1-hop questions.
-                  With several objectives every objective is searched: the flaw stops a 2-hop
-                  objective after its first hop (a row without one gets a wrong answer instead)
+                  With several objectives (`early_several`): "first_hop" searches every
+                  objective and stops a 2-hop one after its first hop (a row without one gets a
+                  wrong answer instead); "skip" leaves one objective unsearched, its answer a guess
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ from memsearcher_jax.qa_metrics import (
 
 FLAWS = ("vague_query", "wrong_answer", "early_answer")
 EARLY_TWO_HOP = ("first_hop", "no_search")
+EARLY_SEVERAL = ("first_hop", "skip")
 
 # Kept to a few tokens each: the model is tiny and every token is context.
 THINK_SEARCH = "I need to search."
@@ -87,6 +89,11 @@ class DemoConfig:
     # the bridge entity), "no_search" before any search (a guess, as on 1-hop questions). With
     # "no_search" every demo that searches a 2-hop question searches both hops.
     early_two_hop: str = "first_hop"
+    # How an early answer to several objectives stops: "first_hop" stops one 2-hop objective after
+    # its first hop and boxes the bridge entity (a row of 1-hop objectives gets a wrong answer
+    # instead); "skip" leaves one objective unsearched and guesses its answer, so every objective
+    # that is searched has all its hops found (early_two_hop's "no_search", per objective).
+    early_several: str = "first_hop"
     top_n: int = 3          # written into each tool call; fewer documents keep the context small
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
     # Share of demos recorded in the ReAct workflow's format instead of `workflow`'s, drawn per
@@ -105,6 +112,8 @@ class DemoConfig:
             raise ValueError(f"react_share must be in [0, 1], got {self.react_share}")
         if self.early_two_hop not in EARLY_TWO_HOP:
             raise ValueError(f"early_two_hop must be one of {EARLY_TWO_HOP}, got {self.early_two_hop!r}")
+        if self.early_several not in EARLY_SEVERAL:
+            raise ValueError(f"early_several must be one of {EARLY_SEVERAL}, got {self.early_several!r}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
         if self.workflow not in RECORDERS:
@@ -351,11 +360,11 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
     target = rng.randrange(len(objs)) if flaw and len(objs) > 1 else len(objs) - 1
     several = len(objs) > 1
-    if flaw == "early_answer" and several:
-        # With several objectives every one is searched before the answer: answering early stops a
-        # 2-hop objective after its first hop (boxing the bridge entity), never skips an objective
-        # (a policy that imitated that answers the questions it did not search with guesses). A
-        # row of 1-hop objectives has no hop to stop short of: its flaw is a wrong answer instead.
+    if flaw == "early_answer" and several and cfg.early_several == "first_hop":
+        # "first_hop": every objective is searched before the answer; answering early stops a
+        # 2-hop objective after its first hop (boxing the bridge entity). A row of 1-hop
+        # objectives has no hop to stop short of: its flaw is a wrong answer instead. ("skip":
+        # the drawn objective, of any kind, is not searched and its answer is a guess.)
         two_hop = [k for k, o in enumerate(objs) if int(o["hops"]) == 2]
         if two_hop:
             target = two_hop[target % len(two_hop)]
@@ -375,8 +384,9 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     for oi, o in enumerate(objs):
         facts, hop = list(o["facts"]), 0
         hops = int(o["hops"])
+        stop_short = cfg.early_several == "first_hop" if several else cfg.early_two_hop == "first_hop"
         if flaw == "early_answer" and oi == target:  # stops one hop short, or before any search
-            hops = hops - 1 if cfg.early_two_hop == "first_hop" or several else 0
+            hops = hops - 1 if stop_short else 0
         vague_pending = flaw == "vague_query" and oi == target
         while hop < hops:
             conv = next_turn()
@@ -400,7 +410,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             memory = " ".join(found + [note] if note else found)
             tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
-    bridge = cfg.early_two_hop == "first_hop" or several
+    bridge = cfg.early_several == "first_hop" if several else cfg.early_two_hop == "first_hop"
     answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, bridge) for oi, o in enumerate(objs)]
     answer = "; ".join(answers)
     conv = next_turn()
