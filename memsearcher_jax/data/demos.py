@@ -360,7 +360,10 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
     target = rng.randrange(len(objs)) if flaw and len(objs) > 1 else len(objs) - 1
     several = len(objs) > 1
-    if flaw == "early_answer" and several and cfg.early_several == "first_hop":
+    # An early answer stops one hop short and boxes the bridge ("first_hop"), or guesses before any
+    # search of its objective ("no_search" / "skip"): early_several with several objectives.
+    stop_short = cfg.early_several == "first_hop" if several else cfg.early_two_hop == "first_hop"
+    if flaw == "early_answer" and several and stop_short:
         # "first_hop": every objective is searched before the answer; answering early stops a
         # 2-hop objective after its first hop (boxing the bridge entity). A row of 1-hop
         # objectives has no hop to stop short of: its flaw is a wrong answer instead. ("skip":
@@ -384,7 +387,6 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     for oi, o in enumerate(objs):
         facts, hop = list(o["facts"]), 0
         hops = int(o["hops"])
-        stop_short = cfg.early_several == "first_hop" if several else cfg.early_two_hop == "first_hop"
         if flaw == "early_answer" and oi == target:  # stops one hop short, or before any search
             hops = hops - 1 if stop_short else 0
         vague_pending = flaw == "vague_query" and oi == target
@@ -410,8 +412,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             memory = " ".join(found + [note] if note else found)
             tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
-    bridge = cfg.early_several == "first_hop" if several else cfg.early_two_hop == "first_hop"
-    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, bridge) for oi, o in enumerate(objs)]
+    answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, stop_short) for oi, o in enumerate(objs)]
     answer = "; ".join(answers)
     conv = next_turn()
     tb.act(conv, THINK_ANSWER if found else THINK_GUESS, f"\\boxed{{{answer}}}")
