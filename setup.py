@@ -30,6 +30,7 @@ INSTALL_REQUIRES = [
 TEST_REQUIRES = [
     "pytest>=8",
     "pytest-timeout>=2.3",
+    "pytest-xdist>=3.5",  # the suite runs on two workers (-n 2): compiles are single-threaded
     "hypothesis>=6",
     "ruff==0.17.6",  # the linter .ci/run runs first (ruff.toml); pinned so a new rule never fails CI unasked
     # PyTorch only to check our numerics against transformers; pinned exactly because an

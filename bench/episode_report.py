@@ -199,6 +199,7 @@ def summarize(eps: list[dict]) -> dict:
     m = max(1, len(objs))
     ups = [u for e in eps for u in e["updates"]]
     had = sum(u["had"] for u in ups)
+    answered = [e for e in eps if e["answer"] is not None]
     return {
         "episodes": len(eps),
         "end_reasons": dict(collections.Counter(e["end_reason"] for e in eps).most_common()),
@@ -220,8 +221,9 @@ def summarize(eps: list[dict]) -> dict:
         "em_if_not_held": (sum(o["em"] for o in objs if not all(o["held"]))
                            / max(1, sum(not all(o["held"]) for o in objs))),
         "update_keep_rate": (sum(u["kept"] for u in ups) / had) if had else None,
-        "answer_parts_distinct": sum(len({o["answer"] for o in e["objectives"]}) == len(e["objectives"])
-                                     for e in eps) / n,
+        # Over the episodes that answered: one cut off at the turn limit has no parts to compare.
+        "answer_parts_distinct": (sum(len({o["answer"] for o in e["objectives"]}) == len(e["objectives"])
+                                      for e in answered) / len(answered)) if answered else None,
     }
 
 

@@ -107,6 +107,13 @@ def test_failures_are_counted_by_reason_and_a_memory_closed_by_think_is_named():
     assert s["failures"] == {"unbalanced <think> tags": {"episodes": 1, "searches": 2.0, "reward": 0.0},
                              "last block has no \\boxed{} answer": {"episodes": 1, "searches": 1.0, "reward": 0.0}}
     assert s["repeated_queries"] == pytest.approx(1 / 3)
+    # Distinct answer parts are counted over the episodes that answered: the one cut off at the turn
+    # limit has no answer (its parts would read as alike), the think-closed one none either.
+    assert cut["answer"] is None and bad["answer"] is None
+    alike = _answered(rep, [("Lopa born", "Lopa was born in Rome.")], "Rome; Rome")
+    assert s["answer_parts_distinct"] == 1.0
+    assert rep.summarize([ok, alike, cut])["answer_parts_distinct"] == 0.5
+    assert rep.summarize([cut])["answer_parts_distinct"] is None
 
 
 def test_objectives_split_by_hops_searched_and_each_hop_retrieved():
