@@ -159,9 +159,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.min_seq_len = 128           # the trainer's rows pad to quarter-octave buckets from here
     c.rl.max_seq_len = 32768         # a conversation longer than this stops the step with an error
     c.rl.pack_rows = True            # the learner packs conversations into shared rows (segments): exact, less padding
-    c.rl.old_logprobs = "recompute"  # "sampler": the rollout's own log-probs as the old policy's (needs
-                                     # sampler.cache_dtype == model.dtype), recomputed in a step whose gap is large
+    c.rl.old_logprobs = "sampler"    # the old policy's log-probs are the rollout's own (the sampler runs the trainer's
+                                     # f32 weights: gaps <= 6e-5 here), recomputed in a step whose gap exceeds the next
+                                     # setting; "recompute": one more forward pass over every row (verl's default)
     c.rl.old_logprobs_max_gap = 0.01  # "sampler": largest |trainer - sampler| log-prob of a sampled token accepted
+                                      # (a ratio off by 1%, a twentieth of the 0.2 clip range)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-4     # the recipe's 1e-6 is for a pretrained 3B model

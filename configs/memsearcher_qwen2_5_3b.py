@@ -42,6 +42,10 @@ def get_config():
     c.agent.top_p = 0.99
     c.agent.prompt_style = "full"
     c.sampler.cache_dtype = "bfloat16"
+    # bf16 sampling against the trainer's bf16 compute of f32 weights differs by ~0.03 nats on some
+    # tokens (docs/lab/2026-11-29-first-step-kl.md), above rl.old_logprobs_max_gap: taking the sampler's
+    # log-probs would fall back to recomputing them every step. Recompute, as verl does.
+    c.rl.old_logprobs = "recompute"
     c.sft.steps = 0
     c.rl.batch_questions = 256
     c.rl.group_size = 5
