@@ -23,6 +23,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # process or in subprocesses, load a program another test compiled instead of compiling it again.
 # Compile counts are unchanged (a program loaded from the cache still counts, see compile_stats).
 # A cache set in the environment (a path, or "" for none) is used as it is.
+# Under pytest-xdist (-n 2) the controller runs this first and its workers inherit the variable:
+# they share one cache, and only the controller removes it.
 if compile_stats.CACHE_DIR_ENV not in os.environ:
     _session_cache = tempfile.mkdtemp(prefix="memsearcher-jax-test-xla-")
     atexit.register(shutil.rmtree, _session_cache, True)
