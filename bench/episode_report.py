@@ -210,7 +210,7 @@ def summarize(eps: list[dict]) -> dict:
         "searches": sum(e["searches"] for e in eps) / n,
         "repeated_queries": sum(e["repeated_queries"] for e in eps) / n,
         "turns": sum(e["turns"] for e in eps) / n,
-        "answered": sum(e["answer"] is not None for e in eps) / n,
+        "answered": len(answered) / n,
         "obj_em": sum(o["em"] for o in objs) / m,
         "obj_searched": sum(o["searched_subject"] for o in objs) / m,
         "obj_all_retrieved": sum(all(o["retrieved"]) for o in objs) / m,
