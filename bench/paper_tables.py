@@ -88,7 +88,11 @@ BUDGETS = (16, 32, 64, 128)
 # React's warm-start rows (one per episode, up to ~1500 tokens) took 15-18 GB in one program per batch
 # of 16 and were killed beside another run on a 24 GB machine: batches over 8192 padded tokens take
 # their update from micro-batches (memsearcher's, at most 16 x 512, never split).
-BENCH = {"sft.passes": 3, "sft.name_swap_rate": 1.0, "sft.max_batch_tokens": 8192, "world.objectives_mix": "1,2,3,4"}
+# A search that found nothing leaves the fact-shaped note "X: no result." in memory: worded as the
+# default's "Nothing found about X yet." sampled pair updates closed it with </think> (7 of 64 against 2;
+# docs/lab/2026-11-29-four-designs-seed0-and-sampled-episodes.md). The tables since 2026-11-29 use it.
+BENCH = {"sft.passes": 3, "sft.name_swap_rate": 1.0, "sft.max_batch_tokens": 8192, "world.objectives_mix": "1,2,3,4",
+         "sft.no_result_note": "{s}: no result."}
 QUICK = {"sft.passes": 0, "sft.steps": 100, "sft.num_demos": 400, "train.steps": 10, "rl.batch_questions": 8,
          "rl.group_size": 4, "rl.micro_batch_size": 16, "train.save_every": 5}
 QUICK_EVAL_QUESTIONS = 30

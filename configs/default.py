@@ -128,6 +128,10 @@ def get_config() -> ml_collections.ConfigDict:
     # first hop and boxes the bridge; "skip" leaves one objective unsearched and guesses its answer.
     c.sft.early_several = "first_hop"
     c.sft.react_share = 0.0          # share of demos recorded in the ReAct format (bench/context.py uses 0.5)
+    # What a search that found nothing leaves in memory ({s}: the subject). bench/paper_tables.py uses
+    # "{s}: no result." (a fact's shape); here the wording the base was pretrained on gains more
+    # (docs/lab/2026-11-30-default-job-after-the-no-result-note.md).
+    c.sft.no_result_note = "Nothing found about {s} yet."
     # Objective counts of the demonstrations, equal shares (e.g. "1,2": half single questions, half
     # pairs); "": world.objectives only. bench/paper_tables.py uses "1,<training count>": a base that
     # has only seen pairs answers every question with two answers (an instruct LLM already knows one).

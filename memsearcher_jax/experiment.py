@@ -176,7 +176,7 @@ def demo_config(cfg: ml_collections.ConfigDict) -> DemoConfig:
     """The demonstrator's settings: its deliberate flaws at the `sft.*_rate` settings, and turns
     enough for the objectives its questions ask (`sft.demo_objectives`)."""
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
-                                     "early_two_hop", "early_several", "react_share") if k in cfg.sft}
+                                     "early_two_hop", "early_several", "react_share", "no_result_note") if k in cfg.sft}
     # A script of N objectives needs up to 2N + 2 turns (a search per hop and a recovery search); the
     # demonstrations may show more objectives than the training episodes ask (sft.demo_objectives).
     turns = max(4, cfg.agent.max_turns, 2 * max(demo_objective_counts(cfg)) + 2)

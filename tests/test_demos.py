@@ -8,6 +8,7 @@ from memsearcher_jax.agent.parsing import ActKind
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.data.demos import FLAWS, DemoConfig, demo_stats, make_demonstrations
+from memsearcher_jax.data import demos as _demos
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.qa_metrics import compute_reward, token_f1
@@ -452,30 +453,55 @@ def test_early_several_skip_leaves_one_objective_unsearched_and_finishes_the_res
         DemoConfig(early_several="halfway")
 
 
-def test_the_no_result_note_reads_as_a_fact_not_a_think(world):
-    """A search that found nothing leaves a note in memory. Worded "Nothing found about X yet." it
-    shared "found" with the retry think ("Not found. Search again.") and sampled updates closed it
-    with </think> (36 of 46 malformed updates, docs/lab/2026-11-29-four-designs-seed0-and-sampled-
-    episodes.md): the note now opens with its subject, as facts do, and shares no word with a think."""
+@pytest.mark.parametrize("wording", [_demos.NO_RESULT_NOTE, _demos.FACT_SHAPED_NO_RESULT])
+def test_a_search_that_found_nothing_leaves_the_configured_note(world, wording):
+    """A search that found nothing leaves a note in memory, worded as sft.no_result_note says. The
+    fact-shaped "X: no result." (bench/paper_tables.py) opens with its subject and shares no word with a
+    think: worded "Nothing found about X yet." sampled pair updates closed it with </think>
+    (docs/lab/2026-11-29-four-designs-seed0-and-sampled-episodes.md); the default keeps that wording,
+    which the single-question job learns more from (docs/lab/2026-11-30-default-job-after-the-no-result-note.md)."""
     import re
 
     from memsearcher_jax.data import demos as demos_mod
 
     rows, builder, retriever = world
-    demos = make_demonstrations(rows, builder, retriever, seed=0, config=DemoConfig(1.0, 0, 0))
-    thinks = [v for k, v in vars(demos_mod).items() if k.startswith("THINK_")]
-    think_words = {w.lower() for t in thinks for w in re.findall(r"[A-Za-z]+", t) if w != "e"}
+    demos = make_demonstrations(rows, builder, retriever, seed=0, config=DemoConfig(1.0, 0, 0, no_result_note=wording))
     noted = 0
     for d in demos:
         subject = d.row["subject"]
-        note = demos_mod.EMPTY_MEMORY.format(s=subject)
+        note = wording.format(s=subject)
         updates = [b for c in d.conversations for b in builder.tokenizer.decode(c.response_ids).split("<memory>")[1:]]
         if note in d.memories[0] if d.memories else False:
             noted += 1
-            assert d.memories[0].startswith(subject), d.memories[0]
-            assert any(u.startswith(note) and u.split("</memory>")[0].endswith(note) for u in updates), updates
+            assert d.memories[0] == note, d.memories[0]   # nothing found yet: the note is the whole memory
+            assert any(u.split("</memory>")[0] == note for u in updates), updates
         for u in updates:  # every update closes as a memory, never as a think
             assert "</memory>" in u and "</think>" not in u.split("</memory>")[0], u
     assert noted >= len(demos) // 4, noted  # the vague path leaves the note (when the vague search misses)
-    note_words = {w.lower() for w in re.findall(r"[A-Za-z]+", demos_mod.EMPTY_MEMORY.format(s=""))}
-    assert note_words and not note_words & think_words, note_words & think_words
+    other = demos_mod.FACT_SHAPED_NO_RESULT if wording == demos_mod.NO_RESULT_NOTE else demos_mod.NO_RESULT_NOTE
+    assert not any(other.format(s=d.row["subject"]) in m for d in demos for m in d.memories)
+    if wording == demos_mod.FACT_SHAPED_NO_RESULT:
+        thinks = [v for k, v in vars(demos_mod).items() if k.startswith("THINK_")]
+        think_words = {w.lower() for t in thinks for w in re.findall(r"[A-Za-z]+", t) if w != "e"}
+        note_words = {w.lower() for w in re.findall(r"[A-Za-z]+", wording.format(s=""))}
+        assert note_words and not note_words & think_words, note_words & think_words
+
+
+@pytest.mark.parametrize("note", ["nothing here", "{s} and {s}", "{subject} none", "{s}", "{s} {0}", "  {s} "])
+def test_a_no_result_note_without_its_subject_is_refused(note):
+    with pytest.raises(ValueError, match="no_result_note"):
+        DemoConfig(no_result_note=note)
+
+
+def test_the_default_job_and_the_tables_word_the_note_as_measured():
+    """The default job keeps the wording its base was pretrained on; the tables the fact-shaped one."""
+    import bench.paper_tables as pt
+
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.data import demos as demos_mod
+    from memsearcher_jax.experiment import demo_config
+
+    assert demo_config(load_config("configs/default.py", [])).no_result_note == demos_mod.NO_RESULT_NOTE
+    assert pt.BENCH["sft.no_result_note"] == demos_mod.FACT_SHAPED_NO_RESULT
+    pinned = load_config("configs/default.py", [(k, str(v)) for k, v in pt.BENCH.items()])
+    assert demo_config(pinned).no_result_note == demos_mod.FACT_SHAPED_NO_RESULT

@@ -69,11 +69,27 @@ THINK_RETRY = "Not found. Search again."
 THINK_ANSWER = "The memory has the answer."
 THINK_GUESS = "I know the answer."
 THINK_NEXT_QUESTION = "Next question."
-# The note a search that found nothing leaves in memory. Shaped as a fact (its subject first) and
-# sharing no word with the thinks above: worded "Nothing found about X yet." it read as a think
-# ("Not found. Search again.") and sampled updates closed it with </think>, ending the episode
-# (docs/lab/2026-11-29-four-designs-seed0-and-sampled-episodes.md).
-EMPTY_MEMORY = "{s}: no result."
+# The note a search that found nothing leaves in memory ({s}: the objective's subject), so the next
+# context differs from this one. The default's wording is text the reading bases were pretrained on
+# (vocab.FORMAT_LINES: 7 tokens). "{s}: no result." (FACT_SHAPED_NO_RESULT) opens with its subject as
+# facts do and shares no word with a think; made for memsearcher's sampled pair updates, which closed
+# the default's note with </think> (docs/lab/2026-11-29-four-designs-seed0-and-sampled-episodes.md),
+# it costs the single-question default 14 points of mean gain on seeds 0-2 (its "result" splits into
+# byte pieces the base never read: docs/lab/2026-11-30-default-job-after-the-no-result-note.md).
+NO_RESULT_NOTE = "Nothing found about {s} yet."
+FACT_SHAPED_NO_RESULT = "{s}: no result."
+
+
+def no_result_note_problem(note: str) -> str | None:
+    """Why `note` cannot be the no-result note (None when it can): it names the subject once, as {s}."""
+    try:
+        named = note.format(s="\0") if isinstance(note, str) else None
+    except (KeyError, IndexError, ValueError):
+        named = None
+    if named is None or named.count("\0") != 1 or not named.replace("\0", "").strip():
+        return (f"sft.no_result_note={note!r}: the note a search that found nothing leaves in memory must name "
+                "the subject once as {s} beside some words, e.g. " + repr(NO_RESULT_NOTE))
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +117,7 @@ class DemoConfig:
     # workflows (bench/context.py) needs demos of both.
     react_share: float = 0.0
     workflow: str = "memsearcher"   # the format of the other demos: memsearcher, react, mem1 or memory_ops
+    no_result_note: str = NO_RESULT_NOTE   # left in memory by a search that found nothing; {s}: the subject
 
     def __post_init__(self):
         rates = (self.vague_query_rate, self.wrong_answer_rate, self.early_answer_rate)
@@ -116,6 +133,8 @@ class DemoConfig:
             raise ValueError(f"early_several must be one of {EARLY_SEVERAL}, got {self.early_several!r}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
+        if no_result_note_problem(self.no_result_note):
+            raise ValueError(no_result_note_problem(self.no_result_note))
         if self.workflow not in RECORDERS:
             raise ValueError(f"workflow must be one of the recorded formats {tuple(RECORDERS)}, got {self.workflow!r}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
@@ -408,7 +427,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
                 hop += 1
             retry, vague_pending = new_fact is None, False
             # A search that found nothing leaves a note, so the next context differs from this one.
-            note = "" if new_fact else EMPTY_MEMORY.format(s=o["subject"])
+            note = "" if new_fact else cfg.no_result_note.format(s=o["subject"])
             memory = " ".join(found + [note] if note else found)
             tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
