@@ -28,7 +28,8 @@ It writes, per (workflow, model):
   `</think>`, searches and repeated queries per episode, the share of objectives searched /
   retrieved / held at the end / answered, the same split by 1-hop and 2-hop objectives (subject
   searched, each hop retrieved), and for memory workflows how often a memory update drops a
-  needed fact it had (in its old memory or its observation).
+  needed fact it had (in its old memory or its observation) and how often a sentence it adds
+  appears in no observation of its turn (written, not read).
 
 The facts are the world's supporting sentences (`facts` of each objective row); "held" means
 the sentence appears verbatim in the final context's memory (memsearcher, memory_ops) or in
@@ -49,6 +50,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench.paper_tables import eval_config  # noqa: E402
 from memsearcher_jax.agent.parsing import extract_boxed, parse_tool_calls  # noqa: E402
+from memsearcher_jax.data.demos import FACT_SHAPED_NO_RESULT, NO_RESULT_NOTE  # noqa: E402
 from memsearcher_jax.data.synthetic import objectives_of  # noqa: E402
 from memsearcher_jax.errors import UserInputError  # noqa: E402
 from memsearcher_jax.experiment import (  # noqa: E402
@@ -129,6 +131,16 @@ def failing_block(blocks, failure: str | None) -> str | None:
     return blocks[int(m.group(1))] if m and int(m.group(1)) < len(blocks) else None
 
 
+# The demonstrator's no-result notes (either wording): written by design, read from no observation.
+NO_RESULT = re.compile("|".join(re.escape(n).replace(re.escape("{s}"), r"\S+")
+                                for n in (NO_RESULT_NOTE, FACT_SHAPED_NO_RESULT)))
+
+
+def sentences(memory: str) -> list[str]:
+    """A memory's sentences (the world's facts each end with a full stop)."""
+    return [x for x in re.split(r"(?<=\.)\s+", memory.strip()) if x]
+
+
 def episode(t, row, builder, workflow: str, result=None) -> dict:
     """One episode's account (see the module docstring). result: its RewardResult (None: scored
     here by compute_reward, the reward training and evaluation use by default)."""
@@ -159,7 +171,9 @@ def episode(t, row, builder, workflow: str, result=None) -> dict:
         for i, mem in enumerate(t.memories):
             ob = obs[i] if i < len(obs) else ""
             had = [f for f in facts if f in prev or f in ob]
-            drops.append({"had": len(had), "kept": sum(f in mem for f in had)})
+            new = [x for x in sentences(mem) if x not in prev and not NO_RESULT.fullmatch(x)]
+            drops.append({"had": len(had), "kept": sum(f in mem for f in had), "new": len(new),
+                          "unsupported": sum(x not in ob for x in new)})
             prev = mem
     failed = failing_block(t.final.blocks, result.failure)
     return {"question": row["question"], "answer": answer, "end_reason": t.end_reason, "turns": t.turns,
@@ -221,6 +235,11 @@ def summarize(eps: list[dict]) -> dict:
         "em_if_not_held": (sum(o["em"] for o in objs if not all(o["held"]))
                            / max(1, sum(not all(o["held"]) for o in objs))),
         "update_keep_rate": (sum(u["kept"] for u in ups) / had) if had else None,
+        # New memory sentences (no-result notes aside) found in no observation of their turn: a fact
+        # written from the query or another document instead of read ("Pebas has the job of baker."
+        # where the document said writer).
+        "update_unsupported_rate": (sum(u["unsupported"] for u in ups) / max(1, sum(u["new"] for u in ups))
+                                    if ups else None),
         # Over the episodes that answered: one cut off at the turn limit has no parts to compare.
         "answer_parts_distinct": (sum(len({o["answer"] for o in e["objectives"]}) == len(e["objectives"])
                                       for e in answered) / len(answered)) if answered else None,

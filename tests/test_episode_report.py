@@ -59,7 +59,8 @@ def test_episode_names_searched_retrieved_held_and_dropped_facts():
     o1, o2 = e["objectives"]
     assert (o1["em"], o1["searched_subject"], o1["retrieved"], o1["held"]) == (True, True, [True], [False])
     assert (o2["em"], o2["retrieved"], o2["held"]) == (False, [True, False], [True, False])
-    assert e["updates"] == [{"had": 1, "kept": 1}, {"had": 2, "kept": 1}]
+    assert e["updates"] == [{"had": 1, "kept": 1, "new": 1, "unsupported": 0}, {"had": 2, "kept": 1, "new": 1,
+                                                                                 "unsupported": 0}]
     s = rep.summarize([e])
     assert s["obj_em"] == 0.5 and s["obj_all_retrieved"] == 0.5 and s["obj_all_held"] == 0.0
     assert s["update_keep_rate"] == 2 / 3 and s["end_reasons"] == {"answer": 1}
@@ -114,6 +115,28 @@ def test_failures_are_counted_by_reason_and_a_memory_closed_by_think_is_named():
     assert s["answer_parts_distinct"] == 1.0
     assert rep.summarize([ok, alike, cut])["answer_parts_distinct"] == 0.5
     assert rep.summarize([cut])["answer_parts_distinct"] is None
+
+
+def test_a_memory_sentence_read_from_no_observation_is_counted_as_unsupported():
+    """The update writes the second subject with a value its observation never showed ("Tarvel works
+    for Rome." where the document said Acme): unsupported. A kept sentence and a no-result note
+    (either wording) are not new reads and count for nothing."""
+    rep = _report()
+    t = Trajectory(traj_id=0, group_id=0, question=ROW["question"], golds=[["Rome"], ["Oslo"]])
+    _turn(t, "Lopa born", "Doc 1 Lopa was born in Rome.", "Lopa was born in Rome.")
+    _turn(t, "Tarvel works", "Doc 1 Tarvel works for Acme.", "Lopa was born in Rome. Tarvel works for Rome.")
+    _turn(t, "Acme based", "Doc 1 Zed is in Oslo.", "Lopa was born in Rome. Tarvel works for Rome. Acme: no result.")
+    _turn(t, "Acme city", "Doc 1 Zed is in Oslo.",
+          "Lopa was born in Rome. Tarvel works for Rome. Nothing found about Acme yet. Acme is in Oslo.")
+    t.conversations.append(Conversation(prompt_ids=[1], blocks=["<think>m</think>\n\\boxed{Rome; Oslo}"]))
+    t.finish("answer")
+    e = rep.episode(t, ROW, CHARS, "memsearcher")
+    assert [(u["new"], u["unsupported"]) for u in e["updates"]] == [(1, 0), (1, 1), (0, 0), (1, 1)]
+    assert rep.summarize([e])["update_unsupported_rate"] == pytest.approx(2 / 3)
+    assert rep.sentences(" A b. C d.  ") == ["A b.", "C d."]
+    assert rep.NO_RESULT.fullmatch("Nothing found about Acme yet.") and rep.NO_RESULT.fullmatch("Acme: no result.")
+    assert not rep.NO_RESULT.fullmatch("Acme is in Oslo.")
+    assert rep.summarize([rep.episode(t, ROW, CHARS, "react")])["update_unsupported_rate"] is None
 
 
 def test_objectives_split_by_hops_searched_and_each_hop_retrieved():
