@@ -265,16 +265,17 @@ def run_episodes(cfg, setup_n, sampler, args) -> tuple[list[dict], list, list, s
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", required=True, help="a bench/paper_tables.py --out directory")
-    ap.add_argument("--workflows", default="memsearcher,react")
-    ap.add_argument("--models", default="warm_start,grpo")
-    ap.add_argument("--objectives", type=int, default=2)
-    ap.add_argument("--questions", type=int, default=100)
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--run", required=True, help="a bench/paper_tables.py --out directory (required)")
+    ap.add_argument("--workflows", default="memsearcher,react", help="comma-separated workflows of the run")
+    ap.add_argument("--models", default="warm_start,grpo", help="comma-separated, of: " + ", ".join(MODELS))
+    ap.add_argument("--objectives", type=int, default=2, help="questions asked at once in each episode")
+    ap.add_argument("--questions", type=int, default=100, help="episodes per (workflow, model)")
     ap.add_argument("--sampled", action="store_true",
                     help="sample training episodes as GRPO's rollouts do, instead of greedy held-out ones")
     ap.add_argument("--seed", type=int, default=123, help="the sampling seed of --sampled")
-    ap.add_argument("--out", default=None, help="default: RUN/episode_report")
+    ap.add_argument("--out", default=None, help="where the reports go (none given: RUN/episode_report)")
     args = ap.parse_args(argv)
     if args.objectives < 1 or args.questions < 1:
         raise UserInputError(f"--objectives {args.objectives} --questions {args.questions}: expected whole "
