@@ -1,6 +1,6 @@
 """Does GRPO, and not just more training, raise held-out EM? The embedded default, N seeds.
 
-    python bench/learning.py --seeds 3 [--config configs/default.py] [--config.train.steps=30 ...]
+    python bench/learning.py --seeds 3 [--first-seed 0] [--config configs/default.py] [--config.train.steps=30 ...]
 
 Per seed (world, demonstrations, rollouts and data order all change with it; the base model
 is the shipped one): the default job (warm start on the flawed demonstrations, held-out EM,
@@ -30,7 +30,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest, overrides = split_overrides(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
+    ap.add_argument("--seeds", type=int, default=3, help="number of seeds (FIRST..FIRST+N-1)")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first seed: e.g. --first-seed 3 --seeds 1 runs seed 3 alone (a fresh seed, once a "
+                         "setting was chosen on 0-2)")
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
     ap.add_argument("--out", default="runs/bench_learning", help="parent output directory")
     ap.add_argument("--no-control", action="store_true", help="skip the extra-SFT control")
@@ -39,7 +42,11 @@ def main(argv=None) -> int:
                     help="start over in OUT/seedN where an earlier run of this bench is (removes what that run "
                          "wrote there, nothing else); without it such a directory is refused")
     args = ap.parse_args(rest)
-    refused = check_out(args.out, args.seeds, args.fresh)
+    if args.seeds < 1 or args.first_seed < 0:
+        print(f"bench/learning.py: --seeds {args.seeds} --first-seed {args.first_seed}: expected --seeds >= 1 and "
+              "--first-seed >= 0", file=sys.stderr)
+        return 2
+    refused = check_out(args.out, seed_range(args), args.fresh)
     if refused:
         print(f"bench/learning.py: {refused}", file=sys.stderr)
         return 2
@@ -52,7 +59,11 @@ def main(argv=None) -> int:
           "EM after RFT (same rollouts) | GRPO minutes | job minutes |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seed, b, a, c, n, r, gm, m in rows:
-        print(f"| {seed} | {b:.1f} | {a:.1f} | {c:.1f} | {n} | {r:.1f} | {gm:.1f} | {m:.1f} |")
+        cells = [str(seed), f"{b:.1f}", f"{a:.1f}"]
+        cells += ["not run", "-"] if args.no_control else [f"{c:.1f}", str(n)]
+        cells += ["not run"] if args.no_rft else [f"{r:.1f}"]
+        cells += [f"{gm:.1f}", f"{m:.1f}"]
+        print("| " + " | ".join(cells) + " |")
     if not args.no_rft:
         print(f"GRPO beats RFT on {sum(r[2] > r[5] for r in rows)} of {len(rows)} seeds")
     before = sum(r[1] for r in rows) / len(rows)
@@ -64,13 +75,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_out(out: str, seeds: int, fresh: bool) -> str:
+def seed_range(args) -> range:
+    return range(args.first_seed, args.first_seed + args.seeds)
+
+
+def check_out(out: str, seeds: range, fresh: bool) -> str:
     """Why --out must not be used (checked before any seed trains), "" when it may: under a file,
     or holding a seed's directory already without --fresh (its results would be replaced)."""
     path = os.path.abspath(os.path.expanduser(out))
     if not os.path.isdir(existing_parent(path)):
         return f"--out {out}: {existing_parent(path)} is a file, not a directory; give a new directory"
-    used = [os.path.join(path, f"seed{s}") for s in range(seeds)
+    used = [os.path.join(path, f"seed{s}") for s in seeds
             if os.path.isdir(os.path.join(path, f"seed{s}")) and os.listdir(os.path.join(path, f"seed{s}"))]
     if used and not fresh:
         return (f"--out {out} already holds {used[0]}: an earlier run's results would be replaced; give a new "
@@ -82,7 +97,7 @@ def run_seeds(args, overrides) -> list[tuple]:
     """The job and its controls per seed: a row (seed, EM before, after, control, control steps, RFT,
     GRPO minutes, job minutes) each."""
     rows = []
-    for seed in range(args.seeds):
+    for seed in seed_range(args):
         cfg = load_config(args.config, overrides)
         cfg.train.seed = seed
         cfg.world.seed = seed
