@@ -66,6 +66,9 @@ from memsearcher_jax.models import from_pretrained, save_pretrained
 from memsearcher_jax.rft import rft_control
 from memsearcher_jax.run_dir import existing_parent
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.paper_targets import target_lines  # noqa: E402
+
 WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
 OBJECTIVES = (1, 2, 4, 8, 16)
 BUDGETS = (16, 32, 64, 128)
@@ -388,6 +391,7 @@ def tables_markdown(report: dict) -> str:
                else "the trained model evaluated at each budget")
         parts += [f"## Table 4: memsearcher against its memory budget ({how}; {n} objectives)", "",
                   table4(report["budgets"]), ""]
+    parts += ["## The papers' claims as targets (bench/paper_targets.py)", "", *target_lines(report, n2), ""]
     return "\n".join(parts)
 
 
