@@ -7,8 +7,8 @@ import pytest
 from memsearcher_jax.agent.parsing import ActKind
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
-from memsearcher_jax.data.demos import FLAWS, DemoConfig, demo_stats, make_demonstrations
 from memsearcher_jax.data import demos as _demos
+from memsearcher_jax.data.demos import FLAWS, DemoConfig, demo_stats, make_demonstrations
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.qa_metrics import compute_reward, token_f1
@@ -496,7 +496,6 @@ def test_a_no_result_note_without_its_subject_is_refused(note):
 def test_the_default_job_and_the_tables_word_the_note_as_measured():
     """The default job keeps the wording its base was pretrained on; the tables the fact-shaped one."""
     import bench.paper_tables as pt
-
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.data import demos as demos_mod
     from memsearcher_jax.experiment import demo_config
