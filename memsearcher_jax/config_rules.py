@@ -317,8 +317,8 @@ def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[
         problems.append(f"sft.early_two_hop must be one of {', '.join(EARLY_TWO_HOP)}, got {cfg.sft.early_two_hop!r}")
     if cfg.sft.get("early_several", "first_hop") not in EARLY_SEVERAL:
         problems.append(f"sft.early_several must be one of {', '.join(EARLY_SEVERAL)}, got {cfg.sft.early_several!r}")
-    if "no_result_note" in cfg.sft and no_result_note_problem(cfg.sft.no_result_note):
-        problems.append(no_result_note_problem(cfg.sft.no_result_note))
+    if "no_result_note" in cfg.sft and (why := no_result_note_problem(cfg.sft.no_result_note)):
+        problems.append(why)
     if cfg.sft.get("max_batch_tokens", 0) < 0:
         problems.append(f"sft.max_batch_tokens={cfg.sft.max_batch_tokens}: padded slots per SFT micro-batch, "
                         "expected >= 0 (0: no split)")

@@ -133,8 +133,8 @@ class DemoConfig:
             raise ValueError(f"early_several must be one of {EARLY_SEVERAL}, got {self.early_several!r}")
         if self.top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
-        if no_result_note_problem(self.no_result_note):
-            raise ValueError(no_result_note_problem(self.no_result_note))
+        if why := no_result_note_problem(self.no_result_note):
+            raise ValueError(why)
         if self.workflow not in RECORDERS:
             raise ValueError(f"workflow must be one of the recorded formats {tuple(RECORDERS)}, got {self.workflow!r}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
