@@ -37,6 +37,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,7 +65,7 @@ from memsearcher_jax.experiment import (
 from memsearcher_jax.jobs import restore_policy, train_job
 from memsearcher_jax.models import from_pretrained, save_pretrained
 from memsearcher_jax.rft import rft_control
-from memsearcher_jax.run_dir import existing_parent
+from memsearcher_jax.run_dir import STAGING_PREFIX, existing_parent, prepare_output_dir
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.paper_targets import target_lines  # noqa: E402
@@ -280,12 +281,33 @@ def budget_sweep(cfg, budgets, out: str, eval_questions: int, train_each: bool, 
         for b in budgets:
             name = f"memsearcher_budget{b}"
             bcfg = workflow_config(cfg, "memsearcher", os.path.join(out, name), n, memory_budget=b)
+            if not os.path.exists(phase_path(out, name, "train")):
+                share_warm_start(os.path.join(cfg.train.output_dir, "warmstart"), bcfg.train.output_dir)
             res[b] = run_workflow(bcfg, (n,), out, ModelEvaluator(bcfg, eval_questions), warm_objectives=(),
                                   name=name)["grpo"][n]
         return res
     evaluator = evaluator or ModelEvaluator(cfg, eval_questions)
     return {b: run_phase(phase_path(out, "memsearcher", f"budget{b}@{n}"), lambda b=b: evaluator("grpo", n, b))
             for b in budgets}
+
+
+def share_warm_start(warm_start_dir: str, run_dir: str) -> bool:
+    """Put memsearcher's warm start (an HF directory) into a budget run's directory, where
+    train_job reuses a cached warm start instead of training one: the warm start reads no memory
+    budget (the demonstrator writes its memories whatever the cap), so each budget's would be the
+    same model, ~45 min of SFT on 2 cores each. False (nothing done) when there is none to share or
+    the run already has its own. The copy lands whole or not at all (a temporary name, renamed)."""
+    target = os.path.join(run_dir, "warmstart")
+    if not os.path.isfile(os.path.join(warm_start_dir, "config.json")) or os.path.exists(target):
+        return False
+    prepare_output_dir(run_dir, fresh=False)  # the run's marker: train_job resumes in it as its own
+    tmp = os.path.join(run_dir, STAGING_PREFIX + "warmstart")  # the staging name a run's --fresh clears too
+    if os.path.exists(tmp):  # a copy killed midway: a staging directory, never a finished model
+        shutil.rmtree(tmp)
+    shutil.copytree(warm_start_dir, tmp)
+    os.replace(tmp, target)
+    print(f"  warm start shared from {warm_start_dir} (it reads no memory budget)", flush=True)
+    return True
 
 
 # ----------------------------------------------------------------------------- tables (pure)

@@ -14,6 +14,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import paper_tables as pt  # noqa: E402
 
+from memsearcher_jax.run_dir import RUN_MARKER  # noqa: E402
+
 
 def _m(em, f1, peak, per_q, by_turn=()):
     return {"em": em, "f1": f1, "peak_tokens": peak, "tokens_per_question": per_q, "turns": 2.0,
@@ -355,6 +357,38 @@ def test_budget_training_trains_one_run_per_budget_each_resumable(tmp_path, monk
     job.calls.clear()
     pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
     assert job.calls == []
+
+
+def test_budget_runs_start_from_memsearchers_warm_start_when_there_is_one(tmp_path, monkeypatch):
+    """--budget-training: the warm start reads no memory budget, so each budget's run reuses
+    memsearcher's (train_job skips a cached warm start) instead of training the same model again;
+    without one, each budget run trains its own as before, and a budget already trained is left."""
+    out = str(tmp_path)
+    cfg = _base_cfg(out, "memsearcher")
+    job = FakeJob()
+    seen = []
+
+    def train(c, resume):
+        ws = os.path.join(c.train.output_dir, "warmstart", "config.json")
+        seen.append((c.agent.memory_budget, os.path.exists(ws) and open(ws).read()))
+        return job.train(c, resume)
+    monkeypatch.setattr(pt, "train_job", train)
+    monkeypatch.setattr(pt, "ModelEvaluator", lambda c, q: job.evaluator("memsearcher"))
+    pt.budget_sweep(cfg, (16,), out, 4, train_each=True)
+    assert seen == [(16, False)] and not os.path.exists(os.path.join(out, "memsearcher_budget16", "warmstart"))
+
+    warm = tmp_path / "memsearcher" / "warmstart"
+    warm.mkdir(parents=True)
+    (warm / "config.json").write_text('{"made_by": "memsearcher"}')
+    (warm / "model.safetensors").write_bytes(b"weights")
+    seen.clear()
+    pt.budget_sweep(cfg, (16, 32), out, 4, train_each=True)
+    assert seen == [(32, '{"made_by": "memsearcher"}')]  # 16 was trained already: skipped, not given a copy
+    copied = tmp_path / "memsearcher_budget32"
+    assert (copied / "warmstart" / "model.safetensors").read_bytes() == b"weights"
+    assert (copied / RUN_MARKER).exists()  # a run directory train_job resumes in as its own
+    assert not any(p.name.startswith(pt.STAGING_PREFIX) for p in copied.iterdir())
+    assert (warm / "config.json").read_text() == '{"made_by": "memsearcher"}'  # the source is left as it was
 
 
 def test_seeds_run_apart_and_table1_gives_mean_and_spread(tmp_path, monkeypatch):
