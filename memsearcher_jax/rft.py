@@ -16,6 +16,7 @@ import math
 import time
 
 import ml_collections
+from tqdm.auto import tqdm
 
 from memsearcher_jax.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
 from memsearcher_jax.jobs import embedding_row_groups, sft_config
@@ -49,19 +50,25 @@ def kept_trajectories(trajs, results, min_reward: float = MIN_REWARD) -> list:
     return [t for t, r in zip(trajs, results) if r.format_ok and r.reward >= min_reward]
 
 
-def sample_rollouts(cfg: ml_collections.ConfigDict, setup: Setup, model) -> list[tuple[list, list]]:
+def sample_rollouts(cfg: ml_collections.ConfigDict, setup: Setup, model, min_reward: float = MIN_REWARD,
+                    progress: bool = True) -> list[tuple[list, list]]:
     """GRPO's rollouts without its updates: per training step, that step's questions (the same
     data order, `rl.trainer.batch_for_step`) x rl.group_size samples, with the training sampling
-    settings. Returns [(trajectories, reward results)] per step."""
+    settings. Returns [(trajectories, reward results)] per step. `progress`: a bar by step, with
+    the trajectories kept so far (reward >= min_reward; the sampling takes as long as GRPO's rollouts)."""
     runner = training_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
     reward_fn = load_reward_fn(cfg.rl.reward_fn)
     b, g = cfg.rl.batch_questions, cfg.rl.group_size
-    out = []
-    for step in range(cfg.train.steps):
+    out, kept = [], 0
+    bar = tqdm(range(cfg.train.steps), desc="RFT sampling", unit="step", disable=not progress)
+    for step in bar:
         questions, _ = batch_for_step(setup.train_questions, step, b, cfg.train.seed)
         trajs = runner.run(questions, group_size=g, seed=cfg.train.seed * 1_000_003 + step,
                            first_group_id=step * b, first_traj_id=step * b * g)
         out.append((trajs, score_trajectories(trajs, reward_fn)))
+        kept += len(kept_trajectories(*out[-1], min_reward))
+        bar.set_postfix(kept=f"{kept}/{(step + 1) * b * g}")
+    bar.close()
     return out
 
 
@@ -72,7 +79,7 @@ def rft_control(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, se
     learning rate, as `jobs.extra_sft` does, with the same tied embedding rows."""
     t0 = time.perf_counter()
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
-    steps = sample_rollouts(cfg, setup, policy)
+    steps = sample_rollouts(cfg, setup, policy, min_reward)
     sampled = sum(len(trajs) for trajs, _ in steps)
     kept = [t for trajs, results in steps for t in kept_trajectories(trajs, results, min_reward)]
     sample_seconds = time.perf_counter() - t0

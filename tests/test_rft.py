@@ -25,7 +25,7 @@ def test_kept_trajectories_needs_the_threshold_and_the_format():
 
 
 @pytest.mark.slow
-def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch):
+def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch, capsys):
     from memsearcher_jax import rft
     from memsearcher_jax.experiment import build_setup, load_policy
     from memsearcher_jax.models import save_pretrained
@@ -36,7 +36,7 @@ def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch):
     save_pretrained(load_policy(cfg, setup, lora=False), model_dir, tokenizer_dir=setup.tokenizer_dir)
     sampled, trained = [], []
     real_sample = rft.sample_rollouts
-    monkeypatch.setattr(rft, "sample_rollouts", lambda *a: sampled.extend(real_sample(*a)) or sampled)
+    monkeypatch.setattr(rft, "sample_rollouts", lambda *a, **k: sampled.extend(real_sample(*a, **k)) or sampled)
 
     def fake_sft(model, convs, config, pad_id, optim=None, seconds=None, tied_rows=None, min_steps=0):
         trained.extend(convs)
@@ -54,3 +54,6 @@ def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch):
     assert got.steps == -(-len(want) // cfg.sft.batch_size)  # at least one pass over the kept rows
     # the two steps asked different questions (GRPO's data order)
     assert {t.question for t in sampled[0][0]} != {t.question for t in sampled[1][0]}
+    # the sampling shows its progress: steps, and the trajectories kept of those sampled so far
+    bar = capsys.readouterr().err
+    assert "RFT sampling" in bar and "2/2" in bar and f"kept={got.kept}/{got.sampled}" in bar
