@@ -578,7 +578,9 @@ def main(argv=None) -> int:
         combined.pop("seed")
         with open(os.path.join(os.path.abspath(args.out), "results.json"), "w", encoding="utf-8") as f:
             json.dump(combined, f, indent=1)
-        text = seeds_table1(reports)
+        mean = seed_mean_report(reports)
+        text = "\n".join([seeds_table1(reports), "", "The papers' claims on the mean over these seeds "
+                          "(bench/paper_targets.py):", "", *target_lines(mean, table2_objectives(mean))])
         with open(os.path.join(os.path.abspath(args.out), "table1_seeds.md"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
         print("\n" + text, flush=True)
@@ -604,6 +606,65 @@ def seeds_table1(reports: dict) -> str:
             if any(c != "—" for c in cells):
                 lines.append(f"| {w} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _pooled_by_turn(rows_by_seed: list[list[dict]]) -> list[dict]:
+    """Prompt tokens by turn over seeds: each turn's mean weighted by its episodes, the max of the
+    maxima, the episodes summed (the same rows as one evaluation of all the seeds' episodes)."""
+    turns = {}
+    for rows in rows_by_seed:
+        for r in rows:
+            t = turns.setdefault(r["turn"], {"turn": r["turn"], "sum": 0.0, "max": 0, "n": 0})
+            t["sum"] += r["mean"] * r["n"]
+            t["max"] = max(t["max"], r["max"])
+            t["n"] += r["n"]
+    return [{"turn": t["turn"], "mean": t["sum"] / t["n"] if t["n"] else 0.0, "max": t["max"], "n": t["n"]}
+            for _, t in sorted(turns.items())]
+
+
+def _over_seeds(key: str, values: list):
+    """A figure over seeds: the largest of a maximum (peak_tokens_max), else the mean."""
+    return max(values) if key.endswith("_max") else statistics.mean(values)
+
+
+def seed_mean_report(reports: dict) -> dict:
+    """One report whose every figure is the mean over the seeds that have it: per workflow, model
+    and objective count, each scalar that every seed measured (a phase one seed lacks is left out,
+    so a claim reads the seeds' common ground; a maximum is the largest); prompt tokens by turn
+    pooled; a memory budget from the seeds that ran it. What bench/paper_targets.py checks for the seeds together."""
+    seeds = sorted(reports)
+    first = reports[seeds[0]]
+    out = {k: first.get(k) for k in ("train_objectives", "objectives", "eval_questions")}
+    out["workflows"] = {}
+    for w in first["workflows"]:
+        runs = [reports[s]["workflows"].get(w) for s in seeds]
+        if any(r is None for r in runs):
+            continue
+        res = {}
+        for key in ("grpo_minutes", "job_minutes"):
+            if all(key in r for r in runs):
+                res[key] = statistics.mean(r[key] for r in runs)
+        for model in ("warm_start", "grpo", "rft"):
+            by_n = [{int(n): m for n, m in (r.get(model) or {}).items()} for r in runs]
+            common = set.intersection(*(set(b) for b in by_n))
+            cells = {}
+            for n in sorted(common):
+                ms = [b[n] for b in by_n]
+                cell = {k: _over_seeds(k, [m[k] for m in ms]) for k in SCALARS
+                        if all(m.get(k) is not None for m in ms)}
+                if all("prompt_tokens_by_turn" in m for m in ms):
+                    cell["prompt_tokens_by_turn"] = _pooled_by_turn([m["prompt_tokens_by_turn"] for m in ms])
+                cells[n] = cell
+            if cells:
+                res[model] = cells
+        out["workflows"][w] = res
+    budgets = {}
+    for s in seeds:
+        for b, m in (reports[s].get("budgets") or {}).items():
+            budgets.setdefault(int(b), []).append(m)
+    out["budgets"] = {b: {k: _over_seeds(k, [m[k] for m in ms]) for k in SCALARS
+                          if all(m.get(k) is not None for m in ms)} for b, ms in budgets.items()}
+    return out
 
 
 def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -> dict:

@@ -411,6 +411,42 @@ def test_seeds_run_apart_and_table1_gives_mean_and_spread(tmp_path, monkeypatch)
     table = (tmp_path / "table1_seeds.md").read_text()
     assert "| react | GRPO | 50.0 (50.0-50.0) | 50.0 (50.0-50.0) |" in table
     assert "| react | warm start only | 10.0 (10.0-10.0) |" in table
+    # the claims, checked on the seeds' mean (react alone: the memsearcher claims are not measured)
+    assert "The papers' claims on the mean over these seeds" in table
+    assert "- **met**: GRPO >= warm start + 20 at 2 questions, every workflow (react +40.0)" in table
+
+
+def test_the_seed_mean_report_averages_what_every_seed_measured():
+    """Each figure is the mean over seeds of what all of them measured; a phase one seed lacks is
+    left out; peak maxima take the largest; prompt tokens by turn pool the episodes; budgets come
+    from the seeds that ran them."""
+    one = {"train_objectives": 2, "objectives": [1, 2, 4], "eval_questions": 100,
+           "budgets": {"16": _m(0.2, 0.3, 90, 1)},
+           "workflows": {"memsearcher": {"grpo_minutes": 10.0,
+                                         "warm_start": {"2": _m(0.10, 0.2, 100, 1)},
+                                         "grpo": {"1": {**_m(0.8, 0.9, 100, 1), "peak_tokens_max": 120},
+                                                  "2": _m(0.30, 0.4, 100, 1, [(100, 110, 10), (50, 60, 2)]),
+                                                  "4": _m(0.2, 0.3, 150, 1)}},
+                         "react": {"grpo": {"2": _m(0.5, 0.6, 300, 1)}}}}
+    two = {"train_objectives": 2, "objectives": [1, 2, 4], "eval_questions": 100,
+           "workflows": {"memsearcher": {"grpo_minutes": 20.0,
+                                         "warm_start": {2: _m(0.20, 0.3, 100, 1)},
+                                         "grpo": {1: {**_m(0.6, 0.7, 100, 1), "peak_tokens_max": 150},
+                                                  2: _m(0.50, 0.6, 120, 1, [(200, 210, 30)])}}}}
+    mean = pt.seed_mean_report({0: one, 1: two})
+    ms = mean["workflows"]["memsearcher"]
+    assert ms["grpo_minutes"] == 15.0
+    assert ms["warm_start"][2]["em"] == pytest.approx(0.15)
+    assert ms["grpo"][1]["em"] == pytest.approx(0.7) and ms["grpo"][1]["peak_tokens_max"] == 150
+    assert ms["grpo"][2]["em"] == pytest.approx(0.4) and ms["grpo"][2]["peak_tokens"] == pytest.approx(110)
+    assert 4 not in ms["grpo"]  # seed 1 never evaluated 4 objectives
+    assert "react" not in mean["workflows"]  # nor ran react
+    assert ms["grpo"][2]["prompt_tokens_by_turn"] == [{"turn": 1, "mean": pytest.approx(175.0), "max": 210, "n": 40},
+                                                      {"turn": 2, "mean": 50.0, "max": 60, "n": 2}]
+    assert mean["budgets"] == {16: pytest.approx({k: v for k, v in _m(0.2, 0.3, 90, 1).items()
+                                                  if k in pt.SCALARS})}
+    # the targets read it as one report
+    assert "memsearcher +25.0" in pt.target_lines(mean)[0]
 
 
 def test_eval_gives_each_objective_memory_and_table2_reads_four_objectives():
