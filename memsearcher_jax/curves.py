@@ -5,18 +5,15 @@ whole across resumes), so they show the whole run whatever was resumed.
 """
 from __future__ import annotations
 
-import json
 import os
+
+from memsearcher_jax.jsonl import read_jsonl_if_exists
 
 CURVES = (("reward_mean", "training reward"), ("em", "training EM"), ("turns_per_trajectory", "turns per trajectory"))
 
 
 def read_metrics(out_dir: str) -> list[dict]:
-    path = os.path.join(out_dir, "logs", "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl_if_exists(os.path.join(out_dir, "logs", "metrics.jsonl"))
 
 
 def curve_table(metrics: list[dict], rows: int = 10) -> str:

@@ -15,7 +15,6 @@ or retrievers (it gets the questions and a built turn loop).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -56,6 +55,7 @@ from memsearcher_jax.data.synthetic import join_objectives, mix_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
+from memsearcher_jax.jsonl import read_jsonl
 from memsearcher_jax.memory_estimates import lora_fields, turn_loop_buckets
 from memsearcher_jax.models import (
     CausalLM,
@@ -87,11 +87,6 @@ class Setup:
     world: Any = None
     eval_sets: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # name -> questions
     missing_eval_sets: dict[str, str] = dataclasses.field(default_factory=dict)  # paper sets not found: why
-
-
-def read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:

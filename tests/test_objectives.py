@@ -263,7 +263,8 @@ def test_setup_asks_world_objectives_questions_in_train_and_eval():
 
 
 def test_demo_objectives_mix_counts_in_equal_shares():
-    from memsearcher_jax.experiment import build_setup, demo_questions, read_jsonl
+    from memsearcher_jax.experiment import build_setup, demo_questions
+    from memsearcher_jax.jsonl import read_jsonl
 
     cfg = _cfg(objectives=2)
     setup = build_setup(cfg)

@@ -33,6 +33,8 @@ import os
 import random
 from typing import Any
 
+from memsearcher_jax.jsonl import read_jsonl, write_jsonl
+
 ONSETS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 CODAS = "nrsl"
@@ -392,24 +394,6 @@ def _split_by_question(rows: list, seed: int, fraction: float) -> list:
     return [(i in held_idx, row) for i, (_, row) in enumerate(rows)]
 
 
-def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not a JSON object per line ({e})") from e
-    return rows
-
-
 WORLD_FILES = ("corpus.jsonl", "train.jsonl", "heldout.jsonl", "entities.json")
 
 
@@ -417,9 +401,9 @@ def save_world(world: World, out_dir: str) -> dict[str, str]:
     """Write corpus.jsonl, train.jsonl, heldout.jsonl and entities.json; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {f.split(".")[0]: os.path.join(out_dir, f) for f in WORLD_FILES}
-    _write_jsonl(paths["corpus"], world.corpus)
-    _write_jsonl(paths["train"], world.train)
-    _write_jsonl(paths["heldout"], world.heldout)
+    write_jsonl(paths["corpus"], world.corpus)
+    write_jsonl(paths["train"], world.train)
+    write_jsonl(paths["heldout"], world.heldout)
     with open(paths["entities"], "w", encoding="utf-8") as f:
         json.dump({"seed": world.seed, "entities": world.entities}, f, indent=1, sort_keys=True)
     return paths
@@ -435,9 +419,9 @@ def load_world(world_dir: str) -> World:
     with open(os.path.join(world_dir, "entities.json"), encoding="utf-8") as f:
         meta = json.load(f)
     return World(seed=meta["seed"], entities=meta["entities"],
-                 corpus=_read_jsonl(os.path.join(world_dir, "corpus.jsonl")),
-                 train=_read_jsonl(os.path.join(world_dir, "train.jsonl")),
-                 heldout=_read_jsonl(os.path.join(world_dir, "heldout.jsonl")))
+                 corpus=read_jsonl(os.path.join(world_dir, "corpus.jsonl")),
+                 train=read_jsonl(os.path.join(world_dir, "train.jsonl")),
+                 heldout=read_jsonl(os.path.join(world_dir, "heldout.jsonl")))
 
 
 # ----------------------------------------------------------------------------- multi-objective questions

@@ -14,6 +14,7 @@ import jax
 import ml_collections
 from safetensors import safe_open
 
+from memsearcher_jax.jsonl import read_jsonl_if_exists
 from memsearcher_jax.models import Qwen2, save_pretrained
 from memsearcher_jax.pretrain.phases import phase_records
 from memsearcher_jax.pretrain.probes import FINAL_SEED, base_probe, final_probe, pair_probe
@@ -31,11 +32,7 @@ def _sha256(path: str) -> str:
 
 def read_history(log_dir: str) -> list[dict]:
     """(step, loss, probe accuracy) of every logged step, for the manifest."""
-    path = os.path.join(log_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_jsonl_if_exists(os.path.join(log_dir, "metrics.jsonl"))
     keys = {"probe": "probe_accuracy", "probe_all_lengths": "probe_all_lengths", "probe_multi": "probe_multi",
             "probe_worst_relation": "probe_worst_relation"}
     out, last = [], 0
