@@ -71,9 +71,10 @@ def main(argv=None) -> int:
         ap.error(f"--react-share must be in [0, 1], got {args.react_share}")
 
     from memsearcher_jax.experiment import agent_config, build_sampler, build_setup, sampling_mesh
-    from memsearcher_jax.jobs import restore_policy, warm_start
+    from memsearcher_jax.jobs import restore_policy
     from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.rl.grpo import score_trajectories
+    from memsearcher_jax.warm_start import warm_start
 
     ws = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
     cached = os.path.isfile(os.path.join(ws, "config.json"))

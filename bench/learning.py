@@ -21,9 +21,10 @@ import time
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import build_setup
-from memsearcher_jax.jobs import extra_sft, held_out_em, train_job
+from memsearcher_jax.jobs import held_out_em, train_job
 from memsearcher_jax.rft import rft_control
 from memsearcher_jax.run_dir import existing_parent
+from memsearcher_jax.warm_start import extra_sft
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ conversations (the generated tokens only, as SFT trains demonstrations) for at l
 GRPO took in all (sampling + fine-tuning >= `seconds`), and at least one pass over the kept rows.
 This is the paper's comparison (RL against supervised training on the same data, MemSearcher
 Table 1) with the data the policy itself produced, which GRPO also sees; unlike the older control
-(`jobs.extra_sft`: more of the demonstrator's episodes) it can unlearn the demonstrator's habits.
+(`warm_start.extra_sft`: more of the demonstrator's episodes) it can unlearn the demonstrator's habits.
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from memsearcher_jax.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
-from memsearcher_jax.jobs import embedding_row_groups, sft_config
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import sft_train
 from memsearcher_jax.rl.trainer import batch_for_step
+from memsearcher_jax.warm_start import embedding_row_groups, sft_config
 
 # A trajectory is kept when its reward reaches this: every objective answered exactly right
 # (the reward is F1-based, so 1.0 means token F1 1 on every part).
@@ -76,7 +76,7 @@ def rft_control(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, se
                 min_reward: float = MIN_REWARD) -> RFTResult:
     """RFT from the model in `model_dir` (the warm start): sample, keep, fine-tune for at least
     `seconds` in all (see the module docstring). The fine-tuning runs at the warm start's final
-    learning rate, as `jobs.extra_sft` does, with the same tied embedding rows."""
+    learning rate, as `warm_start.extra_sft` does, with the same tied embedding rows."""
     t0 = time.perf_counter()
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     steps = sample_rollouts(cfg, setup, policy, min_reward)

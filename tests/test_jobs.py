@@ -88,7 +88,7 @@ def test_export_from_a_missing_checkpoint_names_it(tmp_path, capsys):
 def _recording_warm_start(tmp_path, monkeypatch, overrides=(), **sft):
     """The default config (the shipped reading base unless `overrides` say otherwise) with `sft`
     set, its set-up, and sft_train replaced by a recorder of each call's (conversations, tied rows)."""
-    from memsearcher_jax import jobs
+    from memsearcher_jax import warm_start as ws
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import build_setup
 
@@ -96,19 +96,19 @@ def _recording_warm_start(tmp_path, monkeypatch, overrides=(), **sft):
     cfg.sft.update(steps=1, **sft)
     setup = build_setup(cfg)
     calls = []
-    monkeypatch.setattr(jobs, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
+    monkeypatch.setattr(ws, "sft_train", lambda model, convs, config, pad_id, tied_rows=None:
                         (calls.append((convs, tied_rows)) or model, [{"loss": 0.0}]))
     return cfg, setup, calls
 
 
 def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
     """sft.* flaw rates and react_share reach the demonstrations the warm start trains on."""
-    from memsearcher_jax import jobs
+    from memsearcher_jax import warm_start as ws
 
     cfg, setup, calls = _recording_warm_start(
         tmp_path, monkeypatch, SMALL, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
         wrong_answer_rate=0.0, early_answer_rate=0.0, early_two_hop="first_hop")
-    out = jobs.warm_start(cfg, setup, str(tmp_path / "ws"))
+    out = ws.warm_start(cfg, setup, str(tmp_path / "ws"))
     assert os.path.isfile(os.path.join(out, "config.json"))
     rows = setup.train_questions[:30]
     seen = calls[0][0]
@@ -122,7 +122,7 @@ def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
             assert "\\boxed{" + row["intermediate"] + "}" in text
     # sft.early_two_hop reaches them too: "no_search" 2-hop demos guess before any search.
     cfg.sft.early_two_hop = "no_search"
-    jobs.warm_start(cfg, setup, str(tmp_path / "ws2"))
+    ws.warm_start(cfg, setup, str(tmp_path / "ws2"))
     seen = calls[1][0]
     two_hop = [(conv, row) for conv, row in zip(seen, rows) if row["hops"] == 2]
     assert two_hop and all("<tool_call>" not in b.decode(conv.response_ids) for conv, _ in two_hop)
@@ -133,7 +133,7 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
     names, training and held-out entities alike) and value groups; off, it gets none; "auto" (the
     default) ties on a reading base and not on a model without a reading vocabulary, where True is
     refused with the key's name before any training; any other value is refused."""
-    from memsearcher_jax import jobs
+    from memsearcher_jax import warm_start as ws
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
     from memsearcher_jax.errors import UserInputError
@@ -141,11 +141,11 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
 
     cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=10)
     assert cfg.sft.tie_embedding_rows == "auto"  # the default
-    jobs.warm_start(cfg, setup, str(tmp_path / "auto"))
+    ws.warm_start(cfg, setup, str(tmp_path / "auto"))
     cfg.sft.tie_embedding_rows = "False"  # as --config.sft.tie_embedding_rows=False gives it
-    jobs.warm_start(cfg, setup, str(tmp_path / "off"))
+    ws.warm_start(cfg, setup, str(tmp_path / "off"))
     cfg.sft.tie_embedding_rows = "True"
-    jobs.warm_start(cfg, setup, str(tmp_path / "on"))
+    ws.warm_start(cfg, setup, str(tmp_path / "on"))
     got = [tied for _, tied in calls]
     assert got[1] is None
     vocab = ReadingVocab.load(setup.tokenizer_dir)
@@ -161,14 +161,14 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
 
     plain = load_config(os.path.join(ROOT, "configs/default.py"), SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
     plain_setup = build_setup(plain)
-    assert jobs.embedding_row_groups(plain, plain_setup) is None  # auto: nothing to tie on this model
+    assert ws.embedding_row_groups(plain, plain_setup) is None  # auto: nothing to tie on this model
     plain.sft.tie_embedding_rows = "True"
     with pytest.raises(UserInputError, match="sft.tie_embedding_rows"):
-        jobs.warm_start(plain, plain_setup, str(tmp_path / "plain"))
+        ws.warm_start(plain, plain_setup, str(tmp_path / "plain"))
     assert not os.path.exists(tmp_path / "plain")
     plain.sft.tie_embedding_rows = "sometimes"
     with pytest.raises(UserInputError, match="sft.tie_embedding_rows='sometimes'"):
-        jobs.embedding_row_groups(plain, plain_setup)
+        ws.embedding_row_groups(plain, plain_setup)
 
 
 
@@ -177,7 +177,7 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
     rows with every world name (training and held-out) replaced by a reserved name the world does
     not use; a model without a reading vocabulary is refused by name (a rate outside [0, 1]:
     test_validation.py, up front). A warm start builds its name table once."""
-    from memsearcher_jax import jobs
+    from memsearcher_jax import warm_start as ws
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.data.name_swap import NameTable
     from memsearcher_jax.data.vocab import ReadingVocab
@@ -186,14 +186,14 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
 
     cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=12)
     assert cfg.sft.name_swap_rate == 0.0  # the default
-    demos = jobs.flawed_demonstrations(cfg, setup)
-    jobs.warm_start(cfg, setup, str(tmp_path / "plain"), jobs.warm_start_inputs(cfg, setup, demos))
+    demos = ws.flawed_demonstrations(cfg, setup)
+    ws.warm_start(cfg, setup, str(tmp_path / "plain"), ws.warm_start_inputs(cfg, setup, demos))
     cfg.sft.name_swap_rate = 1.0
     builds, build = [], NameTable.build
     monkeypatch.setattr(NameTable, "build", classmethod(lambda cls, *a: builds.append(a) or build(*a)))
     # as train_job runs it: the checks and inputs first, then the warm start on them
-    checked = jobs.prepare_warm_start(cfg, setup, str(tmp_path / "run"), fresh=True)
-    jobs.warm_start(cfg, setup, str(tmp_path / "swapped"), checked)
+    checked = ws.prepare_warm_start(cfg, setup, str(tmp_path / "run"), fresh=True)
+    ws.warm_start(cfg, setup, str(tmp_path / "swapped"), checked)
     assert len(builds) == 1  # it was built twice: once to check the rate, once for the rows
     (plain, _), (swapped, _) = calls
     assert [c.loss_mask for c in plain] == [c.loss_mask for c in swapped]
@@ -206,4 +206,4 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
                             SMALL + [("world.cache_dir", str(tmp_path / "w2"))])
     plain_cfg.sft.update(steps=1, name_swap_rate=0.5)
     with pytest.raises(UserInputError, match="sft.name_swap_rate=0.5.*reading_vocab.json"):
-        jobs.prepare_warm_start(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)
+        ws.prepare_warm_start(plain_cfg, build_setup(plain_cfg), str(tmp_path / "p"), fresh=True)

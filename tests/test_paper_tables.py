@@ -119,7 +119,7 @@ def test_quick_overrides_yield_to_the_command_line():
 
 def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_line_wins():
     from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.jobs import warm_start_steps
+    from memsearcher_jax.warm_start import warm_start_steps
 
     config = os.path.join(ROOT, "configs/default.py")
     default = load_config(config)

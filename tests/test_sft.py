@@ -137,7 +137,7 @@ def test_sft_learns_a_pattern_fast():
 
 
 def test_sft_train_stops_on_the_clock_and_takes_the_optimizer_it_is_given():
-    # jobs.extra_sft (the GRPO control) runs sft_train for a wall-clock budget at a constant rate.
+    # warm_start.extra_sft (the GRPO control) runs sft_train for a wall-clock budget at a constant rate.
     from memsearcher_jax.rl.learner import OptimConfig
 
     rng = np.random.default_rng(2)
@@ -154,7 +154,7 @@ def test_sft_train_stops_on_the_clock_and_takes_the_optimizer_it_is_given():
 
 
 def test_sft_train_moves_tied_embedding_rows_together():
-    # jobs.warm_start with sft.tie_embedding_rows: a group's rows (a type's names) get one update, so a
+    # warm_start.warm_start with sft.tie_embedding_rows: a group's rows (a type's names) get one update, so a
     # name the demonstrations never show (100) moves with the ones they do (70, 71); untied they part.
     rng = np.random.default_rng(3)
     convs = [Conversation(prompt_ids=rng.integers(10, 60, 8).tolist(), response_ids=[70, 71, 2], loss_mask=[1, 1, 1])

@@ -76,7 +76,7 @@ def test_max_batch_tokens_is_checked():
         SFTConfig(max_batch_tokens=-1)
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import config_problems
-    from memsearcher_jax.jobs import sft_config
+    from memsearcher_jax.warm_start import sft_config
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), [])
     assert cfg.sft.max_batch_tokens == 0 and sft_config(cfg, 10).max_batch_tokens == 0  # default: never split

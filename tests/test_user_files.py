@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from memsearcher_jax import jobs
+from memsearcher_jax import jobs, warm_start
 from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.cli import main
 from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER
@@ -172,7 +172,7 @@ def test_fresh_removes_nothing_when_the_job_fails_before_its_first_step(tmp_path
     turns) fails before the earlier run is removed, not after."""
     def fails(*a, **k):
         raise RuntimeError("row 0: script did not answer within 4 turns")
-    monkeypatch.setattr(jobs, "make_demonstrations", fails)
+    monkeypatch.setattr(warm_start, "make_demonstrations", fails)
     run = _marked_run(tmp_path / "run")
     before = _files(run)
     with pytest.raises(RuntimeError, match="did not answer"):

@@ -525,7 +525,7 @@ def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path
     # The warm start imitated demonstrations recorded in this workflow's format.
     from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import build_setup
-    from memsearcher_jax.jobs import flawed_demonstrations
+    from memsearcher_jax.warm_start import flawed_demonstrations
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), list(overrides.items()))
     demos = flawed_demonstrations(cfg, build_setup(cfg))

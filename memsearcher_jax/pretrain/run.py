@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder
+from memsearcher_jax.console import log
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab, value_groups
 from memsearcher_jax.errors import UserInputError
@@ -57,7 +58,7 @@ from memsearcher_jax.run_dir import (
 
 
 def _log(msg: str):
-    print(f"[pretrain {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    log(msg, "pretrain")
 
 
 def _readable(read, ckpt_dir: str, step: int, fix: str):
