@@ -1,5 +1,6 @@
 """The jobs behind the CLI: training (warm start, held-out EM, GRPO, held-out EM), evaluation,
-checkpoint export. Each is a thin sequence over `experiment` (what a config builds)."""
+checkpoint export. Each is a thin sequence over `experiment` (what a config builds) and
+`warm_start` (the supervised start before GRPO)."""
 from __future__ import annotations
 
 import dataclasses
