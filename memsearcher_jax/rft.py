@@ -21,10 +21,9 @@ from tqdm.auto import tqdm
 from memsearcher_jax.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.rl.grpo import score_trajectories
-from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import sft_train
 from memsearcher_jax.rl.trainer import batch_for_step
-from memsearcher_jax.warm_start import embedding_row_groups, sft_config
+from memsearcher_jax.warm_start import continued_sft, embedding_row_groups
 
 # A trajectory is kept when its reward reaches this: every objective answered exactly right
 # (the reward is F1-based, so 1.0 means token F1 1 on every part).
@@ -86,10 +85,7 @@ def rft_control(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, se
     convs = [c for t in kept for c in t.conversations]
     if not convs:
         return RFTResult(policy, sampled, 0, 0, 0, sample_seconds, 0.0)
-    sft_cfg = dataclasses.replace(sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 20_000,
-                                  progress=False)
-    optim = OptimConfig(learning_rate=cfg.sft.learning_rate * sft_cfg.final_lr_fraction,
-                        weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
+    sft_cfg, optim = continued_sft(cfg, seed=cfg.train.seed + 20_000)
     t1 = time.perf_counter()
     model, history = sft_train(policy, convs, sft_cfg, setup.builder.pad_id, optim=optim,
                                seconds=max(0.0, seconds - sample_seconds), tied_rows=embedding_row_groups(cfg, setup),

@@ -157,16 +157,23 @@ def prepare_warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out: str, f
     return warm_start_inputs(cfg, setup)
 
 
+def continued_sft(cfg: ml_collections.ConfigDict, seed: int) -> tuple[SFTConfig, OptimConfig]:
+    """SFT's settings for a control that continues a warm start (extra_sft, rft.py): no step limit
+    and no warmup (the clock ends it, not the step count), drawing batches with `seed`, and an
+    optimizer at the warm start's final learning rate (where its schedule ended), held constant."""
+    sft_cfg = dataclasses.replace(sft_config(cfg, steps=10 ** 9, warmup=0), seed=seed, progress=False)
+    optim = OptimConfig(learning_rate=cfg.sft.learning_rate * sft_cfg.final_lr_fraction,
+                        weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
+    return sft_cfg, optim
+
+
 def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seconds: float) -> tuple[Qwen2, int]:
     """The control for GRPO: more supervised training on the same demonstrator's episodes
     (fresh draws of its flaws), starting from `model_dir`, for `seconds` of wall clock at the
     warm start's final learning rate. Returns (model, steps taken)."""
     policy = from_pretrained(model_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     inputs = warm_start_inputs(cfg, setup, flawed_demonstrations(cfg, setup, seed=cfg.train.seed + 10_000))
-    sft_cfg = dataclasses.replace(sft_config(cfg, steps=10 ** 9, warmup=0), seed=cfg.train.seed + 10_000,
-                                  progress=False)  # the clock ends it, not the step count
-    lr = cfg.sft.learning_rate * sft_cfg.final_lr_fraction  # where the warm start's schedule ended
-    optim = OptimConfig(learning_rate=lr, weight_decay=sft_cfg.weight_decay, max_grad_norm=sft_cfg.max_grad_norm)
+    sft_cfg, optim = continued_sft(cfg, seed=cfg.train.seed + 10_000)
     model, history = sft_train(policy, inputs.rows, sft_cfg, setup.builder.pad_id, optim=optim,
                                seconds=seconds, tied_rows=inputs.tied_rows)
     return model, len(history)

@@ -57,3 +57,18 @@ def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch, c
     # the sampling shows its progress: steps, and the trajectories kept of those sampled so far
     bar = capsys.readouterr().err
     assert "RFT sampling" in bar and "2/2" in bar and f"kept={got.kept}/{got.sampled}" in bar
+
+
+def test_the_controls_continue_at_the_warm_starts_final_rate_until_the_clock_ends(tmp_path):
+    """continued_sft (extra_sft's and RFT's settings): no warmup, no step limit that a run could
+    reach, the given batch seed, and a constant rate where the warm start's schedule ended."""
+    from memsearcher_jax.warm_start import continued_sft, sft_config
+
+    cfg = _config(tmp_path, "run")
+    sft_cfg, optim = continued_sft(cfg, seed=123)
+    warm = sft_config(cfg, 10)  # the warm start's settings at any step count
+    assert sft_cfg.warmup == 0 and sft_cfg.steps >= 10 ** 9 and sft_cfg.seed == 123 and not sft_cfg.progress
+    assert sft_cfg.batch_size == warm.batch_size and sft_cfg.max_len == warm.max_len
+    assert 0 < optim.learning_rate == pytest.approx(cfg.sft.learning_rate * warm.final_lr_fraction)
+    assert optim.learning_rate < cfg.sft.learning_rate
+    assert (optim.weight_decay, optim.max_grad_norm) == (warm.weight_decay, warm.max_grad_norm)
