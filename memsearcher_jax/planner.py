@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import ml_collections
 
@@ -61,8 +62,8 @@ from memsearcher_jax.memory_estimates import (
 # The planner's face: the plan and its verdict (here), and the shapes it plans for that callers
 # name as the planner's (memory_estimates, which sizes every row).
 __all__ = ["GIB", "PHASES", "MemoryPlan", "PlanError", "PlanRow", "SamplerCall", "check_fits", "conversation_tokens",
-           "lora_fields", "main", "model_config_for_plan", "plan_memory", "sampler_calls", "turn_loop_buckets",
-           "why_not"]
+           "host_memory_bytes", "host_memory_warning", "lora_fields", "main", "model_config_for_plan", "plan_memory",
+           "sampler_calls", "turn_loop_buckets", "why_not"]
 
 PHASES = ("rollout", "scoring", "update", "refresh")  # never overlap in time; see the module docstring
 
@@ -160,6 +161,32 @@ def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None =
     if plan.fits is False:
         raise PlanError(why_not(plan) + "\n" + plan.table())
     return plan
+
+
+def host_memory_bytes() -> int | None:
+    """This host's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def host_memory_warning(plan: MemoryPlan, backend: str, host_bytes: int | None) -> str | None:
+    """On CPU, where no device memory is configured: the plan against this host's memory, which
+    every CPU device of the mesh shares. check_fits cannot refuse there (the capacity is unknown),
+    and a step that outgrows the host is ended by the kernel's OOM killer, with no message and no
+    checkpoint; so say beforehand when the plan's peak (conversations as long as
+    agent.max_context_tokens) is over it. A warning, not a refusal: the plan is the worst case."""
+    if plan.capacity_bytes is not None or backend != "cpu" or not host_bytes:
+        return None
+    need = plan.total_bytes * math.prod(plan.mesh)
+    if need <= host_bytes * 0.9:
+        return None
+    return (f"warning: the memory plan's peak ({plan.peak_phase}) is {need / GIB:.1f} GiB, over this host's "
+            f"{host_bytes / GIB:.1f} GiB: a step whose conversations grow toward agent.max_context_tokens may be "
+            "killed by the OS (no checkpoint of that step). Lower rl.micro_batch_size or rl.logprob_batch_size, "
+            "chunk the loss's logits (rl.logits_chunk), enable model.remat, or shorten agent.max_context_tokens; "
+            "`memsearcher-jax plan --device-memory-gib N` shows the table.")
 
 
 def main(cfg: ml_collections.ConfigDict, args) -> int:

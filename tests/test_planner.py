@@ -249,6 +249,34 @@ def test_check_fits_raises_with_the_table_and_passes_with_room():
     assert planner.check_fits(tiny_cfg(1, 4, 2)).fits is None
 
 
+def test_cpu_host_memory_warning_names_the_peak_and_the_knobs():
+    """No device memory set on CPU: the plan (per device, times the mesh's devices, which share the
+    host) is held against the host's memory; a warning when over 90% of it, silence otherwise, on
+    other backends, or where check_fits has a capacity to refuse against."""
+    plan = planner.plan_memory(tiny_cfg(1, 4, 2))
+    need = plan.total_bytes * 8
+    msg = planner.host_memory_warning(plan, "cpu", host_bytes=need)  # need > 90% of the host
+    assert msg is not None and f"{need / planner.GIB:.1f} GiB" in msg and plan.peak_phase in msg
+    assert "rl.micro_batch_size" in msg and "agent.max_context_tokens" in msg
+    assert planner.host_memory_warning(plan, "cpu", host_bytes=2 * need) is None
+    assert planner.host_memory_warning(plan, "gpu", host_bytes=need) is None
+    assert planner.host_memory_warning(plan, "cpu", host_bytes=None) is None
+    sized = planner.plan_memory(tiny_cfg(1, 4, 2), device_memory_gib=64)
+    assert planner.host_memory_warning(sized, "cpu", host_bytes=need) is None
+    assert planner.host_memory_bytes() > 2**30  # this machine says
+
+
+def test_check_config_logs_the_host_warning(capsys, monkeypatch):
+    from memsearcher_jax import config_rules
+    cfg = tiny_cfg(1, 4, 2)
+    monkeypatch.setattr(config_rules, "host_memory_bytes", lambda: 1024)
+    config_rules.check_config(cfg)
+    assert "over this host's" in capsys.readouterr().out
+    monkeypatch.setattr(config_rules, "host_memory_bytes", lambda: 2**50)
+    config_rules.check_config(cfg)
+    assert "over this host's" not in capsys.readouterr().out
+
+
 def test_mesh_and_hardware_disagree_is_an_error():
     cfg = tiny_cfg(1, 4, 2)
     cfg.hardware = {"device_kind": "TPU v5e", "num_devices": 64, "device_memory_gib": 16.0}
