@@ -24,14 +24,13 @@ import ml_collections
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.agent.tools import tool_spec
-from memsearcher_jax.console import log
 from memsearcher_jax.data.demos import EARLY_SEVERAL, EARLY_TWO_HOP, no_result_note_problem
 from memsearcher_jax.data.synthetic import check_objectives
 from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.memory_estimates import lora_fields
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
-from memsearcher_jax.planner import check_fits, host_memory_bytes, host_memory_warning
+from memsearcher_jax.planner import check_fits
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig
 from memsearcher_jax.rl.learner import OptimConfig
@@ -216,13 +215,11 @@ def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
 def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     """The one pass over a config before any work: every problem of it, reported together
     (validate); then what needs sane values to be asked: whether training fits its devices
-    (planner.check_fits, PlanError with the table), before anything compiles; on CPU, where no
-    device memory is set, a warning when the plan's peak is over the host's memory."""
+    (planner.check_fits, PlanError with the table; on CPU a warning against the host's memory),
+    before anything compiles."""
     validate(cfg, training)
     if training:
-        warning = host_memory_warning(check_fits(cfg), jax.default_backend(), host_memory_bytes())
-        if warning:
-            log(warning)
+        check_fits(cfg)
 
 
 def key_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:

@@ -35,8 +35,10 @@ import dataclasses
 import math
 import os
 
+import jax
 import ml_collections
 
+from memsearcher_jax.console import log
 from memsearcher_jax.memory_estimates import (
     GIB,
     ITEMSIZE,
@@ -152,17 +154,6 @@ def why_not(plan: MemoryPlan) -> str:
             + "or shorten agent.max_context_tokens.")
 
 
-def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
-    """Raise PlanError with the table when the plan exceeds the usable device memory.
-
-    Unknown capacity (no hardware section, no override) passes: there is nothing to check against.
-    """
-    plan = plan_memory(cfg, device_memory_gib)
-    if plan.fits is False:
-        raise PlanError(why_not(plan) + "\n" + plan.table())
-    return plan
-
-
 def host_memory_bytes() -> int | None:
     """This host's physical memory (None where the OS does not say)."""
     try:
@@ -187,6 +178,22 @@ def host_memory_warning(plan: MemoryPlan, backend: str, host_bytes: int | None) 
             "killed by the OS (no checkpoint of that step). Lower rl.micro_batch_size or rl.logprob_batch_size, "
             "chunk the loss's logits (rl.logits_chunk), enable model.remat, or shorten agent.max_context_tokens; "
             "`memsearcher-jax plan --device-memory-gib N` shows the table.")
+
+
+def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
+    """Raise PlanError with the table when the plan exceeds the usable device memory.
+
+    Unknown capacity (no hardware section, no override) passes: there is nothing to refuse against;
+    on the CPU backend the plan is then held against the host's memory (host_memory_warning) and
+    logged as a warning when over it.
+    """
+    plan = plan_memory(cfg, device_memory_gib)
+    if plan.fits is False:
+        raise PlanError(why_not(plan) + "\n" + plan.table())
+    warning = host_memory_warning(plan, jax.default_backend(), host_memory_bytes())
+    if warning:
+        log(warning)
+    return plan
 
 
 def main(cfg: ml_collections.ConfigDict, args) -> int:

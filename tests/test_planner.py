@@ -266,13 +266,15 @@ def test_cpu_host_memory_warning_names_the_peak_and_the_knobs():
     assert planner.host_memory_bytes() > 2**30  # this machine says
 
 
-def test_check_config_logs_the_host_warning(capsys, monkeypatch):
+def test_the_training_check_logs_the_host_warning(capsys, monkeypatch):
     from memsearcher_jax import config_rules
     cfg = tiny_cfg(1, 4, 2)
-    monkeypatch.setattr(config_rules, "host_memory_bytes", lambda: 1024)
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: 1024)
     config_rules.check_config(cfg)
     assert "over this host's" in capsys.readouterr().out
-    monkeypatch.setattr(config_rules, "host_memory_bytes", lambda: 2**50)
+    config_rules.check_config(cfg, training=False)  # evaluation plans nothing
+    assert "over this host's" not in capsys.readouterr().out
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: 2**50)
     config_rules.check_config(cfg)
     assert "over this host's" not in capsys.readouterr().out
 
