@@ -2,20 +2,15 @@
 refusals that come before any load (the run itself needs a warm start: docs/benchmarks.md)."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import types
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.bench_loader import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_context", os.path.join(ROOT, "bench", "context.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("context")
 
 
 def _conv(prompt_len, mask):

@@ -2,18 +2,14 @@
 table (the jobs stood in for: their own tests are elsewhere)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.bench_loader import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_learning", os.path.join(ROOT, "bench", "learning.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("learning")
 
 
 def test_learning_bench_reports_rft_beside_the_control(monkeypatch, capsys, tmp_path):

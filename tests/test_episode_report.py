@@ -2,26 +2,18 @@
 hand-made trajectories (a builder whose ids are characters)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 import types
 
 import pytest
 
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
 from memsearcher_jax.errors import UserInputError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.bench_loader import load_bench
 
 
 def _report():
-    sys.path.insert(0, ROOT)
-    spec = importlib.util.spec_from_file_location("episode_report", os.path.join(ROOT, "bench", "episode_report.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("episode_report")
 
 
 CHARS = types.SimpleNamespace(decode=lambda ids: "".join(map(chr, ids)))
