@@ -190,9 +190,10 @@ def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None =
     plan = plan_memory(cfg, device_memory_gib)
     if plan.fits is False:
         raise PlanError(why_not(plan) + "\n" + plan.table())
-    warning = host_memory_warning(plan, jax.default_backend(), host_memory_bytes())
-    if warning:
-        log(warning)
+    if plan.fits is None:  # only then is the backend asked (a pod's plan has its capacity)
+        warning = host_memory_warning(plan, jax.default_backend(), host_memory_bytes())
+        if warning:
+            log(warning)
     return plan
 
 
