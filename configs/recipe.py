@@ -71,7 +71,7 @@ RECIPES = {
         "memory is plentiful: tp=2 (the 2 KV heads), fsdp=32 for the most data parallelism; ~61%, peak rollout. "
         "Host-local 1x2x2: ~0.18 GiB cache + ~0.6 GiB prefill per row, so a host's 80 rows go in one call."),
     ("qwen2_5_3b", "h100_8"): R((1, 4, 2), 4, 4, 256,
-        "one NVLink node: tp=2 matches the 2 KV heads so the cache splits 8 ways, fsdp=4; ~79%, peak rollout. "
+        "one NVLink node: tp=2 matches the 2 KV heads so the cache splits 8 ways, fsdp=4; ~76%, peak rollout. "
         "~0.15 GiB cache + ~0.6 GiB prefill per row per GPU: 256 rows per call, 5 calls per generation phase."),
     # Qwen2.5-7B (4 KV heads, 28 heads)
     ("qwen2_5_7b", "v4_32"): R((1, 4, 4), 4, 4, 16,
