@@ -145,10 +145,14 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
 def why_not(plan: MemoryPlan) -> str:
     """The reason a plan that does not fit gives: how much over, in which phase, and what to change."""
     over = plan.total_bytes - plan.capacity_bytes
-    lora = any(r.name == "LoRA adapters" for r in plan.rows)
     return (f"config does not fit: needs {plan.total_bytes / GIB:.2f} GiB per device (peak: {plan.peak_phase}), "
-            f"{over / GIB:.2f} GiB over the usable {plan.capacity_bytes / GIB:.2f} GiB. "
-            "Shard more (mesh.fsdp / mesh.tp), lower rl.micro_batch_size, rl.logprob_batch_size or "
+            f"{over / GIB:.2f} GiB over the usable {plan.capacity_bytes / GIB:.2f} GiB. " + why_not_settings(plan))
+
+
+def why_not_settings(plan: MemoryPlan) -> str:
+    """The settings that shrink a plan per device (LoRA named only when the plan does not use it)."""
+    lora = any(r.name == "LoRA adapters" for r in plan.rows)
+    return ("Shard more (mesh.fsdp / mesh.tp), lower rl.micro_batch_size, rl.logprob_batch_size or "
             "sampler.batch_size, enable model.remat, chunk the loss's logits (rl.logits_chunk), "
             + ("" if lora else "train LoRA adapters instead of every weight (model.lora_rank), ")
             + "or shorten agent.max_context_tokens.")
@@ -180,18 +184,46 @@ def host_memory_warning(plan: MemoryPlan, backend: str, host_bytes: int | None) 
             "`memsearcher-jax plan --device-memory-gib N` shows the table.")
 
 
+def device_memory_bytes() -> int | None:
+    """What JAX lets this process allocate on its first device (None on CPU, or where the runtime
+    does not say)."""
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:  # a runtime without memory statistics
+        return None
+    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+
+
+def device_memory_warning(plan: MemoryPlan, backend: str, device_bytes: int | None) -> str | None:
+    """On an accelerator, where no device memory is configured (a config without a hardware
+    section): the plan per device against what the runtime says it may allocate. A warning, not
+    the refusal a configured capacity gives: the plan is the worst case, and an accelerator that
+    runs out says so itself (RESOURCE_EXHAUSTED) rather than being killed."""
+    if plan.capacity_bytes is not None or backend == "cpu" or not device_bytes:
+        return None
+    if plan.total_bytes <= device_bytes:
+        return None
+    return (f"warning: the memory plan's peak ({plan.peak_phase}) is {plan.total_bytes / GIB:.1f} GiB per device, "
+            f"over the {device_bytes / GIB:.1f} GiB this {backend} device lets JAX allocate: a step whose "
+            "conversations grow toward agent.max_context_tokens may run out of device memory. "
+            + why_not_settings(plan) + " `memsearcher-jax plan --device-memory-gib N` shows the table.")
+
+
 def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
     """Raise PlanError with the table when the plan exceeds the usable device memory.
 
     Unknown capacity (no hardware section, no override) passes: there is nothing to refuse against;
-    on the CPU backend the plan is then held against the host's memory (host_memory_warning) and
-    logged as a warning when over it.
+    the plan is then held against what the backend says instead (the host's memory on CPU,
+    host_memory_warning; the device's allocation limit elsewhere, device_memory_warning) and logged
+    as a warning when over it.
     """
     plan = plan_memory(cfg, device_memory_gib)
     if plan.fits is False:
         raise PlanError(why_not(plan) + "\n" + plan.table())
     if plan.fits is None:  # only then is the backend asked (a pod's plan has its capacity)
-        warning = host_memory_warning(plan, jax.default_backend(), host_memory_bytes())
+        backend = jax.default_backend()
+        warning = (host_memory_warning(plan, backend, host_memory_bytes()) if backend == "cpu"
+                   else device_memory_warning(plan, backend, device_memory_bytes()))
         if warning:
             log(warning)
     return plan

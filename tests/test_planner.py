@@ -279,6 +279,37 @@ def test_the_training_check_logs_the_host_warning(capsys, monkeypatch):
     assert "over this host's" not in capsys.readouterr().out
 
 
+def test_accelerator_memory_warning_holds_the_plan_against_the_device_limit():
+    """No device memory set on a GPU or TPU: the plan per device against what the runtime lets JAX
+    allocate; a warning naming the peak, the limit and the settings when over it, silence at or
+    under it, on CPU (the host check's job), without a limit, or with a configured capacity."""
+    plan = planner.plan_memory(tiny_cfg(1, 4, 2))
+    limit = plan.total_bytes - 1
+    msg = planner.device_memory_warning(plan, "gpu", device_bytes=limit)
+    assert msg is not None and plan.peak_phase in msg and f"{limit / planner.GIB:.1f} GiB this gpu device" in msg
+    assert "mesh.fsdp" in msg and "rl.micro_batch_size" in msg and "agent.max_context_tokens" in msg
+    assert planner.device_memory_warning(plan, "tpu", device_bytes=plan.total_bytes) is None
+    assert planner.device_memory_warning(plan, "cpu", device_bytes=limit) is None
+    assert planner.device_memory_warning(plan, "gpu", device_bytes=None) is None
+    sized = planner.plan_memory(tiny_cfg(1, 4, 2), device_memory_gib=64)
+    assert planner.device_memory_warning(sized, "gpu", device_bytes=limit) is None
+    assert planner.device_memory_bytes() is None  # the CPU backend reports no limit
+
+
+def test_the_training_check_on_an_accelerator_logs_the_device_warning(capsys, monkeypatch):
+    from memsearcher_jax import config_rules
+    cfg = tiny_cfg(1, 4, 2)
+    monkeypatch.setattr(planner.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(planner, "device_memory_bytes", lambda: 1024)
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: 1024)  # never asked off CPU
+    config_rules.check_config(cfg)
+    out = capsys.readouterr().out
+    assert "this gpu device lets JAX allocate" in out and "over this host's" not in out
+    monkeypatch.setattr(planner, "device_memory_bytes", lambda: 2**50)
+    config_rules.check_config(cfg)
+    assert "warning" not in capsys.readouterr().out
+
+
 def test_mesh_and_hardware_disagree_is_an_error():
     cfg = tiny_cfg(1, 4, 2)
     cfg.hardware = {"device_kind": "TPU v5e", "num_devices": 64, "device_memory_gib": 16.0}
