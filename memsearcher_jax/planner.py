@@ -209,6 +209,19 @@ def device_memory_warning(plan: MemoryPlan, backend: str, device_bytes: int | No
             + why_not_settings(plan) + " `memsearcher-jax plan --device-memory-gib N` shows the table.")
 
 
+def runtime_limit_line(plan: MemoryPlan, backend: str, device_bytes: int | None) -> str | None:
+    """For `plan` on an accelerator with no capacity configured: the table's total against what the
+    runtime lets JAX allocate on this device (the limit the training check warns against), so the
+    table is not left at "capacity: unknown" when the device can say. None on CPU, without a limit,
+    or with a configured capacity (the table's own verdict then)."""
+    if plan.capacity_bytes is not None or backend == "cpu" or not device_bytes:
+        return None
+    pct = 100 * plan.total_bytes / device_bytes
+    verdict = "under it" if plan.total_bytes <= device_bytes else "OVER it (a warning; the plan is the worst case)"
+    return (f"  this {backend} device lets JAX allocate {device_bytes / GIB:.3f} GiB (from the runtime): "
+            f"the plan is {pct:.0f}% of it, {verdict}")
+
+
 def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
     """Raise PlanError with the table when the plan exceeds the usable device memory.
 
@@ -230,14 +243,19 @@ def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None =
 
 
 def main(cfg: ml_collections.ConfigDict, args) -> int:
-    """`memsearcher-jax plan`: print the table; exit 0 when it fits (or the capacity is unknown),
-    1 with the reason when it does not, 2 when it cannot plan."""
+    """`memsearcher-jax plan`: print the table; exit 0 when it fits (or the capacity is unknown:
+    on an accelerator the table is then held against the runtime's allocation limit, a line, not a
+    verdict), 1 with the reason when it does not, 2 when it cannot plan."""
     try:
         plan = plan_memory(cfg, getattr(args, "device_memory_gib", None))
     except PlanError as e:
         print(f"memsearcher-jax plan: {e}")
         return 2
     print(plan.table())
+    if plan.fits is None and jax.default_backend() != "cpu":
+        line = runtime_limit_line(plan, jax.default_backend(), device_memory_bytes())
+        if line:
+            print(line)
     if plan.fits is False:
         print(f"memsearcher-jax plan: {why_not(plan)}")
         return 1

@@ -337,6 +337,28 @@ def test_main_prints_the_table_and_exit_code(capsys):
     assert "memsearcher-jax plan: config does not fit: needs" in out and "model.lora_rank" in out
 
 
+def test_plan_on_an_accelerator_without_a_capacity_holds_the_table_against_the_runtime(capsys, monkeypatch):
+    """`plan` with no capacity configured: on a GPU or TPU the table's total against the runtime's
+    allocation limit (a line; the exit stays 0, as for an unknown capacity); nothing on CPU, without
+    a limit, or where a capacity gives the table's own verdict."""
+    cfg = tiny_cfg(1, 4, 2)
+    plan = planner.plan_memory(cfg)
+    line = planner.runtime_limit_line(plan, "gpu", device_bytes=2 * plan.total_bytes)
+    assert line is not None and "50% of it, under it" in line and "this gpu device" in line
+    assert "OVER it" in planner.runtime_limit_line(plan, "tpu", device_bytes=plan.total_bytes - 1)
+    assert planner.runtime_limit_line(plan, "cpu", device_bytes=2**40) is None
+    assert planner.runtime_limit_line(plan, "gpu", device_bytes=None) is None
+    assert planner.runtime_limit_line(planner.plan_memory(cfg, device_memory_gib=64), "gpu", 2**40) is None
+    monkeypatch.setattr(planner.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(planner, "device_memory_bytes", lambda: plan.total_bytes - 1)
+    assert planner.main(cfg, SimpleNamespace(device_memory_gib=None)) == 0
+    out = capsys.readouterr().out
+    assert "capacity: unknown" in out and "this gpu device lets JAX allocate" in out and "OVER it" in out
+    assert planner.main(cfg, SimpleNamespace(device_memory_gib=64.0)) == 0  # configured: the verdict only
+    out = capsys.readouterr().out
+    assert "fits: yes" in out and "lets JAX allocate" not in out
+
+
 def test_cli_plan_subcommand(capsys):
     from memsearcher_jax.cli import main as cli_main
 
