@@ -33,4 +33,5 @@ compile_stats.enable_persistent_cache()
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than ~20 s; run in CI, skip with -m 'not slow'")
+    config.addinivalue_line("markers", "slow: takes more than ~20 s on the slower of our 2-core machines "
+                            "(docs/lab/2026-11-30-suite-time-and-fast-compiles.md); run in CI, skip with -m 'not slow'")

@@ -139,6 +139,7 @@ def _random_rows(rng, n, s, vocab):
 
 
 @pytest.mark.parametrize("mode", ["token_mean", "trajectory_mean", "microbatch_token_mean"])
+@pytest.mark.slow
 def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
     # The learner's own path: rows regrouped by length into micro-batches each only as wide as its
     # longest row, gradients summed over them, equal the gradient of the weighted loss over the whole
@@ -371,6 +372,7 @@ def _window_rows():
                     turns=np.zeros(n, int), is_final=np.ones(n, bool))
 
 
+@pytest.mark.slow
 def test_metrics_and_loss_read_only_loss_tokens_with_real_logprobs():
     from memsearcher_jax.rl.grpo import micro_batch_loss, token_logprobs_and_entropy
 
@@ -447,6 +449,7 @@ def test_tied_groups_drift_after_the_first_adamw_step_scales_with_lr():
     assert small > 1e-4 and big / small == pytest.approx(10.0, rel=0.15)
 
 
+@pytest.mark.slow
 def test_tis_log_ratio_clamp_is_the_configured_one():
     # The trainer finds the sampled tokens of half the rows e^3 times likelier than the sampler
     # did, the other half equally likely; with a large cap their TIS weights are

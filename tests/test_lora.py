@@ -136,6 +136,7 @@ def _loss(model, tokens, attention, weights):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_adapter_gradient_equals_the_merged_weights_gradient_and_finite_differences(family):
     model = randomize_adapters(Qwen2(lora_cfg(family, rank=3), rngs=nnx.Rngs(0)), std=0.1)
     cfg = model.config
@@ -188,6 +189,7 @@ def test_adapter_gradient_equals_the_merged_weights_gradient_and_finite_differen
 
 # ----------------------------------------------------------------------------- learner and sampler
 
+@pytest.mark.slow
 def test_learner_trains_the_adapters_alone_over_a_frozen_reference():
     model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1, lora_rank=4, lora_alpha=8.0), rngs=nnx.Rngs(1))
     learner = GRPOLearner(model, GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
@@ -224,6 +226,7 @@ def test_sft_refuses_a_lora_model():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_sampler_decodes_with_the_adapters_merged(family):
     model = randomize_adapters(Qwen2(lora_cfg(family, max_position_embeddings=128), rngs=nnx.Rngs(0)))
     prompts = [[5, 9, 17, 33, 4], [7, 7, 100, 3, 200, 41, 12]]

@@ -126,6 +126,7 @@ def test_bf16_tied_round_trip_is_bit_identical(tmp_path):
         assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), k
 
 
+@pytest.mark.slow
 def test_library_imports_and_runs_without_torch(tmp_path):
     # torch is a test extra only: block it and use the model, the sampler and retrieval.
     code = r"""

@@ -308,6 +308,7 @@ def test_two_processes_match_one_process_and_checkpoints_cross_layouts(tmp_path)
     assert abs(float(info["single"][2]) - float(info["multi"][2])) < 1e-5
 
 
+@pytest.mark.slow
 def test_row_seeds_make_a_row_independent_of_its_batch():
     """With per-row seeds, a prompt samples the same tokens alone and inside a larger batch
     (other prompts, a duplicate of it with another seed, padding rows, a shared prefix or not);

@@ -96,6 +96,7 @@ def test_packed_targets_read_every_loss_position_once():
 # ----------------------------------------------------------------------------- exactness
 
 @pytest.mark.parametrize("mode", ["token_mean", "trajectory_mean"])
+@pytest.mark.slow
 def test_packed_loss_and_gradients_equal_the_unpacked_ones(mode):
     # TIS, KL and entropy all on; old log-probs off the trainer's so that tokens are clipped too.
     loss = LossConfig(aggregation=mode, tis_cap=1.5, kl_coef=0.1, entropy_coef=0.01)
@@ -167,6 +168,7 @@ def _count_logprob_passes(learner: GRPOLearner) -> list:
     return calls
 
 
+@pytest.mark.slow
 def test_reference_pass_runs_only_with_a_kl_term():
     rows = _rows([16, 9, 12, 5], 16)
     for kl, passes in ((0.0, [False]), (0.01, [False, True])):
@@ -178,6 +180,7 @@ def test_reference_pass_runs_only_with_a_kl_term():
         assert (m["approx_kl"] == 0) == (kl == 0)
 
 
+@pytest.mark.slow
 def test_old_logprobs_from_the_sampler_and_the_fallback_above_the_gap():
     rows = _rows([16, 9, 12, 5, 14, 7], 16)
     opts = {"optim": OptimConfig(learning_rate=1e-2), "loss": LossConfig(kl_coef=0.0)}

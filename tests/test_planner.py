@@ -423,6 +423,7 @@ def test_scale_out_page_shows_the_planners_current_tables():
         assert table == planner.plan_memory(load_config(os.path.join(ROOT, path), [])).table(), path
 
 
+@pytest.mark.slow
 def test_plan_check_compares_the_rollout_rows(capsys, monkeypatch):
     from memsearcher_jax.plan_check import main as plan_check
 

@@ -83,6 +83,7 @@ def _hf_greedy(hf, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.slow
 def test_sampler_greedy_equals_transformers_and_logprobs_equal_forward(odd):
     _, hf, model = odd
     rng = np.random.RandomState(4)
@@ -107,6 +108,7 @@ def test_sampler_greedy_equals_transformers_and_logprobs_equal_forward(odd):
         assert np.abs(np.asarray(x.logprobs) - np.asarray(y.logprobs)).max() < 1e-4
 
 
+@pytest.mark.slow
 def test_sharded_sampler_with_q_and_kv_kept_apart():
     # One KV head, 4 query heads on tp=2: q split, k/v replicated (the unfused layout), q/k norms replicated.
     cfg = ModelConfig.tiny(vocab_size=VOCAB, num_kv_heads=1, model_type="qwen3", rms_norm_eps=1e-5)

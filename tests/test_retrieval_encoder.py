@@ -165,6 +165,7 @@ def test_parity_with_pytorch_on_long_passages(encoder, torch_reference):
     assert cos.min() > 0.9999, f"cosine per text: {cos}"
 
 
+@pytest.mark.slow
 def test_buckets_and_micro_batches_match_one_at_a_time(small_batches, monkeypatch):
     alone = np.concatenate([small_batches.encode([t]) for t in LONG])
     shapes = _spy_forward(monkeypatch, small_batches)

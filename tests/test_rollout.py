@@ -164,6 +164,7 @@ def test_tool_call_inside_a_later_think_span_is_not_run(tok):
     assert docs.queries == [["capital"]] and t.num_searches == 1
 
 
+@pytest.mark.slow
 def test_sampler_batch_size_chunks_calls_without_changing_samples(tok):
     import jax.numpy as jnp
     from flax import nnx

@@ -46,6 +46,7 @@ def _naive_greedy(model, prompt, n):
     return ids[len(prompt):]
 
 
+@pytest.mark.slow
 def test_greedy_equals_naive_loop_and_transformers(hf_and_model, sampler):
     import torch
 
@@ -84,6 +85,7 @@ def test_logprobs_equal_full_forward(hf_and_model, sampler):
                 assert np.abs(np.asarray(o.logprobs) - full_logprobs(model, p, o.tokens)).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_sampling_matches_intended_distribution(tmp_path):
     # A small vocabulary and large weights so the next-token distribution is far from uniform.
     make_hf_qwen2(str(tmp_path), vocab_size=16, std=1.0)
@@ -143,6 +145,7 @@ def test_stop_ids_and_sequences_end_exactly_their_rows(sampler):
             assert len(o.logprobs) == e
 
 
+@pytest.mark.slow
 def test_sharded_equals_single_device(hf_and_model, sampler):
     model = hf_and_model[1]
     prompts = _prompts(3, (7, 2, 12))
@@ -173,6 +176,7 @@ def test_sharded_equals_single_device(hf_and_model, sampler):
     assert [o.tokens for o in s.generate(prompts, **kw)] == [r.tokens for r in ref]
 
 
+@pytest.mark.slow
 def test_query_heads_split_but_kv_heads_not_keeps_q_apart(tmp_path):
     # One KV head cannot be split over tp=2 while 4 query heads can: fusing q/k/v would
     # replicate the query weights, so the layout keeps q (split) and k/v (replicated) apart.
@@ -214,6 +218,7 @@ def test_query_block_size_divides_the_queries():
     assert query_block_size(97, 8) == 1
 
 
+@pytest.mark.slow
 def test_blocked_prefill_attention_equals_unblocked(hf_and_model):
     # Long prompts (64-slot suffix bucket) through prefill attention 8 queries at a time, on the
     # CPU row loop, on the accelerators' whole-batch form, and on a sharded mesh.
@@ -238,6 +243,7 @@ def test_blocked_prefill_attention_equals_unblocked(hf_and_model):
         Sampler(model, prefill_query_block=-1)
 
 
+@pytest.mark.slow
 def test_weight_copy_is_in_the_compute_dtype(hf_and_model):
     # f32 master weights computing in bf16: the sampler's copy is bf16 (half the bytes), and
     # rounding once at layout time is what the layer math would do at every use. (The dtype
@@ -275,6 +281,7 @@ def test_duplicate_prompts_prefilled_once_equal_the_plain_path(hf_and_model):
         assert len({tuple(o.tokens) for o, p in zip(shared, prompts) if p == prompts[0]}) > 1
 
 
+@pytest.mark.slow
 def test_shared_prefix_equals_plain_path(hf_and_model):
     model = hf_and_model[1]
     s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_shared_prefix=8))
@@ -306,6 +313,7 @@ def test_shared_prefix_equals_plain_path(hf_and_model):
     assert _naive_greedy(model, prompts[2], 6) == alone[0].tokens
 
 
+@pytest.mark.slow
 def test_capped_shared_prefix_equals_plain_path(hf_and_model):
     # The turn loop's buckets split off at most max_shared_prefix tokens, a lone prompt's too, so
     # every call's prefix takes one shape; the tokens must not change.
@@ -330,6 +338,7 @@ def test_capped_shared_prefix_equals_plain_path(hf_and_model):
     assert _naive_greedy(model, prompts[2], 6) == s.generate([prompts[2]], max_new_tokens=6)[0].tokens
 
 
+@pytest.mark.slow
 def test_packed_prefill_equals_one_row_per_prompt(hf_and_model):
     # Short suffixes share rows of the prefill grid; each must see only the prefix and itself.
     model = hf_and_model[1]
@@ -352,6 +361,7 @@ def test_packed_prefill_equals_one_row_per_prompt(hf_and_model):
     assert [o.tokens for o in greedy] == [_naive_greedy(model, t, 5) for t in tails]
 
 
+@pytest.mark.slow
 def test_seed_reproducible_and_compilations_bounded(hf_and_model):
     model = hf_and_model[1]
     s = Sampler(model, cache_dtype=jnp.float32, buckets=BucketConfig(min_batch=4, min_prompt=16, min_new_tokens=8))

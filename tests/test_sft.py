@@ -153,6 +153,7 @@ def test_sft_train_stops_on_the_clock_and_takes_the_optimizer_it_is_given():
 
 
 
+@pytest.mark.slow
 def test_sft_train_moves_tied_embedding_rows_together():
     # warm_start.warm_start with sft.tie_embedding_rows: a group's rows (a type's names) get one update, so a
     # name the demonstrations never show (100) moves with the ones they do (70, 71); untied they part.
@@ -240,6 +241,7 @@ def test_packed_logits_equal_each_sequence_run_alone():
         model(jnp.asarray(inputs), segment_ids=jnp.asarray(segments))
 
 
+@pytest.mark.slow
 def test_a_packed_step_is_the_padded_step(demos):
     """Same conversations, same loss and the same update, packed or padded."""
     builder, vocab, convs = demos
@@ -309,6 +311,7 @@ def test_the_head_at_loss_slots_gives_the_full_heads_sums_and_gradient(demos, pa
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_causal_query_blocks_give_the_same_loss_and_gradient(demos):
     """Attention in query blocks, each against the keys up to its own end (train_query_block),
     equals attention over all keys, on packed rows (segments: the pretraining's batches)."""

@@ -87,6 +87,7 @@ def test_max_batch_tokens_is_checked():
 
 
 @pytest.mark.parametrize("tied", [None, [[70, 71, 72, 73, 74], [75, 76, 77, 78, 79, 100]]])
+@pytest.mark.slow
 def test_a_split_step_is_the_unsplit_step(tied):
     lengths = [120, 100, 90, 75, 64, 40, 33, 25, 20, 19, 18]
     rows = build_rows(_convs(lengths), pad_id=0, max_len=256)

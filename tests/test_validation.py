@@ -62,6 +62,7 @@ def tiny_real_data(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_eval_with_the_recipe_config_does_not_ask_for_its_training_data(tiny_real_data, tmp_path, capsys,
                                                                         monkeypatch):
     """The recipe names data.train_path=data/nq_hotpotqa_train, which evaluation never reads: it
