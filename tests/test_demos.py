@@ -326,6 +326,70 @@ def test_every_format_records_the_same_script(world, flawed_memsearcher):
         DemoConfig(workflow="mem2")
 
 
+def test_a_new_workflows_demos_come_from_its_own_file(world):
+    """A memory design is one file: a workflow registered with its ScriptRecorder (here, one whose
+    memory keeps only the newest found sentence) gets the demonstrator's script in its format,
+    with nothing added to data/demos.py, and replaying the demos through AgentRunner records the
+    same rows. A workflow without a recorder is refused as a demo format."""
+    from memsearcher_jax.agent.parsing import extract_memory
+    from memsearcher_jax.agent.workflows import ScriptRecorder, Workflow, base, recorded_workflows, register
+
+    class LastFactRecorder(ScriptRecorder):
+        def new_turn(self):
+            return self.new_conversation(self.b.memsearcher_context(self.t.question, self.t.memory))
+
+        def observe_and_update(self, conv, hits, memory, new_fact, note):
+            kept = new_fact or self.t.memory or note  # the newest sentence only
+            self.second(conv, self.b.observation([hits]), f"<memory>{kept}</memory>")
+            self.t.memory = kept
+            self.t.memories.append(kept)
+            self.t.memory_tokens.append(self.b.memory_tokens(kept))
+            self.t.num_searches += 1
+
+        def recorded_memories(self, script_memories):
+            return list(self.t.memories)
+
+    @register
+    class LastFact(Workflow):
+        name = "test_last_fact"
+        second_call = True
+        recorder = LastFactRecorder
+
+        def open_turn(self, t, turn, b, cfg):
+            self.new_conversation(t, b.memsearcher_context(t.question, t.memory), turn)
+
+        def observe(self, t, results, b, cfg):
+            t.final.add_injected(b.observation(results, cfg.max_observation_tokens))
+
+        def after_second(self, t, text, b, cfg):
+            t.memory = extract_memory(text)
+            t.memories.append(t.memory)
+            t.memory_tokens.append(b.memory_tokens(t.memory))
+
+    @register
+    class NoDemos(Workflow):
+        name = "test_no_demos"
+
+    rows, builder, retriever = world
+    two_hop = [r for r in rows if int(r["hops"]) == 2][:10]
+    try:
+        assert "test_last_fact" in recorded_workflows() and "test_no_demos" not in recorded_workflows()
+        demos = make_demonstrations(two_hop, builder, retriever, seed=0,
+                                    config=DemoConfig(0, 0, 0, workflow="test_last_fact"))
+        for d in demos:
+            assert d.workflow == "test_last_fact" and d.memories == [d.row["facts"][0], d.row["facts"][1]]
+            traj = _replay(d, builder, retriever, "test_last_fact")
+            assert traj.end_reason == "answer" and traj.memories == d.memories
+            for got, want in zip(traj.conversations, d.conversations, strict=True):
+                assert (got.prompt_ids, got.response_ids, got.loss_mask) == (want.prompt_ids, want.response_ids,
+                                                                             want.loss_mask)
+        with pytest.raises(ValueError, match="recorded formats"):
+            DemoConfig(workflow="test_no_demos")
+    finally:
+        base._REGISTRY.pop("test_last_fact")
+        base._REGISTRY.pop("test_no_demos")
+
+
 @pytest.fixture(scope="module")
 def two_objective_rows(world):
     from memsearcher_jax.data.synthetic import join_objectives

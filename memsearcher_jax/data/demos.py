@@ -1,7 +1,8 @@
 """Scripted demonstrations on the synthetic world, as rollout-identical token rows.
 
 A demonstration is what the agent loop (`agent.rollout.AgentRunner`) would record if the model
-had generated the scripted text, in one workflow's format (`DemoConfig.workflow`). MemSearcher:
+had generated the scripted text, in one workflow's format (`DemoConfig.workflow`), written down
+by that workflow's `ScriptRecorder` (in its own file under agent/workflows/). MemSearcher:
 one `Conversation` per turn with
     prompt   = builder.memsearcher_context(question, memory)
     response = act tokens (mask 1) + builder.observation(BM25 hits) (mask 0) + update tokens (mask 1)
@@ -44,13 +45,8 @@ from memsearcher_jax.agent.parsing import (
     ActKind,
 )
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.agent.rollout import ACT, SECOND, Conversation, Trajectory
-from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context
-from memsearcher_jax.agent.workflows.memory_ops import (
-    memory_ops_context,
-    ops_observation,
-    render_bank,
-)
+from memsearcher_jax.agent.trajectory import Conversation, Trajectory
+from memsearcher_jax.agent.workflows import get_workflow, recorded_workflows
 from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.qa_metrics import (
@@ -135,8 +131,9 @@ class DemoConfig:
             raise ValueError(f"top_n must be >= 1, got {self.top_n}")
         if why := no_result_note_problem(self.no_result_note):
             raise ValueError(why)
-        if self.workflow not in RECORDERS:
-            raise ValueError(f"workflow must be one of the recorded formats {tuple(RECORDERS)}, got {self.workflow!r}")
+        if self.workflow not in recorded_workflows():
+            raise ValueError(f"workflow must be one of the recorded formats {recorded_workflows()}, "
+                             f"got {self.workflow!r}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
             raise ValueError(f"max_turns must be >= 4 for the scripts, got {self.max_turns}")
 
@@ -151,7 +148,7 @@ class Demonstration:
     act_kinds: list[ActKind]         # intended kind of each turn's act
     memories: list[str]              # intended memory after each searching turn (ReAct: none kept, [])
     answer: str                      # the boxed answer
-    workflow: str = "memsearcher"    # the recording format: one of RECORDERS
+    workflow: str = "memsearcher"    # the recording format: a workflow with a recorder
     answers: list[str] = dataclasses.field(default_factory=list)  # per objective, in order
 
     @property
@@ -192,122 +189,6 @@ def _vague_query(rng: random.Random, row: dict, all_rows: Sequence[dict]) -> str
     return q.replace(row["subject"], other["subject"]) if other is not row else "information"
 
 
-class _Builder:
-    """Appends scripted turns to a trajectory exactly as AgentRunner's memsearcher workflow records them."""
-
-    def __init__(self, builder: PromptBuilder, traj: Trajectory):
-        self.b, self.t = builder, traj
-
-    def _enc(self, text: str) -> list[int]:
-        return self.b.encode(text) + [self.b.eos_id]
-
-    def _new_conversation(self, prompt_ids: list[int]) -> Conversation:
-        conv = Conversation(prompt_ids=prompt_ids, traj_id=self.t.traj_id, group_id=self.t.group_id,
-                            turn=len(self.t.conversations))
-        self.t.conversations.append(conv)
-        return conv
-
-    def new_turn(self) -> Conversation:
-        return self._new_conversation(self.b.memsearcher_context(self.t.question, self.t.memory))
-
-    def act_text(self, think: str, action: str) -> str:
-        return f"{think}</think>\n{action}"
-
-    def act(self, conv: Conversation, think: str, action: str):
-        ids = self._enc(self.act_text(think, action))
-        self.t.record_call(ACT, self.turn, len(conv.prompt_ids) + len(conv.response_ids), len(ids))
-        conv.add_generated(ids, [0.0] * len(ids))
-        conv.blocks.append(self.b.decode_act(ids))
-        conv.ended_with_eos = True
-
-    @property
-    def turn(self) -> int:
-        return len(self.t.context_tokens)
-
-    def _second(self, conv: Conversation, observation: list[int], text: str):
-        conv.add_injected(observation)
-        ids = self._enc(text)
-        self.t.record_call(SECOND, self.turn - 1, len(conv.prompt_ids) + len(conv.response_ids), len(ids))
-        conv.add_generated(ids, [0.0] * len(ids))
-        conv.blocks.append(self.b.decode_update(ids))
-        conv.ended_with_eos = True
-
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
-        self._second(conv, self.b.observation([hits]), f"<memory>{memory}</memory>")
-        self.t.memory = memory
-        self.t.memories.append(memory)
-        self.t.memory_tokens.append(self.b.memory_tokens(memory))
-        self.t.num_searches += 1
-
-
-class _ReactBuilder(_Builder):
-    """The same scripted turns as AgentRunner's react workflow records them: one conversation,
-    each act appended (mask 1), each observation appended (mask 0), no memory update."""
-
-    def new_turn(self) -> Conversation:
-        if not self.t.conversations:
-            self._new_conversation(self.b.react_context(self.t.question))
-        return self.t.final
-
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
-        conv.add_injected(self.b.react_observation([hits]))
-        self.t.num_searches += 1
-
-
-class _Mem1Builder(_Builder):
-    """As AgentRunner's mem1 workflow records them: one conversation per turn holding the act
-    only, its prompt the question + the last act + its observation. The script's memory (the
-    facts found so far) opens each act's thinking: the internal state the next turn relies on."""
-
-    def new_turn(self) -> Conversation:
-        s = self.t.state
-        return self._new_conversation(mem1_context(self.b, self.t.question, s.get("last_act", []),
-                                                   s.get("last_observation", [])))
-
-    def act_text(self, think: str, action: str) -> str:
-        state = self.t.state.get("carry", "")
-        return f"{state} {think}</think>\n{action}" if state else f"{think}</think>\n{action}"
-
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
-        s = self.t.state
-        s["last_act"] = list(conv.response_ids)
-        s["last_observation"] = self.b.tool_message([hits], reopen_think=True)
-        s["carry"] = memory
-        self.t.memory = internal_state(conv.blocks[-1])
-        self.t.memories.append(self.t.memory)
-        self.t.memory_tokens.append(len(s["last_act"]))
-        self.t.num_searches += 1
-
-
-class _MemoryOpsBuilder(_Builder):
-    """As AgentRunner's memory_ops workflow records them: the bank in the context, and after
-    each observation `ADD` of the newly found supporting sentence; a search that found nothing
-    adds the script's no-result note, which the next found sentence replaces (`UPDATE`)."""
-
-    def new_turn(self) -> Conversation:
-        s = self.t.state
-        s.setdefault("entries", [])
-        return self._new_conversation(memory_ops_context(self.b, self.t.question, s["entries"], []))
-
-    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str):
-        s = self.t.state
-        entries, note_id = s["entries"], s.get("note_id")
-        if new_fact and note_id:  # the fact replaces the no-result note
-            op, entries, s["note_id"] = f"UPDATE {note_id} {new_fact}", [(i, new_fact if i == note_id else x)
-                                                                         for i, x in entries], None
-        else:
-            text = new_fact or note
-            op, entries = f"ADD {text}", entries + [(len(entries) + 1, text)]
-            s["note_id"] = None if new_fact else len(entries)
-        s["entries"] = entries
-        self._second(conv, ops_observation(self.b, [hits]), f"<ops>\n{op}\n</ops>")
-        self.t.memory = render_bank(s["entries"])
-        self.t.memories.append(self.t.memory)
-        self.t.memory_tokens.append(self.b.count_tokens(self.t.memory))
-        self.t.num_searches += 1
-
-
-RECORDERS = {"memsearcher": _Builder, "react": _ReactBuilder, "mem1": _Mem1Builder, "memory_ops": _MemoryOpsBuilder}
 
 
 class DemoScriptError(UserInputError):
@@ -371,7 +252,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             workflow: str = "memsearcher") -> Demonstration:
     """The state machine of the module docstring, objective after objective; then one answer."""
     traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]))
-    tb = RECORDERS[workflow](builder, traj)
+    tb = get_workflow(workflow).recorder(builder, traj)
     objs = objectives_of(row)
     turns_needed = sum(int(o["hops"]) for o in objs) + 1
     if flaw == "vague_query" and turns_needed + 1 > cfg.max_turns:
@@ -437,11 +318,8 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     tb.act(conv, THINK_ANSWER if found else THINK_GUESS, f"\\boxed{{{answer}}}")
     kinds.append(ActKind.ANSWER)
     traj.finish("answer")
-    if workflow == "react":
-        memories = []  # the ReAct workflow keeps no memory; the script's notes are not recorded
-    elif workflow in ("mem1", "memory_ops"):
-        memories = list(traj.memories)  # what the format carries: internal states / the rendered bank
-    return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, memories=memories, answer=answer,
+    return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, memories=tb.recorded_memories(memories),
+                         answer=answer,
                          workflow=workflow, answers=answers)
 
 

@@ -31,7 +31,8 @@ import random
 from collections.abc import Sequence
 
 from memsearcher_jax.agent.prompts import PromptBuilder, format_hits
-from memsearcher_jax.data.demos import RECORDERS, DemoConfig, demo_conversations, make_demonstrations
+from memsearcher_jax.agent.workflows import recorded_workflows
+from memsearcher_jax.data.demos import DemoConfig, demo_conversations, make_demonstrations
 from memsearcher_jax.data.synthetic import ONE_HOP, generate_world, join_objectives
 from memsearcher_jax.data.vocab import ReadingVocab
 from retrieval.base import Hit
@@ -75,8 +76,9 @@ class CurriculumConfig:
             raise ValueError(f"recall_pairs must be an increasing range >= 1, got {self.recall_pairs}")
         if not 0 <= self.name_copy <= 1:
             raise ValueError(f"name_copy must be a weight in [0, 1], got {self.name_copy}")
-        if not self.demo_workflows or any(w not in RECORDERS for w in self.demo_workflows):
-            raise ValueError(f"demo_workflows must name recorded formats {tuple(RECORDERS)}, got {self.demo_workflows}")
+        if not self.demo_workflows or any(w not in recorded_workflows() for w in self.demo_workflows):
+            raise ValueError(f"demo_workflows must name recorded formats {recorded_workflows()}, "
+                             f"got {self.demo_workflows}")
         if not self.demo_objectives or any(int(k) != k or k < 1 for k in self.demo_objectives):
             raise ValueError(f"demo_objectives must be integers >= 1, got {self.demo_objectives}")
         for field in ("cloze_passages", "long_passages", "bind_entities"):

@@ -4,9 +4,18 @@ import importlib
 import pkgutil
 
 from memsearcher_jax.agent.workflows import memsearcher, react  # noqa: F401  (first: the listing's order)
-from memsearcher_jax.agent.workflows.base import AgentBudgets, Workflow, get_workflow, register, workflow_names
+from memsearcher_jax.agent.workflows.base import (
+    AgentBudgets,
+    ScriptRecorder,
+    Workflow,
+    get_workflow,
+    recorded_workflows,
+    register,
+    workflow_names,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["AgentBudgets", "Workflow", "get_workflow", "register", "workflow_names"]
+__all__ = ["AgentBudgets", "ScriptRecorder", "Workflow", "get_workflow", "recorded_workflows", "register",
+           "workflow_names"]

@@ -15,14 +15,16 @@ One turn, as the loop runs it for each live trajectory `t`:
     wf.after_second(t, text)       what the second call's text carries to the next turn (or ends)
 
 Adding a workflow: one file here with a `Workflow` subclass decorated `@register`, plus its
-tests. `agent.workflow=<name>` then selects it.
+tests. `agent.workflow=<name>` then selects it. For warm starts (the scripted demonstrator,
+data/demos.py, and the bench's tables) the same file gives its `ScriptRecorder` subclass as the
+workflow's `recorder`: how a scripted episode is written down in this workflow's format.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from memsearcher_jax.agent.trajectory import Conversation, Trajectory
+from memsearcher_jax.agent.trajectory import ACT, SECOND, Conversation, Trajectory
 
 if TYPE_CHECKING:  # the prompt builder and the hits, for annotations only
     from memsearcher_jax.agent.prompts import PromptBuilder
@@ -43,12 +45,71 @@ class AgentBudgets(Protocol):
     memory_budget: int
 
 
+class ScriptRecorder:
+    """Writes a scripted episode (the demonstrator's, data/demos.py) into a trajectory turn by
+    turn, exactly as AgentRunner records a sampled episode of this workflow. The script decides
+    what to search, what was found and what to answer; the recorder decides only the format.
+
+    A subclass gives `new_turn` (the conversation this turn's act extends) and
+    `observe_and_update` (the search's observation and what carries to the next turn); `act`,
+    `act_text` and `second` are shared."""
+
+    def __init__(self, builder: PromptBuilder, traj: Trajectory):
+        self.b, self.t = builder, traj
+
+    def _enc(self, text: str) -> list[int]:
+        return self.b.encode(text) + [self.b.eos_id]
+
+    def new_conversation(self, prompt_ids: list[int]) -> Conversation:
+        conv = Conversation(prompt_ids=prompt_ids, traj_id=self.t.traj_id, group_id=self.t.group_id,
+                            turn=len(self.t.conversations))
+        self.t.conversations.append(conv)
+        return conv
+
+    @property
+    def turn(self) -> int:
+        return len(self.t.context_tokens)
+
+    def new_turn(self) -> Conversation:
+        raise NotImplementedError
+
+    def act_text(self, think: str, action: str) -> str:
+        return f"{think}</think>\n{action}"
+
+    def act(self, conv: Conversation, think: str, action: str) -> None:
+        ids = self._enc(self.act_text(think, action))
+        self.t.record_call(ACT, self.turn, len(conv.prompt_ids) + len(conv.response_ids), len(ids))
+        conv.add_generated(ids, [0.0] * len(ids))
+        conv.blocks.append(self.b.decode_act(ids))
+        conv.ended_with_eos = True
+
+    def second(self, conv: Conversation, observation: list[int], text: str) -> None:
+        """The observation (masked), then the second call's text as if generated."""
+        conv.add_injected(observation)
+        ids = self._enc(text)
+        self.t.record_call(SECOND, self.turn - 1, len(conv.prompt_ids) + len(conv.response_ids), len(ids))
+        conv.add_generated(ids, [0.0] * len(ids))
+        conv.blocks.append(self.b.decode_update(ids))
+        conv.ended_with_eos = True
+
+    def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str) -> None:
+        """After a search: `hits` observed; `memory` is the script's memory so far (its found
+        sentences and note), `new_fact` the sentence this search found (or None), `note` the
+        no-result note (or "")."""
+        raise NotImplementedError
+
+    def recorded_memories(self, script_memories: list[str]) -> list[str]:
+        """The memories the demonstration reports (its check compares them): the script's."""
+        return script_memories
+
+
 class Workflow:
     """One workflow. Instances hold no per-episode data: that lives on the Trajectory
     (`t.memory`, `t.memories`, `t.memory_tokens`, `t.state`)."""
 
     name: ClassVar[str] = ""
     second_call: ClassVar[bool] = False   # whether a searching turn makes a second generation call
+    recorder: ClassVar[type[ScriptRecorder] | None] = None  # its scripted format (None: no demos)
 
     def carried_tokens(self, cfg: AgentBudgets) -> int:
         """At most how many tokens a turn's context carries beyond the system prompt and the
@@ -98,6 +159,11 @@ def register(cls: type[Workflow]) -> type[Workflow]:
 
 def workflow_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
+
+
+def recorded_workflows() -> tuple[str, ...]:
+    """The workflows the demonstrator can write episodes for (those with a recorder)."""
+    return tuple(n for n, wf in _REGISTRY.items() if wf.recorder is not None)
 
 
 def get_workflow(name: str) -> Workflow:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
-from memsearcher_jax.agent.workflows.base import Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
 
 
 def mem1_system_prompt(default_top_n: int, tool) -> str:
@@ -62,9 +62,38 @@ def internal_state(act_text: str) -> str:
     return bodies[0].strip() if bodies else ""
 
 
+class Mem1Recorder(ScriptRecorder):
+    """A scripted turn: one conversation per turn holding the act only, its prompt the question +
+    the last act + its observation. The script's memory (the facts found so far) opens each act's
+    thinking: the internal state the next turn relies on; the demonstration reports those states."""
+
+    def new_turn(self):
+        s = self.t.state
+        return self.new_conversation(mem1_context(self.b, self.t.question, s.get("last_act", []),
+                                                  s.get("last_observation", [])))
+
+    def act_text(self, think, action):
+        state = self.t.state.get("carry", "")
+        return f"{state} {think}</think>\n{action}" if state else f"{think}</think>\n{action}"
+
+    def observe_and_update(self, conv, hits, memory, new_fact, note):
+        s = self.t.state
+        s["last_act"] = list(conv.response_ids)
+        s["last_observation"] = self.b.tool_message([hits], reopen_think=True)
+        s["carry"] = memory
+        self.t.memory = internal_state(conv.blocks[-1])
+        self.t.memories.append(self.t.memory)
+        self.t.memory_tokens.append(len(s["last_act"]))
+        self.t.num_searches += 1
+
+    def recorded_memories(self, script_memories):
+        return list(self.t.memories)
+
+
 @register
 class Mem1(Workflow):
     name = "mem1"
+    recorder = Mem1Recorder
 
     def carried_tokens(self, cfg):
         # The last act, and its observation (held to observation_cap by observe).

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
-from memsearcher_jax.agent.workflows.base import Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
 
 OPS_OPEN, OPS_CLOSE = "<ops>", "</ops>"
 VERBS = ("ADD", "UPDATE", "DELETE", "NOOP")
@@ -156,10 +156,42 @@ def apply_operations(entries: list[tuple[int, str]], next_id: int, ops: list[Ope
     return entries, next_id, errors
 
 
+class MemoryOpsRecorder(ScriptRecorder):
+    """A scripted turn: the bank in the context, and after each observation `ADD` of the newly
+    found supporting sentence; a search that found nothing adds the script's no-result note,
+    which the next found sentence replaces (`UPDATE`). The demonstration reports the banks."""
+
+    def new_turn(self):
+        s = self.t.state
+        s.setdefault("entries", [])
+        return self.new_conversation(memory_ops_context(self.b, self.t.question, s["entries"], []))
+
+    def observe_and_update(self, conv, hits, memory, new_fact, note):
+        s = self.t.state
+        entries, note_id = s["entries"], s.get("note_id")
+        if new_fact and note_id:  # the fact replaces the no-result note
+            op, entries, s["note_id"] = f"UPDATE {note_id} {new_fact}", [(i, new_fact if i == note_id else x)
+                                                                         for i, x in entries], None
+        else:
+            text = new_fact or note
+            op, entries = f"ADD {text}", entries + [(len(entries) + 1, text)]
+            s["note_id"] = None if new_fact else len(entries)
+        s["entries"] = entries
+        self.second(conv, ops_observation(self.b, [hits]), f"<ops>\n{op}\n</ops>")
+        self.t.memory = render_bank(s["entries"])
+        self.t.memories.append(self.t.memory)
+        self.t.memory_tokens.append(self.b.count_tokens(self.t.memory))
+        self.t.num_searches += 1
+
+    def recorded_memories(self, script_memories):
+        return list(self.t.memories)
+
+
 @register
 class MemoryOps(Workflow):
     name = "memory_ops"
     second_call = True
+    recorder = MemoryOpsRecorder
 
     def carried_tokens(self, cfg):
         # The bank, plus the errors block (shown_errors holds the two to this together).

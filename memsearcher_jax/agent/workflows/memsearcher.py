@@ -10,13 +10,29 @@ One conversation per turn.
 from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import extract_memory
-from memsearcher_jax.agent.workflows.base import Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
+
+
+class MemSearcherRecorder(ScriptRecorder):
+    """A scripted turn: a new conversation on question + memory; after the search, the second
+    call rewrites the memory to the script's."""
+
+    def new_turn(self):
+        return self.new_conversation(self.b.memsearcher_context(self.t.question, self.t.memory))
+
+    def observe_and_update(self, conv, hits, memory, new_fact, note):
+        self.second(conv, self.b.observation([hits]), f"<memory>{memory}</memory>")
+        self.t.memory = memory
+        self.t.memories.append(memory)
+        self.t.memory_tokens.append(self.b.memory_tokens(memory))
+        self.t.num_searches += 1
 
 
 @register
 class MemSearcher(Workflow):
     name = "memsearcher"
     second_call = True
+    recorder = MemSearcherRecorder
 
     def carried_tokens(self, cfg):
         return cfg.memory_budget

@@ -7,12 +7,30 @@ Nothing is forgotten and there is no second call; the context grows every turn.
 """
 from __future__ import annotations
 
-from memsearcher_jax.agent.workflows.base import Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
+
+
+class ReActRecorder(ScriptRecorder):
+    """One conversation: each act appended (mask 1), each observation appended (mask 0), no
+    memory update; the demonstration reports no memories (the script's notes are not recorded)."""
+
+    def new_turn(self):
+        if not self.t.conversations:
+            self.new_conversation(self.b.react_context(self.t.question))
+        return self.t.final
+
+    def observe_and_update(self, conv, hits, memory, new_fact, note):
+        conv.add_injected(self.b.react_observation([hits]))
+        self.t.num_searches += 1
+
+    def recorded_memories(self, script_memories):
+        return []
 
 
 @register
 class ReAct(Workflow):
     name = "react"
+    recorder = ReActRecorder
 
     def start(self, t, b, cfg):
         self.new_conversation(t, b.react_context(t.question), 0)
