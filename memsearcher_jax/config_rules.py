@@ -24,6 +24,7 @@ import ml_collections
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.agent.tools import tool_spec
+from memsearcher_jax.agent.workflows import get_workflow, workflow_names
 from memsearcher_jax.data.demos import EARLY_SEVERAL, EARLY_TWO_HOP, no_result_note_problem
 from memsearcher_jax.data.synthetic import check_objectives
 from memsearcher_jax.distributed import batch_split_problems
@@ -326,6 +327,12 @@ def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[
     if training and not cfg.world.enabled and cfg.sft.steps > 0:
         problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
                         "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
+    workflow = cfg.agent.workflow
+    if (training and cfg.world.enabled and cfg.sft.steps > 0 and workflow in workflow_names()
+            and get_workflow(workflow).recorder is None):
+        problems.append(f"agent.workflow={workflow!r} has no recorder, so the warm start (sft.steps={cfg.sft.steps}) "
+                        "cannot write the demonstrator's episodes in its format: give the workflow a `recorder` "
+                        "(agent/workflows/base.py::ScriptRecorder) or set sft.steps=0")
     return problems
 
 

@@ -349,7 +349,6 @@ def test_a_new_workflows_demos_come_from_its_own_file(world):
         def recorded_memories(self, script_memories):
             return list(self.t.memories)
 
-    @register
     class LastFact(Workflow):
         name = "test_last_fact"
         second_call = True
@@ -366,16 +365,19 @@ def test_a_new_workflows_demos_come_from_its_own_file(world):
             t.memories.append(t.memory)
             t.memory_tokens.append(b.memory_tokens(t.memory))
 
-    @register
     class NoDemos(Workflow):
         name = "test_no_demos"
 
     rows, builder, retriever = world
     two_hop = [r for r in rows if int(r["hops"]) == 2][:10]
+    assert len(two_hop) == 10
     try:
+        register(LastFact)
+        register(NoDemos)
         assert "test_last_fact" in recorded_workflows() and "test_no_demos" not in recorded_workflows()
         demos = make_demonstrations(two_hop, builder, retriever, seed=0,
                                     config=DemoConfig(0, 0, 0, workflow="test_last_fact"))
+        assert len(demos) == 10
         for d in demos:
             assert d.workflow == "test_last_fact" and d.memories == [d.row["facts"][0], d.row["facts"][1]]
             traj = _replay(d, builder, retriever, "test_last_fact")
@@ -385,9 +387,16 @@ def test_a_new_workflows_demos_come_from_its_own_file(world):
                                                                              want.loss_mask)
         with pytest.raises(ValueError, match="recorded formats"):
             DemoConfig(workflow="test_no_demos")
+        # The warm start of a workflow without a recorder is refused with the rest of the config.
+        from memsearcher_jax.config_rules import config_problems
+        from memsearcher_jax.config_utils import load_config
+        cfg = load_config("configs/default.py", [("agent.workflow", "test_no_demos")])
+        assert any("agent.workflow='test_no_demos' has no recorder" in p for p in config_problems(cfg))
+        cfg = load_config("configs/default.py", [("agent.workflow", "test_no_demos"), ("sft.steps", "0")])
+        assert not any("has no recorder" in p for p in config_problems(cfg))
     finally:
-        base._REGISTRY.pop("test_last_fact")
-        base._REGISTRY.pop("test_no_demos")
+        base._REGISTRY.pop("test_last_fact", None)
+        base._REGISTRY.pop("test_no_demos", None)
 
 
 @pytest.fixture(scope="module")

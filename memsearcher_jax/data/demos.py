@@ -112,7 +112,7 @@ class DemoConfig:
     # row apart from the flaws (0: all `workflow`, 1: all ReAct). A model meant to run both
     # workflows (bench/context.py) needs demos of both.
     react_share: float = 0.0
-    workflow: str = "memsearcher"   # the format of the other demos: memsearcher, react, mem1 or memory_ops
+    workflow: str = "memsearcher"   # the format of the other demos: a workflow with a recorder
     no_result_note: str = NO_RESULT_NOTE   # left in memory by a search that found nothing; {s}: the subject
 
     def __post_init__(self):
@@ -187,8 +187,6 @@ def _vague_query(rng: random.Random, row: dict, all_rows: Sequence[dict]) -> str
     others = [r for r in all_rows if r["subject"] != row["subject"]]
     other = rng.choice(others) if others else row
     return q.replace(row["subject"], other["subject"]) if other is not row else "information"
-
-
 
 
 class DemoScriptError(UserInputError):
@@ -318,9 +316,8 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     tb.act(conv, THINK_ANSWER if found else THINK_GUESS, f"\\boxed{{{answer}}}")
     kinds.append(ActKind.ANSWER)
     traj.finish("answer")
-    return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, memories=tb.recorded_memories(memories),
-                         answer=answer,
-                         workflow=workflow, answers=answers)
+    return Demonstration(trajectory=traj, row=row, flaw=flaw, act_kinds=kinds, answer=answer, workflow=workflow,
+                         memories=tb.recorded_memories(memories), answers=answers)
 
 
 def _scripted_answer(o: dict, flaw: str | None, rng: random.Random, pool: dict, bridge: bool = True) -> str:

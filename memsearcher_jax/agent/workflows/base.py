@@ -15,9 +15,10 @@ One turn, as the loop runs it for each live trajectory `t`:
     wf.after_second(t, text)       what the second call's text carries to the next turn (or ends)
 
 Adding a workflow: one file here with a `Workflow` subclass decorated `@register`, plus its
-tests. `agent.workflow=<name>` then selects it. For warm starts (the scripted demonstrator,
-data/demos.py, and the bench's tables) the same file gives its `ScriptRecorder` subclass as the
-workflow's `recorder`: how a scripted episode is written down in this workflow's format.
+tests. `agent.workflow=<name>` then selects it. For a warm start (the scripted demonstrator,
+data/demos.py) the same file gives its `ScriptRecorder` subclass as the workflow's `recorder`:
+how a scripted episode is written down in this workflow's format. (The benches that compare the
+designs, bench/paper_tables.py and its targets, name the four they compare.)
 """
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ class ScriptRecorder:
         return self.b.encode(text) + [self.b.eos_id]
 
     def new_conversation(self, prompt_ids: list[int]) -> Conversation:
+        """A new conversation on `prompt_ids` for the next turn (Workflow.new_conversation's
+        counterpart: the turn is the number of conversations so far)."""
         conv = Conversation(prompt_ids=prompt_ids, traj_id=self.t.traj_id, group_id=self.t.group_id,
                             turn=len(self.t.conversations))
         self.t.conversations.append(conv)
