@@ -4,6 +4,10 @@
     validate(cfg, training)                     # TrainConfigError listing them all; nothing when none
     check_config(cfg, training)                 # validate, then (training) whether the plan fits its devices
 
+A key a lower module reads at run time keeps its rule there (the sampler's query block, the
+tool's schema, the world's objectives, the hosts' split, the cache directory): `owners_reading`
+asks every such owner once, first, and each section's rules report its verdict in their place.
+
 Every entry point asks these: a job (validation.check_training, jobs' eval), experiment.build_trainer,
 the benches and a library user, so none sees fewer rules than another. The typed readers (a
 config's sections -> the dataclasses `agent/` and `rl/` take) live here too: the last rule is that
@@ -182,6 +186,54 @@ def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
     return mode == "true"
 
 
+# ----------------------------------------------------------------------------- the owners' readings
+# A key read at run time by a lower module has its rule there (the sampler refuses a bad query
+# block whoever builds it). The one pass asks every such owner once, here, before its own rules,
+# and each section's rule below reports the owner's verdict in its place in the message.
+
+@dataclasses.dataclass(frozen=True)
+class OwnersReading:
+    """What the module that reads each key at run time makes of it: a problem list per key (empty:
+    accepted), and model.lora_* as the trainer reads them."""
+    objectives: list[str]     # world.objectives (data/synthetic.py)
+    lora: dict                # model.lora_rank / lora_alpha / lora_targets (memory_estimates.lora_fields)
+    tool: list[str]           # agent.tool / agent.tool_schema (agent/tools.py)
+    query_block: list[str]    # sampler.prefill_query_block (sampling/sampler.py)
+    batch_split: list[str]    # rl.batch_questions over this job's hosts (distributed.py)
+    cache_dir: str | None     # the compilation cache's directory (compile_stats), None: not asked or refused
+    cache_dir_problems: list[str]
+
+
+def owners_reading(cfg: ml_collections.ConfigDict, training: bool = True, files: bool = True) -> OwnersReading:
+    """Every owner asked about its keys, in one place, highest layer first (the data, the plan's
+    readers, the agent's tool, the sampler, the hosts, the cache). training=False asks nothing of
+    the hosts; files=False nothing of this machine's cache directory."""
+    objectives, tool, query_block = [], [], []
+    try:
+        check_objectives(cfg.world.objectives)
+    except ValueError as e:
+        objectives = [str(e)]
+    lora = lora_fields(cfg)
+    try:
+        tool_spec(cfg.agent.tool, cfg.agent.get("tool_schema", ""))
+    except UserInputError as e:
+        tool = [str(e)]
+    try:
+        check_query_block(cfg.sampler.prefill_query_block)
+    except ValueError as e:
+        query_block = [f"sampler.{e}"]
+    batch_split = (batch_split_problems(cfg.rl.batch_questions, jax.process_count())
+                   if training and cfg.rl.batch_questions >= 1 else [])
+    cache_dir, cache_problems = None, []
+    if files and training:
+        try:
+            cache_dir = compile_stats.resolve_cache_dir(cfg.train.get("compilation_cache_dir", None))
+        except ValueError as e:  # a blank directory (it would become a directory named " ")
+            cache_problems = [str(e)]
+    return OwnersReading(objectives=objectives, lora=lora, tool=tool, query_block=query_block,
+                         batch_split=batch_split, cache_dir=cache_dir, cache_dir_problems=cache_problems)
+
+
 # ----------------------------------------------------------------------------- the one pass
 
 def refuse(problems: list[str], what: str = "training config") -> None:
@@ -199,12 +251,13 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files
     compilation cache (cache_dir_problems). training=False (evaluation) asks for no training data,
     no groups and no warm start. files=False asks for the values alone, not this machine's files:
     `memsearcher-jax plan` sizes a pod's run on a machine that holds none of its data."""
-    problems = key_problems(cfg, training) or typed_problems(cfg)
-    problems += setting_problems(cfg, training)
+    owners = owners_reading(cfg, training, files)
+    problems = key_problems(cfg, owners, training) or typed_problems(cfg)
+    problems += setting_problems(cfg, owners, training)
     if files:
         problems += input_path_problems(cfg, training)
         if training:
-            problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None))
+            problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None), owners)
     return problems
 
 
@@ -223,11 +276,12 @@ def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
         check_fits(cfg)
 
 
-def key_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
-    """Each key's value and the keys' agreement: cheap checks with messages naming the key."""
-    return (rl_problems(cfg, training) + value_problems(cfg) + train_problems(cfg)
-            + retrieval_and_data_problems(cfg, training) + objectives_problems(cfg) + sft_problems(cfg, training)
-            + model_problems(cfg))
+def key_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, training: bool = True) -> list[str]:
+    """Each key's value and the keys' agreement: cheap checks with messages naming the key (the
+    owners' verdicts, `owners`, each in its section's place)."""
+    return (rl_problems(cfg, owners, training) + value_problems(cfg) + train_problems(cfg, owners)
+            + retrieval_and_data_problems(cfg, training) + objectives_problems(cfg, owners)
+            + sft_problems(cfg, training) + model_problems(cfg, owners))
 
 
 def typed_problems(cfg: ml_collections.ConfigDict) -> list[str]:
@@ -241,7 +295,7 @@ def typed_problems(cfg: ml_collections.ConfigDict) -> list[str]:
     return []
 
 
-def rl_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+def rl_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, training: bool = True) -> list[str]:
     """The rl section: batch sizes, groups, the sampling temperature GRPO needs, its reward and
     old log-probs; and, training on several hosts, an equal slice of the questions for each."""
     problems = []
@@ -259,8 +313,7 @@ def rl_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[s
         problems.append(f"rl.optimizer_steps={cfg.rl.optimizer_steps} is more than a step's {trajectories} "
                         "trajectories (rl.batch_questions * rl.group_size): some mini-batches would be empty; "
                         f"set rl.optimizer_steps <= {trajectories}")
-    if training and cfg.rl.batch_questions >= 1:
-        problems += batch_split_problems(cfg.rl.batch_questions, jax.process_count())
+    problems += owners.batch_split
     if cfg.rl.filter_groups not in ("none", "zero_std"):
         problems.append(f"rl.filter_groups must be 'none' or 'zero_std', got {cfg.rl.filter_groups!r}")
     if cfg.rl.max_refill < 0:
@@ -279,13 +332,9 @@ def rl_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[s
     return problems
 
 
-def train_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+def train_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading) -> list[str]:
     """The train section's counts and cadences, and the sampler's prefill block."""
-    problems = []
-    try:
-        prefill_query_block(cfg)
-    except TrainConfigError as e:
-        problems.append(str(e))
+    problems = list(owners.query_block)
     if cfg.train.steps < 0:
         problems.append(f"train.steps must be >= 0, got {cfg.train.steps}")
     if cfg.train.save_every < 1 or cfg.train.keep < 1:
@@ -336,13 +385,13 @@ def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[
     return problems
 
 
-def model_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+def model_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading) -> list[str]:
     """The model section's values: dtypes and LoRA settings (that its source exists: input_path_problems)."""
     problems = []
     for key in ("dtype", "param_dtype"):  # checked here too so the message comes before any set-up
         if cfg.model[key] not in DTYPES:
             problems.append(f"model.{key} must be one of {DTYPES}, got {cfg.model[key]!r}")
-    lora = lora_fields(cfg)
+    lora = owners.lora
     if lora["lora_rank"] < 0:
         problems.append(f"model.lora_rank must be >= 0 (0 = full fine-tuning), got {lora['lora_rank']}")
     elif lora["lora_rank"] > 0:
@@ -371,12 +420,13 @@ def value_problems(cfg: ml_collections.ConfigDict) -> list[str]:
     return problems
 
 
-def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+def objectives_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading) -> list[str]:
     """world.objectives: an integer >= 1, and above 1 only on the synthetic world; each count of
     world.objectives_mix and sft.demo_objectives likewise."""
     n = cfg.world.objectives
+    if owners.objectives:
+        return owners.objectives
     try:
-        check_objectives(n)
         counts = demo_objective_counts(cfg)
         mix = train_objective_counts(cfg)
     except ValueError as e:
@@ -393,15 +443,14 @@ def objectives_problems(cfg: ml_collections.ConfigDict) -> list[str]:
     return []
 
 
-def setting_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+def setting_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, training: bool = True) -> list[str]:
     """Settings read only once the world is built (the search tool, the prompt's answer format) or
     the warm start runs (its length in passes, its name swaps, its tied rows), asked up front:
     agent.tool / agent.tool_schema, agent.multi_answer_prompt, sft.passes, sft.name_swap_rate and
     sft.tie_embedding_rows. Evaluation (training=False) runs no warm start."""
-    checks = [lambda: tool_spec(cfg.agent.tool, cfg.agent.get("tool_schema", "")),
-              lambda: auto_flag(cfg, "agent", "multi_answer_prompt")]
+    checks = [lambda: auto_flag(cfg, "agent", "multi_answer_prompt")]
     checks += [lambda: auto_flag(cfg, "sft", "tie_embedding_rows")] if training else []
-    problems = []
+    problems = list(owners.tool)
     for check in checks:
         try:
             check()
@@ -435,14 +484,13 @@ def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -
                        if value and "://" not in value and not exists(os.path.expanduser(value))]
 
 
-def cache_dir_problems(configured: str | None) -> list[str]:
+def cache_dir_problems(configured: str | None, owners: OwnersReading) -> list[str]:
     """The persistent compilation cache (train.compilation_cache_dir, or the environment's
-    override) must be a directory the job can make and write: a file there, or under it, was a
-    FileExistsError / NotADirectoryError traceback."""
-    try:
-        path = compile_stats.resolve_cache_dir(configured)
-    except ValueError as e:  # a blank directory (it would become a directory named " ")
-        return [str(e)]
+    override; `owners.cache_dir` as compile_stats resolves it) must be a directory the job can
+    make and write: a file there, or under it, was a FileExistsError / NotADirectoryError traceback."""
+    if owners.cache_dir_problems:
+        return owners.cache_dir_problems
+    path = owners.cache_dir
     if not path:
         return []
     env = os.environ.get(compile_stats.CACHE_DIR_ENV)

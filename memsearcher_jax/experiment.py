@@ -92,8 +92,8 @@ class Setup:
 def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
     """Tokenizer, prompt builder, retriever and questions. training=False skips the training set."""
     # What the set-up reads from the config alone, read (and refused) before anything is built.
-    multi_answer, counts = multi_answer_prompt(cfg), train_objective_counts(cfg)
     vocab_dir = reading_vocab_dir(cfg) if cfg.world.enabled else None
+    multi_answer, counts = multi_answer_prompt(cfg), train_objective_counts(cfg)
     tool = tool_from_config(cfg.agent.tool, cfg.agent.tool_schema)
     world_paths = None
     if cfg.world.enabled:
@@ -254,8 +254,8 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
     """The learner, the sampler and the turn loop for a checked config and its set-up, on the policy
     loaded from `source` (a Hugging Face directory, e.g. the warm start's; None: model.source)."""
     # What the pieces take from the config, read once before any is built.
-    grpo, loop = grpo_config(cfg), loop_config(cfg)
-    reward_fn, held_out = load_reward_fn(cfg.rl.reward_fn), eval_questions(cfg, setup)
+    held_out = eval_questions(cfg, setup)
+    grpo, loop, reward_fn = grpo_config(cfg), loop_config(cfg), load_reward_fn(cfg.rl.reward_fn)
     mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
     policy = load_policy(cfg, setup, source)
     meta = {"tokenizer_dir": os.path.abspath(os.path.expanduser(setup.tokenizer_dir))}
