@@ -116,8 +116,9 @@ LORA = [("model.lora_rank", "4"), ("model.lora_alpha", "8.0"), ("optim.learning_
 
 def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
     """One full Trainer.train_step of the tiny default config (no warm start, no eval), then one
-    with LoRA adapters (the sampler then merges them layer by layer into host-local pieces), in
-    one process: the two tests below share the start-up, the joining and the world."""
+    with LoRA adapters (the sampler then merges them layer by layer into host-local pieces),
+    then the zero-std update (_zero_std_step), in one process: the three tests below share the
+    start-up, the joining and the world."""
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -126,6 +127,7 @@ def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
     spec = initialize_from_env(timeout_s=120)
     _train_step(spec, out_dir, tag, worlds, lora=False)
     _train_step(spec, out_dir, f"{tag}_lora", worlds, lora=True)
+    _zero_std_step(spec, out_dir, tag)
 
 
 def _train_step(spec, out_dir: str, tag: str, worlds: str, lora: bool) -> None:
@@ -164,7 +166,7 @@ def _train_step(spec, out_dir: str, tag: str, worlds: str, lora: bool) -> None:
             json.dump(info, f)
 
 
-def zero_std_worker(out_dir: str, tag: str) -> None:
+def _zero_std_step(spec, out_dir: str, tag: str) -> None:
     """One Trainer.train_step under rl.filter_groups=zero_std on 4 questions x 2 samples whose
     rewards are fixed by group: groups 0 and 1 spread (rewards 0 and 1), groups 2 and 3 tie. On
     2 processes host 1 holds groups 2 and 3, so it keeps nothing and must join host 0's update
@@ -173,16 +175,12 @@ def zero_std_worker(out_dir: str, tag: str) -> None:
     import json
 
     import jax
-
-    jax.config.update("jax_default_matmul_precision", "highest")
-    from memsearcher_jax.distributed import global_mesh, initialize_from_env
-
-    spec = initialize_from_env(timeout_s=120)
     from flax import nnx
     from jax.experimental import multihost_utils
 
     from memsearcher_jax.agent.rollout import RolloutStats
     from memsearcher_jax.agent.trajectory import Conversation, Trajectory
+    from memsearcher_jax.distributed import global_mesh
     from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, shard_model
     from memsearcher_jax.qa_metrics import RewardResult
     from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
@@ -341,16 +339,27 @@ def test_row_seeds_make_a_row_independent_of_its_batch():
 
 
 @pytest.fixture(scope="module")
-def train_steps(tmp_path_factory):
-    """Both runs of `train_step_worker` (a full step, then a LoRA step): 1 process x 8 devices, and
-    2 processes x 4 devices, each rolling out half of the questions on its own devices. The
-    1-process run builds the world cache first; the two processes then only read it."""
+def train_steps(tmp_path_factory, worker_id):
+    """Both runs of `train_step_worker` (a full step, a LoRA step, then the zero-std update):
+    1 process x 8 devices, and 2 processes x 4 devices, each rolling out half of the questions on
+    its own devices. The 1-process run builds the world cache first; the two processes then only
+    read it. Returns (load, out): load(lora) gives the two runs' records of a step, out their directory."""
+    import fcntl
     import json
 
-    out = str(tmp_path_factory.mktemp("train_steps"))
-    worlds = os.path.join(out, "worlds")
-    _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds])
-    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds])
+    # The runs are made once per session, whichever pytest-xdist worker asks first: the three tests
+    # may land on both workers, and each worker would otherwise run the fixture (two minutes) itself.
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if worker_id != "master" else shared  # the session's directory, above the workers'
+    out = str(shared / "multihost_train_steps")
+    with open(shared / "multihost_train_steps.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker waits here for the runs (released on close)
+        if not os.path.exists(os.path.join(out, "done")):
+            os.makedirs(out, exist_ok=True)
+            worlds = os.path.join(out, "worlds")
+            _spawn(out, "eight", devices=8, worker_args=["--train-step", out, "eight", worlds])
+            _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--train-step", out, "multi", worlds])
+            open(os.path.join(out, "done"), "w").close()
 
     def load(lora: bool):
         tags = ("eight_lora", "multi_lora") if lora else ("eight", "multi")
@@ -359,7 +368,7 @@ def train_steps(tmp_path_factory):
         initial = [_load(os.path.join(out, f"step_initial_{t}.npz")) for t in tags]
         return info, params, initial
 
-    return load
+    return load, out
 
 
 @pytest.mark.slow
@@ -367,7 +376,7 @@ def test_full_train_step_two_processes_match_one_process(train_steps):
     """Trainer.train_step (rollout with the sampler + BM25 retrieval + reward + GRPO update):
     2 processes x 4 devices, each rolling out half of the questions on its own devices, end
     with the parameters of 1 process x 8 devices."""
-    (eight_info, multi_info), (eight, multi), (initial, initial_multi) = train_steps(lora=False)
+    (eight_info, multi_info), (eight, multi), (initial, initial_multi) = train_steps[0](lora=False)
     assert (eight_info["processes"], eight_info["devices"]) == (1, 8)
     assert (multi_info["processes"], multi_info["devices"]) == (2, 8)
     # The learner spans all 8 devices in both runs; the 2-process sampler only its host's 4.
@@ -390,7 +399,7 @@ def test_full_train_step_two_processes_match_one_process(train_steps):
 def test_full_lora_train_step_two_processes_match_one_process(train_steps):
     """The same with LoRA: each host's sampler merges the adapters layer by layer into its own
     host-local pieces, straight from the FSDP base that spans both processes."""
-    (eight_info, multi_info), (eight, multi), (initial, _) = train_steps(lora=True)
+    (eight_info, multi_info), (eight, multi), (initial, _) = train_steps[0](lora=True)
     assert eight_info["layer_by_layer"] and multi_info["layer_by_layer"]
     assert eight_info["sampler_devices"] == 8 and multi_info["sampler_devices"] == 4
     assert eight_info["rows"] == multi_info["rows"] > 0
@@ -401,15 +410,13 @@ def test_full_lora_train_step_two_processes_match_one_process(train_steps):
 
 
 @pytest.mark.slow
-def test_zero_std_two_processes_match_one_process(tmp_path):
+def test_zero_std_two_processes_match_one_process(train_steps):
     """filter_groups=zero_std where every group of host 1 ties: host 1 joins the update with no rows
     (not its tied trajectories at advantage 0, which added tokens to the mean, KL and entropy
     terms), so 2 processes x 4 devices make the update of 1 process x 8."""
     import json
 
-    out = str(tmp_path)
-    _spawn(out, "eight", devices=8, worker_args=["--zero-std", out, "eight"])
-    _spawn(out, "multi", devices=4, num_processes=2, worker_args=["--zero-std", out, "multi"])
+    out = train_steps[1]  # the runs of train_step_worker, which ends with _zero_std_step
     eight = json.load(open(os.path.join(out, "zero_std_eight_0.json")))
     hosts = [json.load(open(os.path.join(out, f"zero_std_multi_{p}.json"))) for p in (0, 1)]
     assert eight["processes"] == 1 and hosts[0]["processes"] == 2
@@ -430,7 +437,5 @@ if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if sys.argv[1] == "--train-step":
         train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
-    elif sys.argv[1] == "--zero-std":
-        zero_std_worker(sys.argv[2], sys.argv[3])
     else:
         worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
