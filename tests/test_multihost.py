@@ -339,7 +339,7 @@ def test_row_seeds_make_a_row_independent_of_its_batch():
 
 
 @pytest.fixture(scope="module")
-def train_steps(tmp_path_factory, worker_id):
+def train_steps(tmp_path_factory):
     """Both runs of `train_step_worker` (a full step, a LoRA step, then the zero-std update):
     1 process x 8 devices, and 2 processes x 4 devices, each rolling out half of the questions on
     its own devices. The 1-process run builds the world cache first; the two processes then only
@@ -350,7 +350,8 @@ def train_steps(tmp_path_factory, worker_id):
     # The runs are made once per session, whichever pytest-xdist worker asks first: the three tests
     # may land on both workers, and each worker would otherwise run the fixture (two minutes) itself.
     shared = tmp_path_factory.getbasetemp()
-    shared = shared.parent if worker_id != "master" else shared  # the session's directory, above the workers'
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the session's directory, above the workers' own
+        shared = shared.parent
     out = str(shared / "multihost_train_steps")
     with open(shared / "multihost_train_steps.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker waits here for the runs (released on close)
