@@ -187,9 +187,7 @@ def multi_answer_prompt(cfg: ml_collections.ConfigDict) -> bool:
 
 
 # ----------------------------------------------------------------------------- the owners' readings
-# A key read at run time by a lower module has its rule there (the sampler refuses a bad query
-# block whoever builds it). The one pass asks every such owner once, here, before its own rules,
-# and each section's rule below reports the owner's verdict in its place in the message.
+# (see the module docstring: the rules that live with the module reading the key at run time)
 
 @dataclasses.dataclass(frozen=True)
 class OwnersReading:
