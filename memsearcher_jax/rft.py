@@ -28,6 +28,9 @@ from memsearcher_jax.warm_start import continued_sft, embedding_row_groups
 # A trajectory is kept when its reward reaches this: every objective answered exactly right
 # (the reward is F1-based, so 1.0 means token F1 1 on every part).
 MIN_REWARD = 1.0
+# A float reached by another order of operations can sit a few ulps below the threshold
+# (0.9999999999999999 for 1): such a reward still reaches it.
+REWARD_TOLERANCE = 1e-9
 
 
 @dataclasses.dataclass
@@ -46,7 +49,7 @@ class RFTResult:
 
 def kept_trajectories(trajs, results, min_reward: float = MIN_REWARD) -> list:
     """The trajectories whose reward reaches min_reward (and whose format passed)."""
-    return [t for t, r in zip(trajs, results) if r.format_ok and r.reward >= min_reward]
+    return [t for t, r in zip(trajs, results) if r.format_ok and r.reward >= min_reward - REWARD_TOLERANCE]
 
 
 def sample_rollouts(cfg: ml_collections.ConfigDict, setup: Setup, model, min_reward: float = MIN_REWARD,

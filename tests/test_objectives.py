@@ -113,21 +113,36 @@ def test_malformed_golds_raise_naming_golds(golds):
 TWO = [["Lopa", "Lopa city"], ["1923"]]
 
 
-@pytest.mark.parametrize("answer, em, f1", [
-    ("Lopa; 1923", 1.0, 1.0),
-    ("Lopa city;1923", 1.0, 1.0),  # an alias, no space after the separator
-    ("  lopa ;  1923 ", 1.0, 1.0),  # whitespace and case
-    ("1923; Lopa", 0.0, 0.0),  # order matters: part k answers question k
-    ("Lopa", 0.5, 0.5),  # the second part missing
-    ("; 1923", 0.5, 0.5),  # the first part empty
-    ("Lopa; 1923; Rome", 0.5, (1 + 2 / 3) / 2),  # an extra part lowers the last objective
-    ("Lopa town; 1923", 0.5, (2 / 3 + 1) / 2),  # partial credit per objective
+# The numbers worked by hand: "1923 rome" against "1923" has P 1/2, R 1, F1 2/3; "lopa town" against
+# "lopa" the same (against "lopa city" F1 1/2, the lower alias). The reward of N >= 2 is
+# 0.1 + 0.9 x mean F1: 0.1 + 0.9 x 1/2 = 0.55, 0.1 + 0.9 x 5/6 = 0.85.
+@pytest.mark.parametrize("answer, em, f1, reward", [
+    ("Lopa; 1923", 1.0, 1.0, 1.0),
+    ("Lopa city;1923", 1.0, 1.0, 1.0),  # an alias, no space after the separator
+    ("  lopa ;  1923 ", 1.0, 1.0, 1.0),  # whitespace and case
+    ("1923; Lopa", 0.0, 0.0, 0.1),  # order matters: part k answers question k
+    ("Lopa", 0.5, 0.5, 0.55),  # the second part missing
+    ("; 1923", 0.5, 0.5, 0.55),  # the first part empty
+    ("Lopa; 1923; Rome", 0.5, 5 / 6, 0.85),  # an extra part lowers the last objective
+    ("Lopa town; 1923", 0.5, 5 / 6, 0.85),  # partial credit per objective
 ])
-def test_two_objective_scores(answer, em, f1):
+def test_two_objective_scores(answer, em, f1, reward):
     r = compute_reward([final(answer)], True, TWO)
     assert r.format_ok and r.answer == answer
     assert r.em == pytest.approx(em) and r.f1 == pytest.approx(f1)
-    assert r.reward == pytest.approx(FORMAT_CREDIT + (1 - FORMAT_CREDIT) * f1)  # N >= 2: 0.1 + 0.9 x mean F1
+    assert r.reward == pytest.approx(reward)
+
+
+@pytest.mark.parametrize("n", range(1, 65))
+def test_an_all_right_answer_scores_exactly_one_and_rft_keeps_it(n):
+    """At 9, 18, 36 or 41 questions 0.9 x N / N is 0.9999999999999999: the reward must be 1.0 itself,
+    and the RFT control (which keeps rewards that reach 1) must keep the trajectory."""
+    from memsearcher_jax.rft import kept_trajectories
+
+    golds = [[f"city {k}"] for k in range(n)]
+    r = compute_reward([final("; ".join(f"city {k}" for k in range(n)))], True, golds)
+    assert (r.em, r.f1, r.reward) == (1.0, 1.0, 1.0)
+    assert kept_trajectories(["t"], [r]) == ["t"]
 
 
 def test_partial_progress_never_scores_below_all_wrong():
@@ -149,7 +164,7 @@ alias = st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(golds=st.lists(st.lists(alias, min_size=1, max_size=2), min_size=2, max_size=8), data=st.data())
+@given(golds=st.lists(st.lists(alias, min_size=1, max_size=2), min_size=2, max_size=64), data=st.data())
 @example(golds=[["lopa"], ["1923"]], data=None)  # the issue's counter-example, run on every check
 @example(golds=[["rome", "lopa city"], ["lopa"]], data="tie")  # two F1s of 2/11 that differ in the last bit
 def test_reward_rises_with_every_objectives_f1(golds, data):

@@ -19,9 +19,10 @@ def test_kept_trajectories_needs_the_threshold_and_the_format():
     from memsearcher_jax.rft import kept_trajectories
 
     results = [RewardResult(1.0, 1.0, 1.0, True, "a"), RewardResult(0.99, 0.0, 0.99, True, "b"),
-               RewardResult(1.0, 1.0, 1.0, False, "c"), RewardResult(0.1, 0.0, 0.0, True, "d")]
-    assert kept_trajectories("wxyz", results) == ["w"]
-    assert kept_trajectories("wxyz", results, min_reward=0.1) == ["w", "x", "z"]
+               RewardResult(1.0, 1.0, 1.0, False, "c"), RewardResult(0.1, 0.0, 0.0, True, "d"),
+               RewardResult(0.9999999999999999, 1.0, 1.0, True, "e")]  # 1 a float's last bit short
+    assert kept_trajectories("wxyze", results) == ["w", "e"]
+    assert kept_trajectories("wxyze", results, min_reward=0.1) == ["w", "x", "z", "e"]
 
 
 @pytest.mark.slow
