@@ -67,7 +67,8 @@ from memsearcher_jax.models import (
 )
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.rl.evaluation import evaluate
-from memsearcher_jax.rl.grpo import GRPOLearner, sampling_model
+from memsearcher_jax.rl.grpo import GRPOLearner
+from memsearcher_jax.rl.sampler_weights import sampling_model
 from memsearcher_jax.rl.trainer import Trainer
 from memsearcher_jax.sampling import Sampler
 from retrieval.bm25 import BM25Retriever

@@ -200,8 +200,9 @@ def test_old_logprobs_from_the_sampler_and_the_fallback_above_the_gap():
 
     close = rows.sampler_logp.copy()
     p_sampler, m, calls = run("sampler", close)
-    assert calls == [] and m["old_logprobs_fallback"] == 0  # no log-prob pass at all
-    assert 1e-3 < m["logprob_gap_max"] <= 4e-3 + 1e-5        # measured on the first mini-batch's tokens
+    # One forward pass, over the rows outside the first mini-batch (whose ratios give its own gap).
+    assert calls == [False] and m["old_logprobs_fallback"] == 0
+    assert 1e-3 < m["logprob_gap_max"] <= 4e-3 + 1e-5        # measured on every row's tokens
     p_given, _, _ = run("recompute", close, recompute_returns=close)
     p_recomputed, m_r, _ = run("recompute", close)
     assert np.array_equal(p_sampler, p_given)                # the update used the sampler's numbers
@@ -211,8 +212,38 @@ def test_old_logprobs_from_the_sampler_and_the_fallback_above_the_gap():
     far[read] += np.where(np.arange(read.sum()) % 3 == 0, 0.5, 0.0).astype(np.float32)  # past the 0.01 gap
     p_fallback, m, calls = run("sampler", far)
     p_recomputed, m_r, _ = run("recompute", far)
-    assert calls == [False] and m["old_logprobs_fallback"] == 1
+    assert calls == [False, False] and m["old_logprobs_fallback"] == 1  # the check's pass, then the recompute
     assert np.array_equal(p_fallback, p_recomputed) and m["logprob_gap_max"] == m_r["logprob_gap_max"] > 0.4
+
+
+@pytest.mark.slow
+def test_sampler_old_logprobs_fall_back_on_a_gap_in_a_later_minibatch_only():
+    """A mismatch confined to the rows of the second mini-batch (a dtype, kernel or sharding
+    difference on some rows): the fallback is decided on every row before the first update, and
+    logprob_gap_max is the step's true maximum, not the first mini-batch's."""
+    from memsearcher_jax.rl.grpo import minibatch_row_indices
+
+    rows = _rows([16, 9, 12, 5, 14, 7, 11, 13], 16)
+    opts = {"optim": OptimConfig(learning_rate=1e-2), "loss": LossConfig(kl_coef=0.0)}
+    learner = _learner(True, **opts)
+    trainer_logp = learner.compute_logprobs(learner.params, rows)
+    read = rows.loss_mask > 0
+    noise = np.random.default_rng(3).uniform(-1e-3, 1e-3, rows.tokens.shape).astype(np.float32)
+    # The learner's own split of the rows (train_on_rows draws it from the rng it is given).
+    second = minibatch_row_indices(rows.traj_ids, 2, np.random.default_rng(0), shuffle=True)[1]
+    later = np.isin(np.arange(rows.num_rows), second)[:, None] & read
+    far = np.where(read, trainer_logp + noise + np.where(later, 0.7, 0.0), 0).astype(np.float32)
+
+    def run(mode):
+        rows.sampler_logp = far
+        learner = _learner(True, old_logprobs=mode, **opts)
+        m = learner.train_on_rows(rows, np.random.default_rng(0))
+        return np.concatenate([np.ravel(x) for x in jax.tree.leaves(learner.params)]), m
+
+    (p_sampler, m), (p_recomputed, m_r) = run("sampler"), run("recompute")
+    assert m["old_logprobs_fallback"] == 1
+    assert m["logprob_gap_max"] == pytest.approx(0.7, abs=2e-3) == m_r["logprob_gap_max"]
+    assert np.array_equal(p_sampler, p_recomputed)  # the update ran on the recomputed log-probs
 
 
 def test_sampler_old_logprobs_need_the_trainers_dtype():

@@ -25,13 +25,11 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import Trajectory
-from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
@@ -269,8 +267,8 @@ class GRPOConfig:
     logits_chunk: int = 0              # loss and log-probs: the head's logits this many positions at a time (0: all)
     pack_rows: bool = True             # conversations share rows (segments) in the log-prob passes and the update
     # Where the old policy's log-probs come from: "recompute" (a trainer pass, as verl does) or
-    # "sampler" (the rollout's own, which ran these weights; recomputed after all in a step whose
-    # first mini-batch shows a sampled token with |trainer - sampler| > old_logprobs_max_gap).
+    # "sampler" (the rollout's own, which ran these weights; recomputed after all in a step where
+    # any row shows a sampled token with |trainer - sampler| > old_logprobs_max_gap).
     old_logprobs: str = "recompute"
     old_logprobs_max_gap: float = 0.01
     loss: LossConfig = LossConfig()
@@ -500,8 +498,9 @@ class GRPOLearner(Learner):
         updates taken.
 
         rl.old_logprobs="sampler": the first mini-batch's loss pass runs the weights the sampler
-        ran, so its ratios exp(trainer - sampler) measure the gap on its tokens for free; above
-        old_logprobs_max_gap the old log-probs are recomputed and that mini-batch redone."""
+        ran, so its ratios exp(trainer - sampler) measure the gap on its tokens for free; the other
+        rows' gap takes a forward pass over them (`_gap_outside`), before the first update. Above
+        old_logprobs_max_gap on any row the old log-probs are recomputed and that mini-batch redone."""
         cfg = self.config
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
         old_logp, ref_logp = self._old_and_ref_logprobs(rows)
@@ -520,12 +519,14 @@ class GRPOLearner(Learner):
         for i, idx in enumerate(minibatches):
             acc, denom = self._minibatch_sums(rows, idx, old_logp, ref_logp, tis)
             if cfg.old_logprobs == "sampler" and i == 0:
-                sampler_gap = _gap_from_ratios(acc[2])
+                t1 = time.perf_counter()
+                sampler_gap = max(_gap_from_ratios(acc[2]), self._gap_outside(rows, idx))
                 if sampler_gap > cfg.old_logprobs_max_gap:
-                    t1, sampler_gap = time.perf_counter(), None
+                    sampler_gap = None
                     old_logp = self.compute_logprobs(self.params, rows)
                     tis, metrics["old_logprobs_fallback"] = self._tis(old_logp, rows), 1
-                    time_logprobs += time.perf_counter() - t1
+                time_logprobs += time.perf_counter() - t1
+                if sampler_gap is None:
                     acc, denom = self._minibatch_sums(rows, idx, old_logp, ref_logp, tis)
             self.params, self.opt_state, loss, gnorm, skipped, sums = self._update(
                 self.params, self.opt_state, acc, jnp.float32(denom))
@@ -545,13 +546,26 @@ class GRPOLearner(Learner):
             "approx_kl": float(totals["kl"]) / n,
             "entropy": float(totals["entropy"]) / n,
             "ratio_max": float(totals["ratio_max"]), "ratio_min": float(totals["ratio_min"]),
-            # "sampler" mode: measured on the first mini-batch's tokens (sampler_gap); else over every row.
+            # Over every row: "sampler" mode's sampler_gap (no fallback), else |sampler - old|.
             "logprob_gap_max": sampler_gap if sampler_gap is not None else float(gap.max()) if gap.size else 0.0,
             "trained_tokens": int(rows.loss_mask.sum()),
             "time_logprobs": time_logprobs, "compiles_logprobs": compiles_logprobs,
             **self._padding_metrics(rows, minibatches),
         })
         return metrics
+
+    def _gap_outside(self, rows: RowBatch, first: np.ndarray) -> float:
+        """max |trainer - sampler| log-prob over the loss tokens of the rows outside the first
+        mini-batch `first`, at the current weights (those the sampler ran: call it before any
+        update); inf when not finite. A mismatch confined to some rows (a dtype, kernel or sharding
+        difference) must not hide in a later mini-batch, whose own loss pass runs updated weights."""
+        rest = np.setdiff1d(np.arange(rows.num_rows), first)
+        rest = rest[rows.loss_mask[rest].any(axis=1)]
+        if not len(rest):
+            return 0.0
+        part = rows.take(rest)
+        gap = np.abs(self.compute_logprobs(self.params, part) - part.sampler_logp)[part.loss_mask > 0]
+        return float(gap.max()) if np.isfinite(gap).all() else float("inf")
 
     def _padding_metrics(self, rows: RowBatch, minibatches: list[np.ndarray]) -> dict:
         """The share of the update's slots that hold no token, unpacked and packed (whichever runs)."""
@@ -576,25 +590,3 @@ def _gap_from_ratios(sums: dict) -> float:
     if not (np.isfinite(hi) and np.isfinite(lo) and lo > 0):  # not finite: never trust the sampler's
         return float("inf")
     return max(abs(math.log(hi)), abs(math.log(lo)))
-
-
-def sampling_model(learner: GRPOLearner, mesh, sampler_mesh, dtype: str) -> CausalLM:
-    """The learner's current weights as the sampler wants them: a model over fresh Variables
-    (re-placing it must not move the learner's own params out of the training layout), in the
-    TP-only sampling layout on a mesh, as host-local arrays on several hosts. LoRA: the
-    learner's model as it lies; its layer_by_layer sampler merges and re-lays it out itself."""
-    if learner.frozen is not None:
-        return learner.model()
-    model = nnx.merge(learner.graphdef, jax.tree.map(lambda x: x, learner.params))
-    if mesh is not None:
-        # The tensors that move are moved in the compute dtype (the Sampler casts to it anyway).
-        model = shard_model(model, mesh, ShardingConfig.sampling(), move_dtype=dtype)
-    if jax.process_count() > 1:
-        # The sampling layout is replicated over data/fsdp and split over tp, which stays inside
-        # a host: every host holds a whole copy among its shards. Rebuild it as host-local arrays
-        # on the sampler's local mesh (same specs, same devices).
-        graphdef, state = nnx.split(model)
-        model = nnx.merge(graphdef, distributed.to_local_arrays(state, sampler_mesh))
-        model.mesh = sampler_mesh
-        model.sharding = ShardingConfig.sampling()
-    return model

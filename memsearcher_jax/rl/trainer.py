@@ -39,11 +39,11 @@ from memsearcher_jax.rl.grpo import (
     GRPOLearner,
     gather_rows,
     pack_rows,
-    sampling_model,
     score_trajectories,
     trajectory_advantages,
 )
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
+from memsearcher_jax.rl.sampler_weights import sampling_model
 
 
 @dataclasses.dataclass(frozen=True)
