@@ -334,9 +334,12 @@ def config_record(cfg: ml_collections.ConfigDict) -> dict:
 def changed_keys(recorded: dict, now: dict) -> list[tuple[str, object, object]]:
     """(key, recorded value, value now) for every key of both that changes the experiment. A key
     only one of them has (a config of another version) is not compared. train.steps is the
-    experiment under a cosine schedule, whose length it sets."""
+    experiment under a cosine schedule, whose length it sets; rl.micro_batch_size under
+    rl.aggregation=microbatch_token_mean, whose loss weights it sets (each micro-batch's token mean)."""
     old, new = _flat(recorded), _flat(now)
-    free = [k for k in RESUMABLE if not (k == "train.steps" and new.get("optim.schedule") == "cosine")]
+    bound = {"train.steps": new.get("optim.schedule") == "cosine",
+             "rl.micro_batch_size": new.get("rl.aggregation") == "microbatch_token_mean"}
+    free = [k for k in RESUMABLE if not bound.get(k, False)]
     return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys())
             if old[k] != new[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
 
@@ -363,7 +366,8 @@ def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
         raise UserInputError(f"train.output_dir={out} holds a run of another experiment ({at}{what}{more}; recorded in "
                              f"{path}): resume it with those settings, or pass --fresh, or choose another "
                              "train.output_dir (only the steps, the logging, evaluation and checkpoint cadence, "
-                             "paths and batching may change on resume)")
+                             "paths and batching may change on resume, rl.micro_batch_size not under "
+                             "rl.aggregation=microbatch_token_mean, whose loss weights it sets)")
 
 
 def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
