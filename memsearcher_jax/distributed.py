@@ -260,3 +260,20 @@ def allgather_rows(fields: Mapping[str, Any], pad_values: Mapping[str, Any] | No
     return {k: np.concatenate([np.asarray(gathered[k][p])[:int(sizes[p, 0])]
                                for p in range(sizes.shape[0])]).astype(local[k].dtype) for k in names}
 
+
+
+def allgather_ints_and_text(ints: Sequence[int], text: str, text_bytes: int = 512) -> tuple[Any, list[str]]:
+    """Every host's few integers ([hosts, len(ints)] int array) and short text (its UTF-8 cut to
+    text_bytes), in process order, on every host. A collective: every process calls it with as
+    many integers (each within int32)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    raw = text.encode("utf-8")[:text_bytes]
+    row = np.zeros(len(ints) + 1 + text_bytes, np.int32)
+    row[:len(ints)], row[len(ints)] = ints, len(raw)
+    row[len(ints) + 1:len(ints) + 1 + len(raw)] = np.frombuffer(raw, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(row)).reshape(-1, row.size)
+    texts = [bytes(r[len(ints) + 1:len(ints) + 1 + r[len(ints)]].astype(np.uint8)).decode("utf-8", errors="ignore")
+             for r in rows]
+    return rows[:, :len(ints)], texts

@@ -236,6 +236,38 @@ def _zero_std_step(spec, out_dir: str, tag: str) -> None:
         np.savez(os.path.join(out_dir, f"zero_std_initial_{tag}.npz"), **initial)
 
 
+SEARCH_COUNTS = {  # per case, host -> (searches, failures, what its retriever said)
+    "both_stop": [(10, 9, "host 0: timed out"), (10, 4, "host 1: refused")],  # 13 of 20: more than half
+    "none_stop": [(10, 9, "host 0: timed out"), (10, 1, "")],                   # 10 of 20: not more than half
+}
+
+
+def search_errors_worker(out_dir: str) -> None:
+    """Each case: this host's rollout counts, then the trainer's check, as `Trainer.train_step` asks
+    it; writes what it said (the message, or "trained on") per case and host."""
+    import json
+
+    import jax
+
+    from memsearcher_jax.distributed import initialize_from_env
+
+    initialize_from_env(timeout_s=120)
+    from memsearcher_jax.agent.rollout import RolloutStats, SearchFailuresError
+    from memsearcher_jax.rl.hosts import check_search_errors
+
+    said = {}
+    for case, hosts in SEARCH_COUNTS.items():
+        searches, failed, text = hosts[jax.process_index()]
+        stats = RolloutStats(searches=searches, search_errors=failed, last_search_error=text)
+        try:
+            check_search_errors(stats, jax.process_count())
+            said[case] = "trained on"
+        except SearchFailuresError as e:
+            said[case] = str(e)
+    with open(os.path.join(out_dir, f"search_errors_{jax.process_index()}.json"), "w") as f:
+        json.dump(said, f)
+
+
 # ----------------------------------------------------------------------------- test
 
 def _free_port() -> int:
@@ -434,9 +466,41 @@ def test_zero_std_two_processes_match_one_process(train_steps):
     assert _max_diff(params["eight"], initial) > 1e-4  # the step moved the weights
 
 
+@pytest.mark.slow
+def test_too_many_failed_searches_stop_every_host_alike(tmp_path):
+    """Host 0 read "search failed" 9 times in 10, host 1 4 times: host 0 stopped alone while host 1
+    waited in the update's collectives (a Gloo DEADLINE_EXCEEDED 30 s later). Decided on both
+    hosts' counts: both stop, with the same message; and at 10 of 20 neither does."""
+    import json
+
+    _spawn(str(tmp_path), "search_errors", devices=1, num_processes=2,
+           worker_args=["--search-errors", str(tmp_path)])
+    hosts = [json.load(open(tmp_path / f"search_errors_{p}.json")) for p in (0, 1)]
+    assert hosts[0] == hosts[1]
+    assert hosts[0]["both_stop"].startswith("13 of 20 searches of this step failed")
+    assert "host 0: timed out" in hosts[0]["both_stop"]  # the first host's retriever error, on every host
+    assert hosts[0]["none_stop"] == "trained on"
+
+
+def test_the_search_failure_verdict_sums_every_hosts_counts():
+    """The decision itself, on counts as the all-gather gives them (rows in process order)."""
+    from memsearcher_jax.agent.rollout import RolloutStats, SearchFailuresError
+    from memsearcher_jax.rl.hosts import all_hosts_search_stats
+
+    mine = RolloutStats(searches=10, search_errors=1, last_search_error="")
+    stats = all_hosts_search_stats(mine, np.array([[10, 1], [10, 9]]), ["", "503 from the retriever"])
+    assert (stats.searches, stats.search_errors, stats.last_search_error) == (20, 10, "503 from the retriever")
+    stats.check_search_errors()  # 10 of 20 is not more than half: this host alone (1 of 10) agrees
+    stats = all_hosts_search_stats(mine, np.array([[10, 1], [10, 9], [4, 4]]), ["", "503", "timeout"])
+    with pytest.raises(SearchFailuresError, match=r"14 of 24 searches .*said: 503$"):
+        stats.check_search_errors()
+
+
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if sys.argv[1] == "--train-step":
         train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "--search-errors":
+        search_errors_worker(sys.argv[2])
     else:
         worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

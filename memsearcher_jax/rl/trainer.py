@@ -42,6 +42,7 @@ from memsearcher_jax.rl.grpo import (
     score_trajectories,
     trajectory_advantages,
 )
+from memsearcher_jax.rl.hosts import check_search_errors
 from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
 from memsearcher_jax.rl.sampler_weights import sampling_model
 
@@ -233,7 +234,8 @@ class Trainer:
         if loop.filter_groups == "zero_std":
             kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
         t_rollout = time.perf_counter() - t0
-        self.runner.stats.check_search_errors()  # a step that mostly read "search failed" is not trained on
+        # A step that mostly read "search failed" is not trained on: decided on every host's counts.
+        check_search_errors(self.runner.stats, self.num_hosts)
         # Multi-host: a host that kept no group still joins the others' update (its collectives),
         # with no rows, so the update is the one a single process makes on the kept groups alone.
         update_any = self._any_host_kept(kept)
