@@ -18,7 +18,8 @@ Dense, with the JAX encoder:
 A saved index directory (`memsearcher-jax index ...`): `retrieval.load_retriever(DIR)`.
 A running server (ours, MemSearcher's or Search-R1's): `retrieval.client.HTTPRetriever(URL, api=...)`.
 Modules: corpus (jsonl reader, mmap doc store), bert + encoder (JAX BERT, pooling conventions),
-index (FAISS types, manifest), dense, bm25, loading, server, client, cli. The synthetic test corpus
+index (FAISS types, manifest, the directory's entries), staging (an index built beside --out and
+moved in when whole), dense, bm25, loading, server, client, cli. The synthetic test corpus
 lives in tests/synthetic_corpus.py.
 """
 from retrieval.base import ERROR_HIT_ID, Hit, Retriever

@@ -19,7 +19,7 @@ import numpy as np
 from memsearcher_jax.errors import UserInputError
 from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
-from retrieval.index import read_manifest, write_manifest
+from retrieval.index import BM25_DIR, DOCS_DIR, read_manifest, write_manifest
 
 
 def _bm25s():
@@ -29,9 +29,6 @@ def _bm25s():
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     return bm25s
-
-BM25_DIR = "bm25"
-DOCS_DIR = "docs"
 
 
 def _tokenize(texts: Sequence[str], return_ids: bool):

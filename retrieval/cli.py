@@ -99,7 +99,9 @@ def register(subparsers) -> None:
                         "instead of stopping at the first")
     p.add_argument("--dedupe", action="store_true",
                    help="keep the first passage of each id and drop later ones (counted) instead of stopping")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the index in --out (its entries only; the new one is built beside --out and "
+                        "moved in when whole, so a failed run leaves the old one as it was)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_index)
 
@@ -158,46 +160,45 @@ def check_index_out(out: str, overwrite: bool) -> str:
     return ""
 
 
-def run_index(args) -> int:
-    from retrieval.corpus import CorpusFormatError, ReadStats, read_corpus
+def corpus_problem(path: str) -> str:
+    """Why `index --corpus` cannot be read, "" when it can (checked with --out, before any work)."""
+    expected = 'expected a jsonl file, one {"id", "contents"} object per line'
+    if os.path.isdir(path):
+        return f"--corpus {path!r} is a directory; {expected}"
+    if not os.path.exists(path):
+        return f"corpus file {path!r} not found"
+    if not os.path.isfile(path):
+        return f"--corpus {path!r} is not a regular file (a pipe or a device); {expected}"
+    try:  # open, not os.access: it answers for root and for ACLs as the read will
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        return f"cannot read --corpus {path!r}: {e.strerror or e}; make it readable or give another file"
+    return ""
 
-    if not os.path.isfile(args.corpus):
-        print(f"error: corpus file {args.corpus!r} not found", file=sys.stderr)
-        return 2
-    refused = check_index_out(args.out, args.overwrite)
-    if refused:
-        print(f"error: {refused}", file=sys.stderr)
+
+def run_index(args) -> int:
+    from memsearcher_jax.errors import UserInputError
+    from retrieval.corpus import ReadStats
+    from retrieval.staging import StagedIndex
+
+    refused = corpus_problem(args.corpus) or check_index_out(args.out, args.overwrite)
+    if not refused and args.index_type != "bm25" and not args.encoder:
+        refused = "--encoder DIR is required for dense index types (or use --index-type bm25)"
+    try:
+        if refused:
+            raise UserInputError(refused)
+        staged = StagedIndex(args.out)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     stats = ReadStats()
-    passages = read_corpus(args.corpus, skip_bad=args.skip_bad_lines, dedupe=args.dedupe, stats=stats)
     try:
-        if args.index_type == "bm25":
-            from retrieval.bm25 import build_bm25_index
-
-            count = build_bm25_index(passages, args.out)
-            desc = "bm25"
-        else:
-            if not args.encoder:
-                print("error: --encoder DIR is required for dense index types (or use --index-type bm25)",
-                      file=sys.stderr)
-                return 2
-            from retrieval.dense import build_dense_index
-            from retrieval.encoder import DenseEncoder
-
-            cfg = IndexConfig(type=args.index_type, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
-                              pq_nbits=args.pq_nbits, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
-                              ef_search=args.ef_search, train_size=args.train_size)
-            encoder = DenseEncoder.from_pretrained(args.encoder, args.convention, max_length=args.max_length,
-                                                   batch_size=args.batch_size, dtype=args.dtype)
-            if args.index_type == "ivf_pq" and encoder.dim % args.pq_m:  # before the corpus is encoded
-                print(f"error: --pq-m {args.pq_m} does not divide the encoder's dimension {encoder.dim}; pick a "
-                      f"divisor of {encoder.dim}", file=sys.stderr)
-                return 2
-            count = build_dense_index(passages, encoder, args.out, cfg, chunk_size=args.chunk_size,
-                                      progress=not args.no_progress)
-            desc = f"{args.index_type} ({encoder.config.name}, dim {encoder.dim})"
-    except (CorpusFormatError, ValueError, FileNotFoundError) as e:  # bad input: named, exit 2
-        print(f"error: {e}", file=sys.stderr)
+        with staged:  # built beside --out, moved in only when whole; nothing of a failure stays
+            count, desc = _build_index(args, staged.path, stats)
+            staged.install()
+    except (ValueError, OSError) as e:  # bad input, a full disk, an unwritable path: named, exit 2
+        print(f"error: {e}" + (f"; {staged.outcome_of_failure()}" if staged.path else ""), file=sys.stderr)
         return 2
     skipped = f", skipped {stats.skipped} bad line(s)" if stats.skipped else ""
     skipped += f", dropped {stats.duplicates} duplicate id(s)" if stats.duplicates else ""
@@ -205,6 +206,32 @@ def run_index(args) -> int:
     for msg in stats.first_errors:
         print(f"  skipped: {msg}", file=sys.stderr)
     return 0
+
+
+def _build_index(args, out_dir: str, stats) -> tuple[int, str]:
+    """The index `args` ask for, written into `out_dir`: (passages indexed, a description)."""
+    from memsearcher_jax.errors import UserInputError
+    from retrieval.corpus import read_corpus
+
+    passages = read_corpus(args.corpus, skip_bad=args.skip_bad_lines, dedupe=args.dedupe, stats=stats)
+    if args.index_type == "bm25":
+        from retrieval.bm25 import build_bm25_index
+
+        return build_bm25_index(passages, out_dir), "bm25"
+    from retrieval.dense import build_dense_index
+    from retrieval.encoder import DenseEncoder
+
+    cfg = IndexConfig(type=args.index_type, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
+                      pq_nbits=args.pq_nbits, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                      ef_search=args.ef_search, train_size=args.train_size)
+    encoder = DenseEncoder.from_pretrained(args.encoder, args.convention, max_length=args.max_length,
+                                           batch_size=args.batch_size, dtype=args.dtype)
+    if args.index_type == "ivf_pq" and encoder.dim % args.pq_m:  # before the corpus is encoded
+        raise UserInputError(f"--pq-m {args.pq_m} does not divide the encoder's dimension {encoder.dim}; pick a "
+                             f"divisor of {encoder.dim}")
+    count = build_dense_index(passages, encoder, out_dir, cfg, chunk_size=args.chunk_size,
+                              progress=not args.no_progress)
+    return count, f"{args.index_type} ({encoder.config.name}, dim {encoder.dim})"
 
 
 def run_serve(args) -> int:
@@ -219,9 +246,9 @@ def run_serve(args) -> int:
     except (FileNotFoundError, ValueError) as e:  # a missing or damaged index: bad input, named
         print(f"error: {e}", file=sys.stderr)
         return 2
-    busy = port_in_use(args.host, args.port)
-    if busy:
-        print(f"error: cannot serve on {args.host}:{args.port}: {busy}; choose another --port", file=sys.stderr)
+    unbindable = bind_problem(args.host, args.port)
+    if unbindable:
+        print(f"error: {unbindable}", file=sys.stderr)
         return 2
     encoder = getattr(retriever, "encoder", None)
     if encoder is not None and not args.no_warmup:
@@ -236,17 +263,27 @@ def run_serve(args) -> int:
     return 0
 
 
-def port_in_use(host: str, port: int) -> str:
-    """Why (host, port) cannot be bound now, or "" (checked before the encoder warm-up, so a
-    busy port is reported in a second rather than after "serving on")."""
+def bind_problem(host: str, port: int) -> str:
+    """Why (host, port) cannot be bound now, as the message to print, or "" (checked before the
+    encoder warm-up, so a bad --host or a busy port is reported in a second, not after "serving on")."""
+    import errno
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    try:
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+    except (socket.gaierror, UnicodeError) as e:
+        return (f"--host {host!r} is not a valid address or a host name this machine resolves "
+                f"({getattr(e, 'strerror', None) or e}); give an IP address such as 127.0.0.1 or 0.0.0.0")
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
-            sock.bind((host, port))
+            sock.bind(address)
         except OSError as e:
-            return e.strerror or str(e)
+            if e.errno == errno.EADDRNOTAVAIL:
+                return (f"--host {host!r} is not an address of this machine ({e.strerror}); give one of its "
+                        "own addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
+            return f"cannot serve on {host}:{port}: {e.strerror or e}; choose another --port"
     return ""
 
 

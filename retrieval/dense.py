@@ -25,10 +25,16 @@ from memsearcher_jax.errors import UserInputError
 from retrieval.base import Hit, hits_wanted
 from retrieval.corpus import DocLookup, DocStore, DocStoreWriter, InMemoryDocs
 from retrieval.encoder import DenseEncoder, EncoderConfig
-from retrieval.index import IndexBuilder, IndexConfig, build_index, read_manifest, set_search_params, write_manifest
-
-INDEX_FILE = "index.faiss"
-DOCS_DIR = "docs"
+from retrieval.index import (
+    DOCS_DIR,
+    FAISS_FILE as INDEX_FILE,
+    IndexBuilder,
+    IndexConfig,
+    build_index,
+    read_manifest,
+    set_search_params,
+    write_manifest,
+)
 
 
 class DenseRetriever:

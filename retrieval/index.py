@@ -24,6 +24,12 @@ from memsearcher_jax.errors import UserInputError
 INDEX_TYPES = ("flat", "ivf_flat", "ivf_pq", "hnsw")
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+# The entries an index directory's writers make, in one place: `index --overwrite` replaces
+# exactly these (an index of the other kind's files included) and keeps anything else.
+DOCS_DIR = "docs"
+FAISS_FILE = "index.faiss"
+BM25_DIR = "bm25"
+INDEX_ENTRIES = (MANIFEST, DOCS_DIR, FAISS_FILE, BM25_DIR)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,10 @@ from retrieval.base import Hit
 
 log = logging.getLogger(__name__)
 
+# The most bytes JSON may spend on one character of a query: a character outside the BMP (an
+# emoji) counts once in `max_query_chars` but is escaped as a surrogate pair, "\ud83d\ude00".
+JSON_ESCAPE_BYTES = 12
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerLimits:
@@ -47,11 +51,12 @@ class ServerLimits:
     # The worker merges pending requests up to this many queries per retriever call.
     max_merged_queries: int = 256
     # A request body over this many bytes gets 413 unread; 0: room for the largest batch the
-    # limits above accept, every character JSON-escaped (`\uXXXX`, 6 bytes), ~12.6 MB by default.
+    # limits above accept, every character in its longest JSON escape, ~25.2 MB by default.
     max_body_bytes: int = 0
 
     def body_limit(self) -> int:
-        return self.max_body_bytes or self.max_batch * (6 * self.max_query_chars + 8) + 4096
+        return self.max_body_bytes or self.max_batch * (JSON_ESCAPE_BYTES * self.max_query_chars + 8) + 4096
+
 
 
 class BodyLimit:

@@ -138,4 +138,5 @@ def test_serve_retriever_passes_the_body_limit(monkeypatch):
         port = str(s.getsockname()[1])
     assert main(["serve-retriever", "--index", "i", "--port", port, "--max-body-bytes", "5000"]) == 0
     assert main(["serve-retriever", "--index", "i", "--port", port, "--max-batch", "4", "--max-query-chars", "10"]) == 0
-    assert [lim.body_limit() for lim in seen] == [5000, 4 * (6 * 10 + 8) + 4096]
+    # 12 bytes a character: the JSON escape of one outside the BMP, "\\ud83d\\ude00" (issue 82, item 17)
+    assert [lim.body_limit() for lim in seen] == [5000, 4 * (12 * 10 + 8) + 4096]

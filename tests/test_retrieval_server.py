@@ -230,11 +230,17 @@ def test_the_default_body_limit_takes_the_largest_batch_the_other_limits_accept(
     import json
 
     limits = ServerLimits(max_query_chars=200, max_batch=8)
-    body = json.dumps({"query": ["é" * 200] * 8, "top_n": 2, "return_score": True})  # every char escaped
-    assert len(body.encode()) <= limits.body_limit() < 64 * 1024
+    # The worst escape: a character outside the BMP is one character of a query but a surrogate
+    # pair in JSON, "\\ud83d\\ude00", 12 bytes (issue 82, item 17); "é" is 6.
+    emoji = json.dumps({"query": ["\U0001F600" * 200] * 8, "top_n": 2, "return_score": True})
+    bmp = json.dumps({"query": ["é" * 200] * 8, "top_n": 2, "return_score": True})
+    assert len(emoji.encode()) > 12 * 200 * 8 and len(bmp.encode()) > 6 * 200 * 8  # every char escaped
+    assert len(emoji.encode()) <= limits.body_limit() < 64 * 1024
     with TestClient(create_app(BM25Retriever.from_passages(PASSAGES), limits)) as c:
-        r = c.post("/batch_search", content=body, headers={"content-type": "application/json"})
-        assert r.status_code == 200 and len(r.json()[0]) == 8
+        for body in (emoji, bmp):  # each the largest batch the query limits accept: searched, not 413
+            r = c.post("/batch_search", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 200 and len(r.json()[0]) == 8, r.text[:200]
+        body = emoji
         over = c.post("/batch_search", content=b" " * (limits.body_limit() + 1) + body.encode(),
                       headers={"content-type": "application/json"})
         assert over.status_code == 413 and "exceeds the limit" in over.json()["detail"]
