@@ -94,6 +94,21 @@ def test_overwrite_from_dense_to_bm25_leaves_no_stale_faiss_file(tmp_path, capsy
     assert _ids_found(str(out), "key2")[0] == "2"
 
 
+def test_overwrite_through_a_link_replaces_the_index_it_points_to(tmp_path, capsys):
+    """--out a symlink to an index: the index is staged beside its target, the link stays a link."""
+    good = _corpus(tmp_path, "good.jsonl", _lines(range(4)))
+    real = tmp_path / "store" / "idx"
+    assert main(["index", "--corpus", good, "--out", str(real), "--index-type", "bm25"]) == 0
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    other = _corpus(tmp_path, "other.jsonl", _lines(["z1", "z2"], "zebras"))
+    code, msg = _run(capsys, "index", "--corpus", other, "--out", str(link), "--index-type", "bm25", "--overwrite")
+    assert code == 0 and "indexed 2 passages" in msg, msg
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert _ids_found(str(real), "keyz2")[0] == "z2"
+    assert sorted(os.listdir(tmp_path / "store")) == ["idx"]  # no staging left beside the target
+
+
 def _interrupting(after: int, error: BaseException):
     real = retrieval.corpus.read_corpus
 
@@ -228,6 +243,20 @@ def _refuse_mkdir_under(monkeypatch, parent: str):
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real(path, *args, **kwargs)
     monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+def test_an_existing_out_that_is_not_writable_is_a_message_before_any_work(tmp_path, capsys, monkeypatch):
+    """An empty --out the user cannot write (os.access answers as the kernel would for them)."""
+    corpus = _corpus(tmp_path, "c.jsonl", _lines(range(3)))
+    out = tmp_path / "theirs"
+    out.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.fspath(path) == str(out)
+                        else real(path, mode, **kw))
+    _no_reading(monkeypatch)
+    code, msg = _run(capsys, "index", "--corpus", corpus, "--out", str(out), "--index-type", "bm25")
+    assert code == 2 and f"{out} is not writable" in msg, msg
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl", "theirs"] and os.listdir(out) == []
 
 
 @pytest.mark.parametrize("how", [
