@@ -315,8 +315,9 @@ def weight_elements(mc, mesh: tuple[int, int, int]) -> WeightElements:
                            n_relaid=len(differs))
 
 
-def persistent_rows(sz: Sizing, w: WeightElements) -> list[PlanRow]:
-    """Weights, reference, optimizer state and the Sampler's copy: held for the whole run."""
+def persistent_rows(sz: Sizing, w: WeightElements, reference: bool = True) -> list[PlanRow]:
+    """Weights, reference, optimizer state and the Sampler's copy: held for the whole run.
+    reference False (rl.kl_coef 0): the learner keeps no reference, so none is counted."""
     mc = sz.mc
     sampler_note = f"the Sampler's per-layer copy of all {len(w.shapes)} tensors"
     if mc.lora:
@@ -325,9 +326,10 @@ def persistent_rows(sz: Sizing, w: WeightElements) -> list[PlanRow]:
         return [
             PlanRow("params", "persistent", w.train * sz.pbytes,
                     f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP, frozen base (the KL reference)"),
-            PlanRow("LoRA adapters", "persistent", 2 * w.adapters * 4,
+            PlanRow("LoRA adapters", "persistent", (2 if reference else 1) * w.adapters * 4,
                     f"{mc.num_lora_params() / 1e6:.1f}M x float32 (rank {mc.lora_rank}, "
-                    f"{','.join(mc.lora_targets)}) + the zero copy that scores the reference"),
+                    f"{','.join(mc.lora_targets)})" + (" + the zero copy that scores the reference" if reference
+                                                       else ", no reference (rl.kl_coef 0)")),
             PlanRow("optimizer state", "persistent", 2 * w.adapters * 4, "AdamW mu + nu of the adapters"),
             PlanRow("sampler weights", "persistent", w.sampler * sz.abytes,
                     f"{sampler_note}, adapters merged, {mc.dtype}, TP-only"),
@@ -335,7 +337,8 @@ def persistent_rows(sz: Sizing, w: WeightElements) -> list[PlanRow]:
     return [
         PlanRow("params", "persistent", w.train * sz.pbytes,
                 f"{mc.num_params() / 1e9:.2f}B x {mc.param_dtype}, FSDP+TP"),
-        PlanRow("reference params", "persistent", w.train * sz.pbytes, "frozen copy for the KL term"),
+        PlanRow("reference params", "persistent", w.train * sz.pbytes if reference else 0,
+                "frozen copy for the KL term" if reference else "none: rl.kl_coef is 0, no KL term reads one"),
         # optax.adamw keeps mu and nu in the parameter dtype and layout.
         PlanRow("optimizer state", "persistent", 2 * w.train * sz.pbytes, "AdamW mu + nu"),
         PlanRow("sampler weights", "persistent", w.sampler * sz.abytes, f"{sampler_note}, {mc.dtype}, TP-only"),

@@ -8,7 +8,7 @@ This file adds the rows up and gives the verdict; memory_estimates.py sizes each
 
 The phases never overlap in time, so the total is NOT the sum of all rows:
 
-    persistent  params, reference params, AdamW moments, the Sampler's own per-layer copy of
+    persistent  params, reference params (none at rl.kl_coef 0), AdamW moments, the Sampler's own per-layer copy of
                 the weights (TP-only layout; always a copy, even where the layouts agree)
     rollout     + KV cache and prefill activations of the largest sampler call, shaped as the
                   Sampler pads it (`sampler_call`): rows up to the batch bucket, slots up to
@@ -135,7 +135,8 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
                  cbytes=ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))])
     w = weight_elements(mc, mesh)
     call, rollout = rollout_rows(cfg, sz)
-    rows = persistent_rows(sz, w) + rollout + training_rows(cfg, sz, w) + [refresh_row(sz, w)]
+    reference = float(cfg.rl.get("kl_coef", 0.001)) != 0  # kl_coef 0: the learner keeps no reference
+    rows = persistent_rows(sz, w, reference) + rollout + training_rows(cfg, sz, w) + [refresh_row(sz, w)]
     name = cfg.model.preset if str(cfg.model.preset) in REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
     kind = (hw.get("device_kind", None) if hw else None) or "device"
     return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),

@@ -510,3 +510,20 @@ def test_the_learner_scores_tokens_at_the_rollouts_temperature(pack):
 def test_loss_config_refuses_a_temperature_that_samples_nothing():
     with pytest.raises(ValueError, match="temperature"):
         LossConfig(temperature=0.0)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_no_reference_copy_without_a_kl_term(lora_rank):
+    """rl.kl_coef=0: nothing reads the reference, so no copy of the weights (nor LoRA's zero
+    adapters) is kept; with a KL term the reference is a copy of its own, frozen at the start."""
+    from memsearcher_jax.plan_check import per_device_bytes
+
+    def learner(kl):
+        model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1, lora_rank=lora_rank), rngs=nnx.Rngs(1))
+        return GRPOLearner(model, GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
+                                             loss=LossConfig(kl_coef=kl), optim=OptimConfig(learning_rate=1e-3)))
+
+    # (Training with no reference: tests/test_packing.py's kl_coef=0 steps.)
+    without, with_kl = learner(0.0), learner(0.01)
+    assert without.ref_params is None and per_device_bytes(without.ref_params) == 0
+    assert per_device_bytes(with_kl.ref_params) == per_device_bytes(with_kl.params) > 0

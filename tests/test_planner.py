@@ -487,6 +487,29 @@ def test_lora_plan_matches_live_arrays_and_the_compiled_refresh(mesh_shape, mode
     assert 1.0 <= plan.row("sampler refresh").bytes / max(held) < 1.2, (plan.row("sampler refresh").bytes, held)
 
 
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_no_reference_is_planned_without_a_kl_term(lora_rank):
+    """rl.kl_coef=0: the learner keeps no reference (no copy of the weights; with LoRA no zero
+    adapters), so the plan counts none, as the live learner holds none."""
+    from memsearcher_jax.config_rules import grpo_config
+
+    with_kl, without = tiny_cfg(1, 4, 2, lora_rank=lora_rank), tiny_cfg(1, 4, 2, lora_rank=lora_rank)
+    without.rl.kl_coef = 0.0
+    plan_kl, plan = planner.plan_memory(with_kl), planner.plan_memory(without)
+    mc = planner.model_config_for_plan(without)
+    mesh = make_mesh(1, 4, 2, devices=jax.devices()[:8])
+    model = shard_model(Qwen2(mc, rngs=nnx.Rngs(0)), mesh, ShardingConfig.training())
+    learner = GRPOLearner(model, grpo_config(without), mesh=mesh)  # as the trainer builds it
+    if lora_rank:  # the reference is the frozen base: the adapters' zero copy is the reference's part
+        saved = plan_kl.row("LoRA adapters").bytes - plan.row("LoRA adapters").bytes
+        assert saved == per_device_bytes(learner.params) > 0
+    else:
+        saved = plan_kl.row("reference params").bytes
+        assert plan.row("reference params").bytes == 0 and saved == per_device_bytes(learner.params) > 0
+    assert per_device_bytes(learner.ref_params) == 0
+    assert plan_kl.phase_bytes("persistent") - plan.phase_bytes("persistent") == saved
+
+
 def test_logits_chunk_shrinks_the_loss_logits_rows():
     cfg = tiny_cfg(1, 4, 2)
     cfg.agent.max_context_tokens = 400

@@ -286,13 +286,16 @@ class GRPOLearner(Learner):
 
     LoRA (the model's config.lora_rank > 0): params are the adapters, the optimizer state
     covers them alone, and the reference is the frozen base itself, scored with all-zero
-    adapters (x A 0 adds exactly nothing), so no copy of the weights is kept."""
+    adapters (x A 0 adds exactly nothing), so no copy of the weights is kept. With no KL term
+    (loss.kl_coef 0) there is no reference at all: ref_params is None."""
 
     def __init__(self, model, config: GRPOConfig, mesh: Mesh | None = None):
         super().__init__(model, make_optimizer(config.optim))
         self.config = config
         self.mesh = mesh
-        if self.frozen is None:
+        if config.loss.kl_coef == 0:
+            self.ref_params = None  # no KL term reads a reference: keep no copy of the weights
+        elif self.frozen is None:
             # The reference is the initial weights, frozen: a separate copy of the arrays.
             self.ref_params = jax.tree.map(lambda x: x.copy(), self.params)
         else:
