@@ -4,7 +4,9 @@ From the warm-started model, sample as many trajectories as GRPO does (train.ste
 rl.batch_questions x rl.group_size, the same questions in the same order, the same sampling
 settings and turn limits), keep those whose reward reaches `min_reward`, and fine-tune on their
 conversations (the generated tokens only, as SFT trains demonstrations) for at least as long as
-GRPO took in all (sampling + fine-tuning >= `seconds`), and at least one pass over the kept rows.
+GRPO took in all (sampling + fine-tuning >= `seconds`), and at least one pass over the kept rows:
+ceil(kept conversations / sft.batch_size) steps, whose batches hold every kept conversation
+(`rl.sft.sft_train` skips no row; one longer than sft.max_len is cut to it, as in SFT).
 This is the paper's comparison (RL against supervised training on the same data, MemSearcher
 Table 1) with the data the policy itself produced, which GRPO also sees; unlike the older control
 (`warm_start.extra_sft`: more of the demonstrator's episodes) it can unlearn the demonstrator's habits.

@@ -2,6 +2,7 @@
 start and fine-tunes on the successful ones only."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from memsearcher_jax.qa_metrics import RewardResult
@@ -73,3 +74,37 @@ def test_the_controls_continue_at_the_warm_starts_final_rate_until_the_clock_end
     assert 0 < optim.learning_rate == pytest.approx(cfg.sft.learning_rate * warm.final_lr_fraction)
     assert optim.learning_rate < cfg.sft.learning_rate
     assert (optim.weight_decay, optim.max_grad_norm) == (warm.weight_decay, warm.max_grad_norm)
+
+
+@pytest.mark.parametrize("n, batch_size", [(10, 4), (7, 3), (5, 8), (33, 8)])
+def test_the_pass_over_the_kept_rows_sees_every_row(monkeypatch, n, batch_size):
+    """RFT asks sft_train for ceil(rows / batch_size) steps before its clock may stop it: one pass
+    over the kept rows. The batches drawn in those steps must hold every row (the end of an epoch
+    shorter than a batch, or a batch larger than the rows, dropped some), whatever the seed."""
+    from types import SimpleNamespace
+
+    from memsearcher_jax.rl import sft
+
+    seen = []
+
+    class Recorder:  # SFTTrainer's interface, recording the rows of each step
+        def __init__(self, model, config, tied_rows=None, optim=None):
+            pass
+
+        def train_step(self, rows, idx):
+            seen.append(np.asarray(idx).tolist())
+            return {"loss": 0.0, "length": 8}
+
+        def model(self):
+            return None
+
+    monkeypatch.setattr(sft, "SFTTrainer", Recorder)
+    convs = [SimpleNamespace(prompt_ids=[1] * (2 + i % 5), response_ids=[2] * (1 + i % 3), loss_mask=[1] * (1 + i % 3))
+             for i in range(n)]
+    for seed in range(20):
+        seen.clear()
+        cfg = sft.SFTConfig(steps=10 ** 9, batch_size=batch_size, seed=seed, progress=False)
+        _, history = sft.sft_train(None, convs, cfg, seconds=0.0, min_steps=-(-n // batch_size))
+        assert len(history) == len(seen) == -(-n // batch_size)
+        assert all(len(b) == batch_size for b in seen)
+        assert sorted({i for b in seen for i in b}) == list(range(n)), (seed, seen)

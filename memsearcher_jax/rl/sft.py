@@ -468,7 +468,8 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     """Train `model` on the conversations; returns (trained model, per-step history dicts).
 
     Batches are drawn by reshuffling the rows each epoch (seeded), grouped by length so a batch
-    (padded to the bucket of its longest row) wastes little on padding. optim: the optimizer's
+    (padded to the bucket of its longest row) wastes little on padding; no row is skipped: the
+    first ceil(rows / batch_size) steps see each row at least once. optim: the optimizer's
     settings (default: `optim_config(config)`); seconds: stop once this much wall clock has
     passed (config.steps still bounds the run), but not before `min_steps` steps; tied_rows: groups
     of embedding rows that move together (`SFTTrainer`).
@@ -479,7 +480,7 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     trainer = SFTTrainer(model, config, tied_rows=tied_rows, optim=optim)
     rng = np.random.default_rng(config.seed)
     t0 = time.perf_counter()
-    n, bs = len(rows.lengths), config.batch_size
+    bs = config.batch_size
     order, pos = length_grouped_order(rows.lengths, bs, rng), 0
     history = []
     bar = None
@@ -488,9 +489,11 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     for step in range(config.steps):
         if seconds is not None and step >= min_steps and time.perf_counter() - t0 >= seconds:
             break
-        if pos + bs > n:
-            order, pos = length_grouped_order(rows.lengths, bs, rng), 0
-        idx = order[pos:pos + bs] if bs <= n else rng.choice(n, bs)
+        # The epochs as one stream: an epoch's last rows (fewer than a batch), or all of them when a
+        # batch holds more, open a batch the next epoch fills, so the first ceil(n / bs) steps see every row.
+        while pos + bs > len(order):
+            order, pos = np.concatenate([order[pos:], length_grouped_order(rows.lengths, bs, rng)]), 0
+        idx = order[pos:pos + bs]
         pos += bs
         stats = trainer.train_step(rows, idx)
         stats["step"] = step
