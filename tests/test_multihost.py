@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -276,7 +277,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(out_dir, tag, devices, num_processes=1, restore_from=None, worker_args=None):
+# A worker's deadline: generous, so that a busy machine (the suite on 2 shared cores took the
+# train-step fixture past 300 s) slows the verdict down but does not change it.
+SPAWN_DEADLINE_S = 1200
+
+
+def _spawn(out_dir, tag, devices, num_processes=1, restore_from=None, worker_args=None,
+           deadline_s=SPAWN_DEADLINE_S):
     port = _free_port()
     procs = []
     for pid in range(num_processes):
@@ -291,10 +298,17 @@ def _spawn(out_dir, tag, devices, num_processes=1, restore_from=None, worker_arg
             worker_args or [out_dir, tag] + ([restore_from] if restore_from else []))
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
-    outputs = []
+    outputs, start = [], time.monotonic()
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=300)[0])
+            outputs.append(p.communicate(timeout=max(1.0, deadline_s - (time.monotonic() - start)))[0])
+    except subprocess.TimeoutExpired:
+        ran = time.monotonic() - start
+        for p in procs:
+            p.kill()
+        tails = "\n".join(f"--- process {i}:\n{(p.communicate()[0] or '')[-2000:]}" for i, p in enumerate(procs))
+        pytest.fail(f"worker {tag} timed out: still running after {ran:.0f} s (deadline {deadline_s} s), so it "
+                    f"was killed; a slow or busy machine, or a hang. Its output so far:\n{tails}", pytrace=False)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -496,11 +510,24 @@ def test_the_search_failure_verdict_sums_every_hosts_counts():
         stats.check_search_errors()
 
 
+def test_a_worker_past_its_deadline_fails_saying_it_timed_out(tmp_path):
+    """The suite on a busy machine: a worker still running at its deadline is killed and the test
+    fails saying it timed out and for how long it ran (not a bare TimeoutExpired from a fixture)."""
+    with pytest.raises(pytest.fail.Exception, match=r"worker sleepy timed out: still running after \d+ s "
+                                                    r"\(deadline 3 s\)(?s:.*)asleep") as failed:
+        _spawn(str(tmp_path), "sleepy", devices=1, worker_args=["--sleep", "60"], deadline_s=3)
+    assert "process 0" in str(failed.value)
+    assert SPAWN_DEADLINE_S >= 1200  # the train-step fixture's runs get this long
+
+
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if sys.argv[1] == "--train-step":
         train_step_worker(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "--search-errors":
         search_errors_worker(sys.argv[2])
+    elif sys.argv[1] == "--sleep":  # a worker that outlives its deadline
+        print("asleep", flush=True)
+        time.sleep(float(sys.argv[2]))
     else:
         worker(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
