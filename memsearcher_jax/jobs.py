@@ -37,14 +37,24 @@ from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.rl.checkpoints import item_problem
 from memsearcher_jax.run_dir import (
+    BASE_DIR,
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    CURVE,
+    SUMMARY,
+    WARMSTART_DIR,
     check_eval_out,
     enclosing_run,
     existing_parent,
     is_same_or_parent,
+    marker_kind,
     prepare_eval_out,
     prepare_output_dir,
     record_config,
     release_output_dir,
+    replaced,
+    starts_over,
+    write_json,
 )
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.validation import check_retriever, check_setup, check_training
@@ -63,11 +73,6 @@ def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> f
 def _read_json(path: str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def _write_json(path: str, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
 
 
 def compile_summary(what: str, count: compile_stats.CompileCount, history: list[dict] | None = None) -> str:
@@ -147,10 +152,17 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
     out = check_training(cfg, fresh=not resume)
+    # An earlier attempt with other settings and no checkpoint (it stopped early): nothing to resume.
+    changed = starts_over(cfg, out) if resume else []
+    fresh = not resume or bool(changed)
     setup = build_setup(cfg)
     check_setup(cfg, setup)
-    warm = prepare_warm_start(cfg, setup, out, fresh=not resume)  # the demonstrator can still fail: first
-    prepare_output_dir(out, fresh=not resume)  # every check done: only now touch the disk
+    warm = prepare_warm_start(cfg, setup, out, fresh=fresh)  # the demonstrator can still fail: first
+    if changed:
+        log(f"{out} holds no checkpoint of its earlier attempt, whose settings differ ({changed[0][0]} "
+            f"{changed[0][1]!r} -> {changed[0][2]!r}{f' and {len(changed) - 1} more' if len(changed) > 1 else ''}): "
+            "starting over there")
+    prepare_output_dir(out, fresh=fresh)  # every check done: only now touch the disk
     if jax.process_index() == 0:
         record_config(cfg, out)
     log(f"output dir {out}")
@@ -159,38 +171,38 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     job_start = compile_stats.snapshot()
     log(f"compilation cache: {cache_dir or 'off'}")
     log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")
-    ws = warm_start(cfg, setup, os.path.join(out, "warmstart"), warm) if cfg.sft.steps > 0 else None
+    ws = warm_start(cfg, setup, os.path.join(out, WARMSTART_DIR), warm) if cfg.sft.steps > 0 else None
     trainer = assemble_trainer(cfg, setup, source=ws)  # GRPO starts from the warm start's weights
     resume_step = check_resumable(trainer, out)  # before any evaluation or compile
     eval_qs = eval_questions(cfg, setup)
     n_eval = len(eval_qs)
-    summary_path = os.path.join(out, "summary.json")
+    summary_path = os.path.join(out, SUMMARY)
     summary = _read_json(summary_path) if os.path.exists(summary_path) else {}
     if n_eval and "em_before" not in summary:
         log(f"evaluating {n_eval} held-out questions before GRPO (greedy)")
         before = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_before=before["em"], f1_before=before["f1"], format_ok_before=before["format_ok"])
-        _write_json(summary_path, summary)
+        write_json(summary_path, summary)
     log(f"GRPO: {cfg.train.steps} steps of {cfg.rl.batch_questions} questions x {cfg.rl.group_size} samples")
     t0, grpo_start = time.perf_counter(), compile_stats.snapshot()
     run_grpo(trainer, resume_step)
     summary["grpo_seconds"] = summary.get("grpo_seconds", 0.0) + time.perf_counter() - t0
-    _write_json(summary_path, summary)  # kept for a later rerun whether or not an evaluation follows
+    write_json(summary_path, summary)  # kept for a later rerun whether or not an evaluation follows
     log(compile_summary("GRPO", compile_stats.snapshot() - grpo_start))
     if n_eval:
         log(f"evaluating {n_eval} held-out questions after GRPO (greedy)")
         after = evaluate(eval_runner(cfg, setup, trainer.sampler), eval_qs)
         summary.update(em_after=after["em"], f1_after=after["f1"], format_ok_after=after["format_ok"],
                        turns_after=after["turns"], steps=trainer.step)
-        _write_json(summary_path, summary)
+        write_json(summary_path, summary)
     log(compile_summary("whole job", compile_stats.snapshot() - job_start))
     metrics = read_metrics(out)
     print("\nlearning curve (training trajectories, temperature "
           f"{cfg.agent.temperature}):\n{curve_table(metrics)}", flush=True)
-    png = plot_curves(metrics, os.path.join(out, "learning_curve.png"), summary.get("em_before"),
-                      summary.get("em_after"))
-    if png:
-        log(f"learning curve plotted to {png}")
+    if metrics:
+        with replaced(os.path.join(out, CURVE)) as png:
+            plot_curves(metrics, png, summary.get("em_before"), summary.get("em_after"))
+        log(f"learning curve plotted to {os.path.join(out, CURVE)}")
     if n_eval:
         print(f"held-out EM: before {100 * summary['em_before']:.1f} after {100 * summary['em_after']:.1f} "
               f"gain {100 * (summary['em_after'] - summary['em_before']):.1f}", flush=True)
@@ -200,9 +212,27 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
 
 # ----------------------------------------------------------------------------- checkpoints -> HF
 
+def _refuse_pretraining_run(path: str) -> None:
+    """A pretraining run's checkpoints (`memsearcher-jax pretrain`) hold no model config: its model
+    is the export it writes when it finishes (base/, or its train.export_dir): say so."""
+    run = os.path.dirname(path) if os.path.basename(path) in (CHECKPOINTS_DIR, BEST_DIR) else path
+    if marker_kind(run) != "pretrain":
+        return
+    try:
+        export = _read_json(os.path.join(run, SUMMARY))["export_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        export = os.path.join(run, BASE_DIR)
+    done = os.path.isfile(os.path.join(export, "config.json"))
+    raise UserInputError(f"--checkpoint {path} is a pretraining run (memsearcher-jax pretrain), not a training run: "
+                         f"its model is its export, {export}, a Hugging Face directory"
+                         + (": give that as --model (eval) or model.source (train)" if done else
+                            ", written when the run finishes (not yet): rerun the same pretrain command to finish it"))
+
+
 def _checkpoint_manager(path: str, best: bool = False):
     path = os.path.abspath(os.path.expanduser(path))
-    sub = "best" if best else "checkpoints"
+    _refuse_pretraining_run(path)
+    sub = BEST_DIR if best else CHECKPOINTS_DIR
     if os.path.isdir(os.path.join(path, sub)):
         path = os.path.join(path, sub)
     elif best:
@@ -286,7 +316,7 @@ def check_export_dir(checkpoint: str, out: str, overwrite: bool) -> None:
         raise UserInputError(f"--out {out}: {existing_parent(out_abs)} is a file, not a directory: give a new "
                              "directory")
     run_dir = os.path.abspath(os.path.expanduser(checkpoint))
-    if os.path.basename(run_dir.rstrip(os.sep)) in ("checkpoints", "best"):
+    if os.path.basename(run_dir.rstrip(os.sep)) in (CHECKPOINTS_DIR, BEST_DIR):
         run_dir = os.path.dirname(run_dir.rstrip(os.sep))
     if is_same_or_parent(run_dir, out_abs) or is_same_or_parent(out_abs, run_dir):
         raise UserInputError(f"--out {out} is (or holds, or lies inside) the checkpoint directory {checkpoint}: "
@@ -399,7 +429,8 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
           f"tokens processed per question {tokens['tokens_per_question']:.1f}; searches {tokens['searches']:.2f}")
     if out:
         paths = prepare_eval_out(out, checkpoint or model_dir)
-        with open(paths["trajectories.jsonl"], "w", encoding="utf-8") as f:
+        # Each file written beside itself and renamed over it: a link in its place is never written through.
+        with replaced(paths["trajectories.jsonl"]) as tmp, open(tmp, "w", encoding="utf-8") as f:
             for name, t, r in all_trajs:
                 f.write(json.dumps({
                     "benchmark": name, "question": t.question, "golds": t.golds, "answer": r.answer, "em": r.em,
@@ -407,6 +438,5 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
                     "context_tokens": t.context_tokens,
                     "conversations": [setup.builder.decode(c.prompt_ids + c.response_ids)
                                       for c in t.conversations]}) + "\n")
-        with open(paths["results.json"], "w", encoding="utf-8") as f:
-            json.dump({"benchmarks": rows, "context_by_turn": table, "tokens": tokens}, f, indent=2)
+        write_json(paths["results.json"], {"benchmarks": rows, "context_by_turn": table, "tokens": tokens})
     return {"benchmarks": rows, "context_by_turn": table, "tokens": tokens}

@@ -7,13 +7,21 @@ running in (`RUN_LOCK`); and for --fresh the working or home directory, or a dir
 anything a run of that kind did not write, at the top or inside its own entries (logs/,
 checkpoints/, warmstart/, ...). Starting over then removes those entries by name and nothing else.
 `eval --out` has a marker of its own (`EVAL_MARKER`): it rewrites only a directory it wrote.
+
+What a run writes there is named once, below (the entries, and what may lie inside each): the
+code that writes an entry takes its name from here (rl/, below the jobs, names its own: read here),
+and `--fresh` removes exactly these. Every file a run, `eval --out` or a bench rewrites goes
+through `replaced`: a new file beside it, renamed over it, so a symlink in its place is replaced
+and the file it points at is never written.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import time
 
@@ -21,24 +29,63 @@ import ml_collections
 
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models.hf_io import TOKENIZER_FILES, is_model_file
+from memsearcher_jax.rl.checkpoints import BEST_DIR, CHECKPOINTS_DIR, STEP_ITEMS
+from memsearcher_jax.rl.metrics import LOG_DIR, is_log_file
+
+# ----------------------------------------------------------------------------- what a run writes, by name
 
 RUN_MARKER = ".memsearcher-run"
 # Held (fcntl.flock) by the process running in the directory, for the run's life; holds its pid.
 RUN_LOCK = ".memsearcher-run.lock"
 STAGING_PREFIX = ".tmp-export-"  # hf_io's staging dirs beside warmstart/, lora_base/, base/ (a killed export's)
+WRITE_PREFIX = ".tmp-write-"  # `replaced`'s new files (one a kill left behind: the writer's, --fresh removes it)
+WARMSTART_DIR = "warmstart"  # the warm start's model (warm_start.py), GRPO's starting point
+LORA_BASE_DIR = "lora_base"  # a LoRA run's frozen base, when it has no other directory (experiment.py)
+VOCAB_DIR = "vocab"  # a pretraining run's tokenizer and reading vocabulary
+BASE_DIR = "base"  # a pretraining run's export, when train.export_dir is left empty
+SUMMARY = "summary.json"
+CURVE = "learning_curve.png"
+RUN_CONFIG = os.path.join(LOG_DIR, "run_config.json")  # the config a training run records (record_config)
 # What a training run writes in train.output_dir; `train --fresh` removes these and nothing else.
-RUN_ENTRIES = frozenset({RUN_MARKER, RUN_LOCK, "checkpoints", "best", "logs", "warmstart", "lora_base",
-                         "summary.json", "learning_curve.png"})
-# What a pretraining run writes there (`base`: its export, when train.export_dir is left empty).
-PRETRAIN_ENTRIES = frozenset({RUN_MARKER, RUN_LOCK, "checkpoints", "logs", "vocab", "base", "summary.json"})
+RUN_ENTRIES = frozenset({RUN_MARKER, RUN_LOCK, CHECKPOINTS_DIR, BEST_DIR, LOG_DIR, WARMSTART_DIR, LORA_BASE_DIR,
+                         SUMMARY, CURVE})
+# What a pretraining run writes there.
+PRETRAIN_ENTRIES = frozenset({RUN_MARKER, RUN_LOCK, CHECKPOINTS_DIR, LOG_DIR, VOCAB_DIR, BASE_DIR, SUMMARY})
+_FILE_ENTRIES = (RUN_MARKER, RUN_LOCK, SUMMARY, CURVE)  # the entries that are files, not directories
 # `eval --out`: its marker and the two files it writes.
 EVAL_MARKER = ".memsearcher-eval"
 EVAL_FILES = ("results.json", "trajectories.jsonl")
 
 _STEP = re.compile(r"\d+(\.orbax-checkpoint-tmp-\d+)?$")  # checkpoints/<step>, or one orbax is writing
-_ITEMS = ("params", "opt_state", "meta")  # the items a checkpoint step holds (rl/trainer.py, pretrain.py)
-# MetricsWriter's files (a .tmp: a resume's truncation that was killed), TensorBoard's, W&B's folder.
-_LOGS = re.compile(r"(metrics|samples)\.jsonl(\.tmp)?$|events\.out\.tfevents\.|wandb$")
+
+
+@contextlib.contextmanager
+def replaced(path: str):
+    """The path of a new, empty file beside `path` (its name ends as `path`'s does: a plot's format
+    follows it) to write; when the block ends it is renamed over `path` (os.replace: a symlink
+    there is replaced, never written through, and a reader sees the old file or the new one,
+    whole); if the block raises, it is removed and `path` is left as it was."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f"{WRITE_PREFIX}{secrets.token_hex(4)}-{name}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # O_EXCL: a new file, never a link's target
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def write_text(path: str, text: str) -> None:
+    """`text` as `path`'s contents, through `replaced` (a symlink at `path` is replaced, not followed)."""
+    with replaced(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_json(path: str, obj, indent: int = 2, **dump) -> None:
+    """`obj` as JSON in `path`, through `replaced`."""
+    write_text(path, json.dumps(obj, indent=indent, **dump))
 
 
 def existing_parent(path: str) -> str:
@@ -73,7 +120,7 @@ def check_cache_dir(configured: str | None) -> None:
         raise UserInputError(str(e)) from None
 
 
-def _marker_kind(out: str) -> str | None:
+def marker_kind(out: str) -> str | None:
     """The command named by the run marker in `out` ("train", "pretrain"), None when the marker
     names none (a marker a user made by hand, `touch`)."""
     try:
@@ -86,15 +133,21 @@ def _marker_kind(out: str) -> str | None:
 
 def _allowed_inside(entry: str, name: str, is_dir: bool) -> bool:
     """Whether `entry/name` is something a run writes there (logs, checkpoint steps, model files)."""
-    if entry in ("checkpoints", "best"):
+    if entry in (CHECKPOINTS_DIR, BEST_DIR):
         return is_dir and bool(_STEP.match(name))
-    if entry == "logs":
-        return bool(_LOGS.match(name))
-    if entry == "vocab":
+    if entry == LOG_DIR:
+        return (is_log_file(name) or name == os.path.basename(RUN_CONFIG)
+                or (not is_dir and name.startswith(WRITE_PREFIX)))
+    if entry == VOCAB_DIR:
         return not is_dir and name in TOKENIZER_FILES
-    if entry in ("warmstart", "lora_base", "base"):
+    if entry in (WARMSTART_DIR, LORA_BASE_DIR, BASE_DIR):
         return not is_dir and (is_model_file(name) or name == "base_manifest.json")
     return False
+
+
+def _killed_write(path: str) -> bool:
+    """A file `replaced` made and a kill left behind (its writer's, like the file it was to become)."""
+    return os.path.basename(path).startswith(WRITE_PREFIX) and os.path.isfile(path) and not os.path.islink(path)
 
 
 def foreign_entries(out: str, entries: frozenset = RUN_ENTRIES) -> list[str]:
@@ -104,7 +157,7 @@ def foreign_entries(out: str, entries: frozenset = RUN_ENTRIES) -> list[str]:
     found = []
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
-        if name.startswith(STAGING_PREFIX) and os.path.isdir(path):
+        if (name.startswith(STAGING_PREFIX) and os.path.isdir(path)) or _killed_write(path):
             continue
         if name not in entries:
             found.append(path)
@@ -113,11 +166,11 @@ def foreign_entries(out: str, entries: frozenset = RUN_ENTRIES) -> list[str]:
                 inner_path = os.path.join(path, inner)
                 if not _allowed_inside(name, inner, os.path.isdir(inner_path)):
                     found.append(inner_path)
-                elif name in ("checkpoints", "best"):
+                elif name in (CHECKPOINTS_DIR, BEST_DIR):
                     found += [os.path.join(inner_path, item) for item in sorted(os.listdir(inner_path))
-                              if not (item.split(".")[0] in _ITEMS or item.startswith("_")
+                              if not (item.split(".")[0] in STEP_ITEMS or item.startswith("_")
                                       or item == "commit_success.txt")]
-        elif name in (RUN_MARKER, RUN_LOCK, "summary.json", "learning_curve.png") and os.path.isdir(path):
+        elif name in _FILE_ENTRIES and os.path.isdir(path):
             found.append(path)
     return found
 
@@ -127,11 +180,11 @@ def _refuse_unmarked(out: str, kind: str, fresh: bool) -> None:
     # The user's own files first in the message: they are what makes the directory theirs.
     present = sorted(os.listdir(out), key=lambda n: (n in RUN_ENTRIES | PRETRAIN_ENTRIES, n))
     mine = "train" if kind == "training" else "pretrain"
-    marked = _marker_kind(out) if RUN_MARKER in present else "absent"
+    marked = marker_kind(out) if RUN_MARKER in present else "absent"
     what = "--fresh with " if fresh else ""
     if marked == "absent" and present:
         # A run from before markers has checkpoints; a summary and a plot alone may well be the user's.
-        older = set(present) <= RUN_ENTRIES | PRETRAIN_ENTRIES and os.path.isdir(os.path.join(out, "checkpoints"))
+        older = set(present) <= RUN_ENTRIES | PRETRAIN_ENTRIES and os.path.isdir(os.path.join(out, CHECKPOINTS_DIR))
         raise UserInputError(f"{what}train.output_dir={out} is not empty (it holds {os.path.join(out, present[0])}"
                              f"{f' and {len(present) - 1} more' if len(present) > 1 else ''}) and has no "
                              f"{RUN_MARKER} marker, so no memsearcher-jax {kind} run made it; nothing was removed "
@@ -196,7 +249,9 @@ def lock_output_dir(out: str) -> None:
     if jax.process_index() != 0:
         return
     path = os.path.join(out, RUN_LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if os.path.islink(path):  # a link in its place: replaced, the file it points at is never written
+        os.remove(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -226,10 +281,9 @@ def prepare_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, 
         return
     os.makedirs(out, exist_ok=True)
     marker = os.path.join(out, RUN_MARKER)
-    if not os.path.exists(marker):
-        with open(marker, "w", encoding="utf-8") as f:
-            json.dump({"written_by": f"memsearcher-jax {'train' if kind == 'training' else 'pretrain'}",
-                       "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=2)
+    if not os.path.isfile(marker) or os.path.islink(marker):
+        write_json(marker, {"written_by": f"memsearcher-jax {'train' if kind == 'training' else 'pretrain'}",
+                            "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     lock_output_dir(out)
     if not fresh:
         return
@@ -243,6 +297,8 @@ def prepare_output_dir(out: str, fresh: bool, entries: frozenset = RUN_ENTRIES, 
     for name in os.listdir(out):
         if name.startswith(STAGING_PREFIX):
             shutil.rmtree(os.path.join(out, name))
+        elif _killed_write(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
 
 
 def enclosing_run(path: str) -> str | None:
@@ -260,7 +316,7 @@ def enclosing_run(path: str) -> str | None:
 def _source_dir(source: str) -> str:
     """A --checkpoint's run directory (its checkpoints/ or best/ given: the run above), or a --model dir."""
     path = os.path.abspath(os.path.expanduser(source)).rstrip(os.sep)
-    return os.path.dirname(path) if os.path.basename(path) in ("checkpoints", "best") else path
+    return os.path.dirname(path) if os.path.basename(path) in (CHECKPOINTS_DIR, BEST_DIR) else path
 
 
 def check_eval_out(out: str, source: str | None = None) -> None:
@@ -295,16 +351,14 @@ def prepare_eval_out(out: str, source: str | None = None) -> dict[str, str]:
     path = os.path.abspath(os.path.expanduser(out))
     os.makedirs(path, exist_ok=True)
     marker = os.path.join(path, EVAL_MARKER)
-    if not os.path.exists(marker):
-        with open(marker, "w", encoding="utf-8") as f:
-            json.dump({"written_by": "memsearcher-jax eval", "files": list(EVAL_FILES),
-                       "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=2)
+    if not os.path.isfile(marker) or os.path.islink(marker):
+        write_json(marker, {"written_by": "memsearcher-jax eval", "files": list(EVAL_FILES),
+                            "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return {name: os.path.join(path, name) for name in EVAL_FILES}
 
 
 # ----------------------------------------------------------------------------- the recorded experiment
 
-RUN_CONFIG = os.path.join("logs", "run_config.json")  # in the output dir; --fresh removes logs/ with it
 # Keys a resumed run may change: how long it runs, how often it logs, evaluates and saves, where
 # its files and caches are, how the same computation is laid out or batched. Every other key
 # (workflow, objectives, world, warm start, reward, losses, optimizer, data, model) is the
@@ -344,19 +398,48 @@ def changed_keys(recorded: dict, now: dict) -> list[tuple[str, object, object]]:
             if old[k] != new[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
 
 
-def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
-    """A resumed run (a local output dir holding RUN_CONFIG) must keep the recorded experiment:
-    TrainConfigError naming each changed key with both values."""
+def saved_steps(out: str) -> list[int]:
+    """The checkpoint steps in `out`'s checkpoints/ and best/ (one Orbax is still writing is none)."""
+    dirs = [os.path.join(out, d) for d in (CHECKPOINTS_DIR, BEST_DIR)]
+    return sorted({int(n) for d in dirs if os.path.isdir(d) for n in os.listdir(d) if n.isdigit()})
+
+
+def _recorded_changes(cfg: ml_collections.ConfigDict, out: str) -> list[tuple[str, object, object]]:
+    """changed_keys between RUN_CONFIG in a local `out` and `cfg` ([] without one)."""
     path = os.path.join(out, RUN_CONFIG)
     if "://" in out or not os.path.isfile(path):
-        return
+        return []
     try:
         with open(path, encoding="utf-8") as f:
             recorded = json.load(f)
     except (OSError, ValueError) as e:
         raise UserInputError(f"{path} cannot be read ({type(e).__name__}: {e}): it records the run's config; "
                              "restore it, or pass --fresh to start over") from None
-    changed = changed_keys(recorded, config_record(cfg))
+    return changed_keys(recorded, config_record(cfg))
+
+
+def starts_over(cfg: ml_collections.ConfigDict, out: str) -> list[tuple[str, object, object]]:
+    """The keys a rerun changes in a run directory whose earlier attempt stopped before its first
+    checkpoint (a wrong setting, Ctrl-C in the warm start): with no checkpoint it holds no
+    experiment to protect, so the job starts over there as --fresh does. [] otherwise."""
+    return [] if saved_steps(out) else _recorded_changes(cfg, out)
+
+
+def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
+    """A resumed run (a local output dir holding RUN_CONFIG) must keep the recorded experiment:
+    TrainConfigError naming each changed key with both values. Where there is no checkpoint yet
+    (`starts_over`), the changed command starts over instead, if --fresh could."""
+    path = os.path.join(out, RUN_CONFIG)
+    changed = _recorded_changes(cfg, out)
+    if changed and not saved_steps(out):
+        foreign = foreign_entries(out)
+        if foreign:
+            key, old, new = changed[0]
+            raise UserInputError(f"train.output_dir={out} holds an earlier attempt with other settings ({key} "
+                                 f"{old!r} -> {new!r}) and no checkpoint, so this run would start over there, but it "
+                                 f"also holds {foreign[0]}, which no training run wrote; nothing was removed. Move "
+                                 "that file or choose another train.output_dir")
+        return
     if changed:
         what = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changed[:6])
         more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
@@ -373,8 +456,7 @@ def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
 def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
     """Write RUN_CONFIG once, when the run starts (a run from before records its config now)."""
     path = os.path.join(out, RUN_CONFIG)
-    if "://" in out or os.path.exists(path):
+    if "://" in out or (os.path.isfile(path) and not os.path.islink(path)):
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config_record(cfg), f, indent=2)
+    write_json(path, config_record(cfg))

@@ -181,19 +181,173 @@ def test_fresh_removes_nothing_when_the_job_fails_before_its_first_step(tmp_path
     assert _files(run) == before
 
 
-def test_fresh_removes_the_runs_files_by_name(tmp_path):
-    from memsearcher_jax.run_dir import prepare_output_dir, release_output_dir
+def _written_by_the_writers(run):
+    """A run directory as the code that writes each entry leaves it, each writer called as the jobs
+    call it (the marker and lock, the recorded config, the metrics writer, the trainer's checkpoint
+    managers, the summary and the plot), with no training: what --fresh must know by name."""
+    import types
 
-    run = _marked_run(tmp_path / "run")
-    for name in ("logs/samples.jsonl", "logs/metrics.jsonl.tmp", "logs/wandb/run-1/files/config.yaml",
-                 "logs/events.out.tfevents.1.vm", "checkpoints/2.orbax-checkpoint-tmp-7/params/x",
-                 "warmstart/model.safetensors", "warmstart/tokenizer.json", "lora_base/config.json",
-                 "best/3/meta/metadata", "learning_curve.png", ".tmp-export-abc/config.json"):
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.curves import plot_curves
+    from memsearcher_jax.rl.metrics import MetricsWriter
+    from memsearcher_jax.rl.trainer import Trainer
+    from memsearcher_jax.run_dir import (
+        CURVE,
+        LOG_DIR,
+        SUMMARY,
+        prepare_output_dir,
+        record_config,
+        release_output_dir,
+        replaced,
+        write_json,
+    )
+
+    prepare_output_dir(str(run), fresh=False)
+    record_config(load_config(DEFAULT), str(run))
+    writer = MetricsWriter(str(run / LOG_DIR))
+    writer.write(1, {"reward_mean": 0.5})
+    writer.write_samples(1, [{"question": "q", "golds": ["a"], "answer": "a", "reward": 1.0, "end_reason": "answer",
+                              "conversations": ["c"]}])
+    writer.close()
+    loop = types.SimpleNamespace(out_dir=run, loop=types.SimpleNamespace(keep=2), _ckpt=None, _best=None)
+    tree = {"w": np.zeros(2, np.float32)}
+    with Trainer.checkpoints.fget(loop) as ckpt:
+        ckpt.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(tree), opt_state=ocp.args.StandardSave(tree),
+                                             meta=ocp.args.JsonSave({"step": 1})))
+    with Trainer.best.fget(loop) as best:
+        best.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(tree)), metrics={"eval/em": 0.5})
+    write_json(str(run / SUMMARY), {"em_before": 0.5})
+    with replaced(str(run / CURVE)) as png:
+        plot_curves([{"step": 1, "reward_mean": 0.5}], png)
+    release_output_dir(str(run))
+
+
+def test_fresh_removes_what_the_writers_wrote_and_nothing_else(tmp_path):
+    """What the writers write (`_written_by_the_writers`) and what a killed run leaves (a resume's
+    rewrite, Orbax's step in progress, an export's and a rewrite's staging files) is the run's:
+    --fresh accepts and removes it all, and refuses the same directory with one file of the user's."""
+    from memsearcher_jax.run_dir import foreign_entries, prepare_output_dir, release_output_dir
+
+    run = tmp_path / "run"
+    _written_by_the_writers(run)
+    assert {"logs", "checkpoints", "best", "summary.json", "learning_curve.png"} <= set(os.listdir(run))
+    assert {"metrics.jsonl", "samples.jsonl", "run_config.json"} <= set(os.listdir(run / "logs"))
+    assert "metrics" in os.listdir(run / "best" / "1")  # Orbax's item of a best_fn step
+    for name in ("logs/metrics.jsonl.tmp", "logs/wandb/run-1/files/config.yaml", "logs/.tmp-write-1a2b-run_config.json",
+                 "checkpoints/2.orbax-checkpoint-tmp-7/params/x", "warmstart/model.safetensors",
+                 "warmstart/tokenizer.json", "lora_base/config.json", ".tmp-export-abc/config.json",
+                 ".tmp-write-0f0f-summary.json"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text("run's")
+    assert foreign_entries(str(run)) == []
+    (run / "logs" / "notes.txt").write_text("mine")
+    assert foreign_entries(str(run)) == [str(run / "logs" / "notes.txt")]
+    with pytest.raises(ValueError, match="notes.txt, which no training run wrote"):
+        prepare_output_dir(str(run), fresh=True)
+    (run / "logs" / "notes.txt").unlink()
     prepare_output_dir(str(run), fresh=True)
     release_output_dir(str(run))
     assert sorted(os.listdir(run)) == [RUN_MARKER, RUN_LOCK]
+
+
+# ----------------------------------------------------------------------------- 4: links in place of a run's files
+
+def test_a_rewrite_replaces_a_link_and_never_writes_through_it(tmp_path):
+    """run_dir.replaced (every rewrite of a run's, eval's or a bench's file): the new file is made
+    beside the link and renamed over it; the file the link points at is left as it was. A write
+    that fails leaves the old file and no temporary file."""
+    from memsearcher_jax.run_dir import replaced, write_json
+
+    mine = tmp_path / "mine.json"
+    mine.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").symlink_to(mine)
+    write_json(str(out / "summary.json"), {"em": 1})
+    assert mine.read_text() == "mine" and not (out / "summary.json").is_symlink()
+    assert json.loads((out / "summary.json").read_text()) == {"em": 1}
+    with pytest.raises(RuntimeError):
+        with replaced(str(out / "summary.json")) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("killed mid-write")
+    assert json.loads((out / "summary.json").read_text()) == {"em": 1} and os.listdir(out) == ["summary.json"]
+
+
+def test_the_metrics_log_replaces_a_link_and_never_appends_through_it(tmp_path):
+    """logs/metrics.jsonl (appended to every step) as a link to the user's file: the resumed writer
+    replaces the link by a file of the lines it keeps; a link put there during the run is replaced
+    by a copy of what it showed before the next line is appended; a dangling link is replaced too.
+    The user's files are never written."""
+    from memsearcher_jax.rl.metrics import MetricsWriter
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"step": 1}\n{"step": 2}\n')
+    (logs / "metrics.jsonl").symlink_to(mine)
+    writer = MetricsWriter(str(logs), resume_step=1)
+    writer.write(2, {"loss": 0.5})
+    assert mine.read_text() == '{"step": 1}\n{"step": 2}\n' and not (logs / "metrics.jsonl").is_symlink()
+    assert [json.loads(x)["step"] for x in open(logs / "metrics.jsonl")] == [1, 2]
+    (logs / "metrics.jsonl").unlink()
+    (logs / "metrics.jsonl").symlink_to(mine)  # during the run
+    writer.write(3, {"loss": 0.4})
+    assert mine.read_text() == '{"step": 1}\n{"step": 2}\n' and not (logs / "metrics.jsonl").is_symlink()
+    assert [json.loads(x)["step"] for x in open(logs / "metrics.jsonl")] == [1, 2, 3]
+    writer.close()
+    (logs / "samples.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    writer = MetricsWriter(str(logs), resume_step=3)
+    writer.write_samples(4, [])
+    writer.close()
+    assert not (tmp_path / "nowhere.jsonl").exists() and not (logs / "samples.jsonl").is_symlink()
+
+
+def test_the_run_lock_replaces_a_link_and_never_writes_through_it(tmp_path):
+    from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine")
+    (run / RUN_LOCK).symlink_to(mine)
+    lock_output_dir(str(run))
+    release_output_dir(str(run))
+    assert mine.read_text() == "mine" and not (run / RUN_LOCK).is_symlink()
+    assert (run / RUN_LOCK).read_text() == str(os.getpid())
+
+
+# ----------------------------------------------------------------------------- a run that stopped before a checkpoint
+
+def test_a_changed_rerun_is_refused_only_where_a_checkpoint_is(tmp_path):
+    """The recorded experiment is protected once a checkpoint holds it: a changed setting in a
+    directory with no checkpoint (checkpoints/ or best/) is a start over (`starts_over` names the
+    change), unless the directory holds a file no run wrote (what --fresh would refuse)."""
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.run_dir import check_same_experiment, record_config, starts_over
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / RUN_MARKER).write_text(json.dumps({"written_by": "memsearcher-jax train"}))
+    record_config(load_config(DEFAULT), str(run))
+    changed = load_config(DEFAULT, [("sft.steps", "7")])
+    check_same_experiment(changed, str(run))
+    assert [k for k, _, _ in starts_over(changed, str(run))] == ["sft.steps"]
+    assert starts_over(load_config(DEFAULT), str(run)) == []  # the same command resumes
+    (run / "checkpoints" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a step not finished: none
+    check_same_experiment(changed, str(run))
+    (run / "logs" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="no checkpoint.*notes.txt, which no training run wrote"):
+        check_same_experiment(changed, str(run))
+    (run / "logs" / "notes.txt").unlink()
+    for saved in ("best/3", "checkpoints/2"):
+        (run / saved).mkdir(parents=True)
+        with pytest.raises(ValueError, match="holds a run of another experiment.*sft.steps"):
+            check_same_experiment(changed, str(run))
+        assert starts_over(changed, str(run)) == []
+        (run / saved).rmdir()
 
 
 # ----------------------------------------------------------------------------- 5: one process per run directory

@@ -3,7 +3,6 @@ command, the config, every phase, the final probe, the history, every file's siz
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import shlex
@@ -18,6 +17,7 @@ from memsearcher_jax.jsonl import read_jsonl_if_exists
 from memsearcher_jax.models import Qwen2, save_pretrained
 from memsearcher_jax.pretrain.phases import phase_records
 from memsearcher_jax.pretrain.probes import FINAL_SEED, base_probe, final_probe, pair_probe
+from memsearcher_jax.run_dir import write_json
 
 BASE_MANIFEST = "base_manifest.json"
 
@@ -94,6 +94,5 @@ def export_base(model: Qwen2, vocab_dir: str, out_dir: str, cfg: ml_collections.
         "tensors": tensors,
         "files": files,
     }
-    with open(os.path.join(out_dir, BASE_MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, default=list)
+    write_json(os.path.join(out_dir, BASE_MANIFEST), manifest, indent=1, default=list)  # never through a link
     return probe

@@ -12,7 +12,6 @@ checked against the run's vocab/).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -48,12 +47,18 @@ from memsearcher_jax.rl.checkpoints import item_problem
 from memsearcher_jax.rl.sft import SFTTrainer
 from memsearcher_jax.rl.trainer import MetricsWriter
 from memsearcher_jax.run_dir import (
+    BASE_DIR,
+    CHECKPOINTS_DIR,
+    LOG_DIR,
     PRETRAIN_ENTRIES,
+    SUMMARY,
+    VOCAB_DIR,
     check_cache_dir,
     check_output_dir,
     output_dir_path,
     prepare_output_dir,
     release_output_dir,
+    write_json,
 )
 
 
@@ -139,12 +144,12 @@ def _prepare_run(cfg: ml_collections.ConfigDict, resume: bool) -> tuple[str, str
     resumed run loads them instead of compiling)."""
     t = cfg.train
     out = output_dir_path(t.output_dir)
-    export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, "base")))
+    export_dir = os.path.abspath(os.path.expanduser(t.export_dir or os.path.join(out, BASE_DIR)))
     check_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
     check_base_export_dir(export_dir, out)
     check_cache_dir(t.get("compilation_cache_dir", None))
     if resume:
-        check_vocab_settings(os.path.join(out, "vocab"), cfg)
+        check_vocab_settings(os.path.join(out, VOCAB_DIR), cfg)
     prepare_output_dir(out, not resume, PRETRAIN_ENTRIES, "pretraining")
     compile_stats.enable_persistent_cache(t.get("compilation_cache_dir", None))
     return out, export_dir
@@ -166,7 +171,7 @@ def checkpoint_model(cfg: ml_collections.ConfigDict, step: int = 0) -> tuple[int
     be training."""
     validate_pretrain(cfg)
     out = output_dir_path(cfg.train.output_dir)
-    vocab_dir, ckpt_dir = os.path.join(out, "vocab"), os.path.join(out, "checkpoints")
+    vocab_dir, ckpt_dir = os.path.join(out, VOCAB_DIR), os.path.join(out, CHECKPOINTS_DIR)
     # Finished checkpoints only: orbax writes a step under a temporary name and renames it when done.
     steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
     if not ReadingVocab.exists(vocab_dir) or not steps:
@@ -200,12 +205,12 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     validate_pretrain(cfg)
     t = cfg.train
     out, export_dir = _prepare_run(cfg, resume)
-    vocab_dir = os.path.join(out, "vocab")
+    vocab_dir = os.path.join(out, VOCAB_DIR)
     if not ReadingVocab.exists(vocab_dir):
         build_vocab(vocab_dir, seed=cfg.vocab.seed, bpe_size=cfg.vocab.bpe_size, wording=cfg.vocab.get("wording", "v1"))
     vocab, builder, trainer = _trainer(cfg, vocab_dir)
     # The last two checkpoints, and every keep_period-th one (a phase boundary to start from again).
-    manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"),
+    manager = ocp.CheckpointManager(os.path.join(out, CHECKPOINTS_DIR),
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2,
                                                                          keep_period=t.get("keep_period", 0) or None))
     step = _restore(manager, trainer, cfg, vocab) if resume else 0  # a damaged checkpoint: refused before more work
@@ -213,7 +218,7 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     sets = probe_sets(vocab, builder, t.probe_items, seed=t.seed)
     seen = probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 2000, pool="pretrain")
     copy = copy_probe_items(vocab, builder, min(256, t.probe_items), seed=t.seed + 3000)
-    writer = MetricsWriter(os.path.join(out, "logs"), resume_step=step)
+    writer = MetricsWriter(os.path.join(out, LOG_DIR), resume_step=step)
     workers = t.get("data_workers", 0)
     prefetch = (_PoolPrefetch(cfg, vocab_dir, step, t.steps, workers) if workers
                 else _Prefetch(BatchMaker(cfg, vocab_dir), step, t.steps))
@@ -252,10 +257,9 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
     check_base_export_dir(export_dir, out)  # again: the run may have taken hours
     final = export_base(trainer.model(), vocab_dir, export_dir, cfg, argv, seed=t.seed,
                         n_probe=t.get("final_probe_items", t.probe_items),
-                        history=read_history(os.path.join(out, "logs")))
+                        history=read_history(os.path.join(out, LOG_DIR)))
     summary = {"steps": t.steps, "probe": final, "export_dir": export_dir}
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(os.path.join(out, SUMMARY), summary, indent=1)
     _log(f"final probe on reserved names: {100 * final['accuracy']:.1f}% over 2/8/16 passages "
          f"(worst relation {100 * final['worst_relation']:.1f}%), multi-objective "
          f"{100 * final['multi']['accuracy']:.1f}%; base written to {export_dir}")

@@ -17,6 +17,14 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
+# Where the training loop keeps its checkpoints in its output directory (run_dir.py's list of a
+# run's files reads these): every train.save_every steps, and the best eval/em so far.
+CHECKPOINTS_DIR = "checkpoints"
+BEST_DIR = "best"
+# The items a step holds: what the loop saves, and what Orbax adds for a best_fn manager (the
+# metrics it ranks the step by).
+STEP_ITEMS = ("params", "opt_state", "meta", "metrics")
+
 
 def leaf_shapes(tree) -> dict[str, tuple]:
     """{'layers/q_kernel/value': shape} of a live tree or of a checkpoint's tree metadata (the

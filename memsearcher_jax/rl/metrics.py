@@ -11,6 +11,8 @@ without TensorFlow); metrics.jsonl and samples.jsonl are written wherever the ru
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 
 import numpy as np
@@ -19,6 +21,18 @@ from etils import epath
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.rl.advantages import zero_variance_fraction
 from memsearcher_jax.token_metrics import by_turn_metrics, prompt_tokens_by_turn, trajectory_token_metrics
+
+LOG_DIR = "logs"  # a run's MetricsWriter directory, in its output directory
+LOG_FILES = {"metrics": "metrics.jsonl", "samples": "samples.jsonl"}
+# What a MetricsWriter writes in its directory (run_dir.py's list of a run's files reads this): its
+# JSONL files (one with `.tmp`: a rewrite that was killed), TensorBoard's event files, W&B's folder.
+_WRITTEN = re.compile("(" + "|".join(re.escape(n) for n in LOG_FILES.values())
+                      + r")(\.tmp)?$|events\.out\.tfevents\.|wandb$")
+
+
+def is_log_file(name: str) -> bool:
+    """Whether `name`, in a MetricsWriter's directory, is something the writer (or its libraries) wrote."""
+    return bool(_WRITTEN.match(name))
 
 
 def rollout_metrics(trajs: list[Trajectory], results, num_rows: int) -> dict:
@@ -53,14 +67,26 @@ def sample_records(trajs: list[Trajectory], results, decode, n: int) -> list[dic
             for t, r in list(zip(trajs, results))[:n]]
 
 
+def _is_link(path: epath.Path) -> bool:
+    return "://" not in str(path) and os.path.islink(path)
+
+
+def _rewrite(path: epath.Path, text: str) -> None:
+    """`text` written beside `path` and renamed over it: a symlink in its place is replaced by the
+    file, never written through (the file it points at is left as it was)."""
+    tmp = path.parent / (path.name + ".tmp")
+    if "://" not in str(path) and os.path.lexists(tmp):
+        os.remove(tmp)  # a killed rewrite's (or a link): the new one is made, not written through
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _truncate_jsonl(path: epath.Path, resume_step: int) -> None:
-    """Drop lines logged past resume_step by a run that died, so every step appears once."""
-    if path.exists():
-        kept = [line + "\n" for line in path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= resume_step]
-        tmp = path.parent / (path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        tmp.replace(path)
+    """Drop lines logged past resume_step by a run that died, so every step appears once (from
+    step 0: every line)."""
+    if path.exists() or _is_link(path):
+        lines = path.read_text().splitlines() if resume_step and path.exists() else []
+        _rewrite(path, "".join(line + "\n" for line in lines if line and json.loads(line)["step"] <= resume_step))
 
 
 class MetricsWriter:
@@ -73,7 +99,7 @@ class MetricsWriter:
         network; without the wandb package a message says so and the run goes on."""
         self.dir = epath.Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.paths = {name: self.dir / f"{name}.jsonl" for name in ("metrics", "samples")}
+        self.paths = {name: self.dir / file for name, file in LOG_FILES.items()}
         for path in self.paths.values():
             _truncate_jsonl(path, resume_step)
         self.tb = None
@@ -96,8 +122,18 @@ class MetricsWriter:
                                         resume="allow")
 
     def _append(self, name: str, record: dict) -> None:
-        with self.paths[name].open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        """One line at the end of the file. A local file is never appended through a symlink: a link
+        put in its place is replaced by a file of the lines it showed, then appended to."""
+        path, line = self.paths[name], json.dumps(record) + "\n"
+        if "://" in str(path):
+            with path.open("a") as f:
+                f.write(line)
+            return
+        if _is_link(path):
+            _rewrite(path, path.read_text() if path.exists() else "")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # a new link: refused
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(line)
 
     def write(self, step: int, metrics: dict):
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}

@@ -35,6 +35,7 @@ from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models import CausalLM
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
+from memsearcher_jax.rl.checkpoints import BEST_DIR, CHECKPOINTS_DIR
 from memsearcher_jax.rl.grpo import (
     GRPOLearner,
     gather_rows,
@@ -43,7 +44,7 @@ from memsearcher_jax.rl.grpo import (
     trajectory_advantages,
 )
 from memsearcher_jax.rl.hosts import check_search_errors
-from memsearcher_jax.rl.metrics import MetricsWriter, rollout_metrics, sample_records
+from memsearcher_jax.rl.metrics import LOG_DIR, MetricsWriter, rollout_metrics, sample_records
 from memsearcher_jax.rl.sampler_weights import sampling_model
 
 
@@ -113,7 +114,7 @@ class Trainer:
     def checkpoints(self):
         if self._ckpt is None:
             opts = ocp.CheckpointManagerOptions(max_to_keep=self.loop.keep, enable_async_checkpointing=True)
-            self._ckpt = ocp.CheckpointManager(self.out_dir / "checkpoints", options=opts)
+            self._ckpt = ocp.CheckpointManager(self.out_dir / CHECKPOINTS_DIR, options=opts)
         return self._ckpt
 
     @property
@@ -121,7 +122,7 @@ class Trainer:
         """best/: the params with the highest eval/em so far (Orbax keeps one, by best_fn)."""
         if self._best is None:
             opts = ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["eval/em"], best_mode="max")
-            self._best = ocp.CheckpointManager(self.out_dir / "best", options=opts)
+            self._best = ocp.CheckpointManager(self.out_dir / BEST_DIR, options=opts)
         return self._best
 
     def close(self) -> None:
@@ -265,7 +266,7 @@ class Trainer:
         steps = self.loop.steps if steps is None else steps
         self.maybe_resume()
         lead = jax.process_index() == 0  # one host writes the logs and draws the bar
-        writer = (MetricsWriter(str(self.out_dir / "logs"), resume_step=self.step,
+        writer = (MetricsWriter(str(self.out_dir / LOG_DIR), resume_step=self.step,
                                 wandb_project=self.loop.wandb_project, run_name=self.out_dir.name) if lead else None)
         history = []
         bar = tqdm(total=steps, initial=self.step, desc="GRPO", disable=not (self.progress and lead),
