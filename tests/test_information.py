@@ -298,3 +298,19 @@ def test_coefficient_zero_is_bit_identical(reading, tmp_path):
     shaped, w = _one_step(reading, tmp_path, "reward", 1.0)
     assert shaped["info/eligible_share"] == 0.5
     assert not all(np.array_equal(a, c) for a, c in zip(w, w_off))
+
+
+def test_the_config_rules_name_the_info_keys():
+    import os
+
+    from memsearcher_jax.config_rules import config_problems, info_problems
+    from memsearcher_jax.config_utils import load_config
+
+    assert info_problems("off", 0.0) == info_problems("log", 0) == info_problems("reward", 0.5) == []
+    assert "rl.info_signal must be one of 'off', 'log', 'reward', got 'on'" in info_problems("on", 0.0)[0]
+    for bad in (-0.1, float("nan"), "1"):
+        assert info_problems("reward", bad)[0].startswith("rl.info_coef must be a finite number >= 0")
+    assert "only with rl.info_signal='reward'" in info_problems("log", 0.5)[0]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", "default.py"), [("rl.info_signal", "logs")])
+    assert any(p.startswith("rl.info_signal must be one of") for p in config_problems(cfg, files=False))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -46,9 +46,6 @@ from memsearcher_jax.qa_metrics import RewardResult, objective_golds, per_object
 from memsearcher_jax.rl.advantages import group_advantages
 from memsearcher_jax.rl.grpo import RowBatch, trajectory_advantages
 from memsearcher_jax.sampling.buckets import bucket
-
-if TYPE_CHECKING:  # the trainer, for annotations only (it imports this module)
-    from memsearcher_jax.rl.trainer import Trainer
 
 INFO_MODES = ("off", "log", "reward")
 PROBE_OPEN, PROBE_CLOSE = "\n<question> ", " </question>\n\\boxed{"
@@ -177,11 +174,12 @@ def shaped_advantages(adv: np.ndarray, bonus: np.ndarray, eligible: np.ndarray, 
     return (adv + coef * z).astype(adv.dtype)
 
 
-def information_advantages(trainer: Trainer, trajs: Sequence[Trajectory],
+def information_advantages(trainer: Any, trajs: Sequence[Trajectory],
                            results: Sequence[RewardResult]) -> tuple[np.ndarray, dict]:
     """The step's advantages (`trajectory_advantages`, shaped under rl.info_signal="reward" with
     rl.info_coef != 0) and its info/* metrics ({} when rl.info_signal="off"), from the trainer's
-    learner (its current weights: those that sampled `trajs`), prompt builder and loop settings."""
+    (rl/trainer.py's `Trainer`, which imports this module) learner at its current weights (those
+    that sampled `trajs`), prompt builder (`trainer.runner.builder`) and loop settings."""
     loop, learner = trainer.loop, trainer.learner
     adv = trajectory_advantages(trajs, [r.reward for r in results])
     if loop.info_signal == "off":
