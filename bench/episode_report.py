@@ -31,6 +31,13 @@ It writes, per (workflow, model):
   needed fact it had (in its old memory or its observation) and how often a sentence it adds
   appears in no observation of its turn (written, not read).
 
+OUT follows every writer's rules (docs/usage.md, "your files"): a new or empty directory, or one
+an earlier episode_report wrote (its marker, `.memsearcher-episode-report`: its reports of the same
+name are replaced, its summary.md appended to); never a file, a training run's directory, or RUN
+itself. Each file is written beside itself and renamed over it (a link there is replaced, never
+written through). Every refusal, and a workflow or model RUN does not hold, is one line and exit 2
+before any model loads.
+
 The facts are the world's supporting sentences (`facts` of each objective row); "held" means
 the sentence appears verbatim in the final context's memory (memsearcher, memory_ops) or in
 some observation of the episode (react, mem1: the context holds what it holds).
@@ -63,15 +70,27 @@ from memsearcher_jax.experiment import (  # noqa: E402
     training_runner,
     with_objectives,
 )
-from memsearcher_jax.jobs import restore_policy  # noqa: E402
+from memsearcher_jax.jobs import checked_checkpoint, restore_policy  # noqa: E402
 from memsearcher_jax.models import from_pretrained  # noqa: E402
 from memsearcher_jax.qa_metrics import compute_reward, exact_match, split_answers  # noqa: E402
 from memsearcher_jax.rl.grpo import score_trajectories  # noqa: E402
+from memsearcher_jax.run_dir import (  # noqa: E402
+    WARMSTART_DIR,
+    check_marked_out,
+    is_same_or_parent,
+    prepare_marked_out,
+    replaced,
+    write_text,
+)
 
 MEMORY_WORKFLOWS = ("memsearcher", "memory_ops")
 MODELS = ("warm_start", "grpo")
 # The format gate names the block it failed on ("block 3: unbalanced <think> tags").
 FAILED_BLOCK = re.compile(r"^block (\d+): ")
+MARKER = ".memsearcher-episode-report"  # in OUT: this script wrote it (its reports may be replaced)
+WRITER = "episode_report"
+# A report's name (report_name) and the summary: what an OUT from before the marker holds.
+OWN_FILES = re.compile(r"[\w-]+-N\d+(-sampled-seed\d+)?\.jsonl$|summary\.md$")
 
 
 def run_config(run: str, workflow: str):
@@ -286,6 +305,51 @@ def parse_args(argv):
     return args
 
 
+def check_out(out: str, run: str) -> None:
+    """Refuse an OUT this script must not write in (run_dir.check_marked_out), and RUN itself."""
+    if is_same_or_parent(out, run):
+        raise UserInputError(f"--out {out} is (or holds) the --run directory {run}: give a directory of its own "
+                             f"(by default {os.path.join(run, 'episode_report')})")
+    path = os.path.abspath(os.path.expanduser(out))
+    older = os.path.isdir(path) and all(OWN_FILES.match(n) for n in os.listdir(path))
+    hint = f", or, if an episode_report from before its marker wrote it, mark it (touch {os.path.join(path, MARKER)})"
+    check_marked_out(out, MARKER, WRITER, hint=hint if older else "")
+
+
+def check_models(cfg, workflow: str, models: list[str]) -> None:
+    """Each model the report runs is in the workflow's run directory (paper_tables trains the
+    workflows it is given: RUN may hold some only), before any is loaded."""
+    run_dir = cfg.train.output_dir
+    for which in models:
+        if which == "warm_start" and not os.path.isfile(os.path.join(run_dir, WARMSTART_DIR, "config.json")):
+            raise UserInputError(f"--workflows {workflow} --models warm_start: {os.path.join(run_dir, WARMSTART_DIR)} "
+                                 "holds no warm start: run bench/paper_tables.py with this --out and --workflows "
+                                 f"{workflow} first, or leave {workflow} out")
+        if which == "grpo":
+            try:
+                checked_checkpoint(run_dir, fix="remove that step to report on the one before")
+            except FileNotFoundError as e:
+                raise UserInputError(f"--workflows {workflow} --models grpo: {run_dir} holds no GRPO checkpoint ({e}): "
+                                     "run bench/paper_tables.py with this --out and --workflows "
+                                     f"{workflow} first, or leave {workflow} out") from None
+
+
+def write_reports(out: str, reports: dict[str, list[dict]], lines: list[str]) -> None:
+    """Each report (name -> episodes) and the summary lines appended to summary.md, in OUT with its
+    marker (checked again: the episodes may have taken hours); each file replaced whole."""
+    path = prepare_marked_out(out, MARKER, WRITER, [*reports, "summary.md"], written_by="bench/episode_report.py")
+    for name, eps in reports.items():
+        with replaced(os.path.join(path, name)) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for e in eps:
+                f.write(json.dumps(e) + "\n")
+    summary = os.path.join(path, "summary.md")
+    earlier = ""
+    if os.path.isfile(summary):
+        with open(summary, encoding="utf-8") as f:
+            earlier = f.read()
+    write_text(summary, earlier + "\n".join(lines) + "\n")
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = args.out or os.path.join(args.run, "episode_report")
@@ -294,8 +358,10 @@ def main(argv=None):
         if args.sampled and not cfg.agent.temperature > 0:
             raise UserInputError(f"--sampled: {wf}'s run has agent.temperature={cfg.agent.temperature}; sampled "
                                  "episodes need a temperature > 0 (GRPO's)")
-    os.makedirs(out, exist_ok=True)
-    lines = []
+    check_out(out, args.run)
+    for wf, cfg in cfgs.items():
+        check_models(cfg, wf, args.models.split(","))
+    lines, reports = [], {}
     for wf, cfg in cfgs.items():
         setup = build_setup(cfg)
         setup_n = with_objectives(setup, args.objectives, seed=cfg.world.seed)
@@ -308,21 +374,17 @@ def main(argv=None):
             sampler = build_sampler(cfg, model, sampling_mesh(cfg))
             rows, trajs, results, mode = run_episodes(cfg, setup_n, sampler, args)
             eps = [episode(t, row, setup.builder, wf, r) for t, row, r in zip(trajs, rows, results)]
-            path = os.path.join(out, report_name(wf, which, args.objectives, args.sampled, args.seed))
-            with open(path, "w", encoding="utf-8") as f:
-                for e in eps:
-                    f.write(json.dumps(e) + "\n")
+            reports[report_name(wf, which, args.objectives, args.sampled, args.seed)] = eps
             line = f"{wf} {which} N={args.objectives} {mode}: " + json.dumps(summarize(eps))
             print(line, flush=True)
             lines.append(line)
-    with open(os.path.join(out, "summary.md"), "a", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    write_reports(out, reports, lines)
 
 
-def cli() -> int:
+def cli(argv=None) -> int:
     """main() as a command: bad input is one line on stderr and exit 2, not a traceback."""
     try:
-        main()
+        main(argv)
     except UserInputError as e:
         print(f"episode_report: {e}", file=sys.stderr)
         return 2

@@ -484,8 +484,8 @@ def check_settings(out: str, settings: dict) -> None:
     path = os.path.join(out, "settings.json")
     if not os.path.exists(path):
         if os.path.isdir(out) and os.listdir(out):  # someone else's files, or a run from before settings.json
-            raise SystemExit(f"--out {out} is not empty and holds no settings.json: these tables would reuse or mix "
-                             "with what is there; choose an empty or new --out")
+            raise UserInputError(f"--out {out} is not empty and holds no settings.json: these tables would reuse or "
+                                 "mix with what is there; choose an empty or new --out")
         os.makedirs(out, exist_ok=True)
         tmp = path + ".tmp"  # a kill mid-write leaves no half file for the rerun to fail on
         with open(tmp, "w", encoding="utf-8") as f:
@@ -500,9 +500,9 @@ def check_settings(out: str, settings: dict) -> None:
                              "settings of the run there: restore it, or choose another --out") from None
     diff = first_difference(saved, settings)
     if diff is not None:
-        raise SystemExit(f"--out {out} holds a run with other settings ({diff}); its finished phases would be mixed "
-                         "into these tables: rerun with the command it was started with (docs/paper_tables.md), or "
-                         "choose another --out")
+        raise UserInputError(f"--out {out} holds a run with other settings ({diff}); its finished phases would be "
+                             "mixed into these tables: rerun with the command it was started with "
+                             "(docs/paper_tables.md), or choose another --out")
 
 
 def first_difference(a, b, where: str = "") -> str | None:

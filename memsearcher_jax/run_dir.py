@@ -319,13 +319,11 @@ def _source_dir(source: str) -> str:
     return os.path.dirname(path) if os.path.basename(path) in (CHECKPOINTS_DIR, BEST_DIR) else path
 
 
-def check_eval_out(out: str, source: str | None = None) -> None:
-    """Refuse, before any model is loaded, an `eval --out` it must not write in: a file (or a path
-    under one), the evaluated run or model directory or a directory inside a run's, and a non-empty
-    directory an earlier `eval` did not write (no `EVAL_MARKER`): its results.json and
-    trajectories.jsonl are the user's."""
-    if not out:
-        return
+def check_marked_out(out: str, marker: str, writer: str, source: str | None = None, hint: str = "") -> None:
+    """Refuse, before any work, an --out that `writer` (`eval`, a bench) must not write in: a file
+    (or a path under one), the directory `source` it reads (or one holding it or inside it), a
+    directory inside a run's, and a non-empty directory no earlier `writer` marked (`marker`): its
+    files are the user's (`hint`: said after that refusal)."""
     path = os.path.abspath(os.path.expanduser(out))
     parent = existing_parent(path)
     if not os.path.isdir(parent):
@@ -337,23 +335,37 @@ def check_eval_out(out: str, source: str | None = None) -> None:
     if run is not None:
         raise UserInputError(f"--out {out} lies inside the run directory {run} (it has a {RUN_MARKER} marker): "
                              "a run's directory holds only what the run writes; give a directory outside it")
-    if os.path.isdir(path) and os.listdir(path) and not os.path.exists(os.path.join(path, EVAL_MARKER)):
+    if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, marker)):
         held = sorted(os.listdir(path))
         raise UserInputError(f"--out {out} is not empty (it holds {os.path.join(path, held[0])}"
-                             f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}) and no earlier eval wrote it "
-                             f"(no {EVAL_MARKER} marker); nothing was written. Give a new or empty directory")
+                             f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}) and no earlier {writer} wrote "
+                             f"it (no {marker} marker); nothing was written. Give a new or empty directory{hint}")
+
+
+def prepare_marked_out(out: str, marker: str, writer: str, files, source: str | None = None,
+                       written_by: str | None = None) -> str:
+    """`check_marked_out` again (the work may have taken hours), then the directory with its
+    marker (naming `written_by`, default `writer`, and the `files` it writes there); returns the
+    directory, absolute."""
+    check_marked_out(out, marker, writer, source)
+    path = os.path.abspath(os.path.expanduser(out))
+    os.makedirs(path, exist_ok=True)
+    if not os.path.isfile(os.path.join(path, marker)) or os.path.islink(os.path.join(path, marker)):
+        write_json(os.path.join(path, marker), {"written_by": written_by or writer, "files": list(files),
+                                                "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return path
+
+
+def check_eval_out(out: str, source: str | None = None) -> None:
+    """`check_marked_out` for `eval --out` (`EVAL_MARKER`): a non-empty directory no earlier eval
+    wrote holds the user's results.json and trajectories.jsonl. Nothing to check without --out."""
+    if out:
+        check_marked_out(out, EVAL_MARKER, "eval", source)
 
 
 def prepare_eval_out(out: str, source: str | None = None) -> dict[str, str]:
-    """`check_eval_out` again (the evaluation may have taken hours), then the directory with its
-    marker; returns the paths of the files eval writes there ({name: path})."""
-    check_eval_out(out, source)
-    path = os.path.abspath(os.path.expanduser(out))
-    os.makedirs(path, exist_ok=True)
-    marker = os.path.join(path, EVAL_MARKER)
-    if not os.path.isfile(marker) or os.path.islink(marker):
-        write_json(marker, {"written_by": "memsearcher-jax eval", "files": list(EVAL_FILES),
-                            "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    """`prepare_marked_out` for `eval --out`; returns the paths of the files eval writes there ({name: path})."""
+    path = prepare_marked_out(out, EVAL_MARKER, "eval", EVAL_FILES, source, written_by="memsearcher-jax eval")
     return {name: os.path.join(path, name) for name in EVAL_FILES}
 
 

@@ -3,6 +3,7 @@ hand-made trajectories (a builder whose ids are characters)."""
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import pytest
@@ -166,3 +167,93 @@ def test_sampled_refuses_a_greedy_run_and_unknown_models_before_loading(tmp_path
     with pytest.raises(UserInputError, match="holds no such workflow"):
         rep.main(["--run", str(tmp_path), "--workflows", "react"])
     assert not out.exists()  # refused before anything was written
+
+
+# ----------------------------------------------------------------------------- --out: the rules of every writer
+
+def _paper_run(tmp_path, workflows=("memsearcher", "react"), trained=("memsearcher",)):
+    """A bench/paper_tables.py --out directory: settings.json with each workflow's config, and a run
+    directory (marker, warm start, checkpoint) for each workflow of `trained` only."""
+    from memsearcher_jax.run_dir import RUN_MARKER
+
+    run = tmp_path / "paper"
+    run.mkdir()
+    cfg = {"agent": {"temperature": 1.0}, "train": {"output_dir": ""}, "model": {"dtype": "float32",
+                                                                                  "param_dtype": "float32"}}
+    (run / "settings.json").write_text(json.dumps({"workflow_configs": {w: cfg for w in workflows}}))
+    for w in trained:
+        (run / w / "warmstart").mkdir(parents=True)
+        (run / w / "warmstart" / "config.json").write_text("{}")
+        (run / w / "checkpoints" / "1").mkdir(parents=True)
+        (run / w / RUN_MARKER).write_text(json.dumps({"written_by": "memsearcher-jax train"}))
+    return run
+
+
+def _no_load(monkeypatch, rep):
+    """The first expensive step fails the test: refusals must come before it."""
+    def started(*a, **k):
+        raise AssertionError("episode_report started working before refusing")
+    monkeypatch.setattr(rep, "build_setup", started)
+
+
+def _tree(root) -> dict:
+    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(root) for f in files}
+
+
+def test_out_refuses_a_file_your_directory_and_a_runs_directory_before_loading(tmp_path, monkeypatch):
+    """--out follows every writer's rules (run_dir.check_marked_out): a file or a path under one, a
+    non-empty directory no earlier episode_report wrote (a report of the same name and a summary.md
+    of the user's would be replaced and appended to), a training run's directory (its --fresh
+    would then refuse), and the --run directory itself are refused before anything loads."""
+    rep = _report()
+    _no_load(monkeypatch, rep)
+    run = _paper_run(tmp_path)
+    afile = tmp_path / "report.txt"
+    afile.write_text("mine")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "memsearcher-grpo-N2.jsonl").write_text("my report\n")
+    (mine / "summary.md").write_text("my summary\n")
+    before = _tree(tmp_path)
+    base = ["--run", str(run), "--workflows", "memsearcher"]
+    for out, says in ((afile, "is a file"), (afile / "sub", "is a file"), (mine, "no earlier episode_report"),
+                      (run / "memsearcher", "inside the run directory"),
+                      (run / "memsearcher" / "reports", "inside the run directory"), (run, "the --run directory")):
+        with pytest.raises(UserInputError, match=says):
+            rep.main(base + ["--out", str(out)])
+    assert _tree(tmp_path) == before
+
+
+def test_a_workflow_or_model_the_run_lacks_is_named_before_loading(tmp_path, monkeypatch):
+    """--workflows react on a run that trained memsearcher only (its settings.json still holds
+    react's config): one message naming the missing warm start, not a traceback from the loader;
+    the same for a GRPO model without a checkpoint."""
+    rep = _report()
+    _no_load(monkeypatch, rep)
+    run = _paper_run(tmp_path)
+    with pytest.raises(UserInputError, match=f"{run / 'react' / 'warmstart'}.*paper_tables.py"):
+        rep.main(["--run", str(run), "--workflows", "memsearcher,react", "--models", "warm_start"])
+    import shutil
+    shutil.rmtree(run / "memsearcher" / "checkpoints")
+    with pytest.raises(UserInputError, match=f"--models grpo.*{run / 'memsearcher'}.*no GRPO checkpoint"):
+        rep.main(["--run", str(run), "--workflows", "memsearcher", "--models", "grpo"])
+    assert not (run / "episode_report").exists()
+
+
+def test_the_command_exits_2_with_one_line(tmp_path):
+    """As a user runs it: `python bench/episode_report.py --out FILE` is one line and exit 2."""
+    import subprocess
+    import sys
+
+    from tests.bench_loader import ROOT
+
+    run = _paper_run(tmp_path)
+    afile = tmp_path / "report.txt"
+    afile.write_text("mine")
+    got = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "episode_report.py"), "--run", str(run),
+                          "--workflows", "memsearcher", "--out", str(afile)], capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 2 and got.stderr.startswith("episode_report: --out") and "is a file" in got.stderr
+    assert "Traceback" not in got.stderr and len(got.stderr.strip().splitlines()) == 1, got.stderr
+    assert afile.read_text() == "mine"

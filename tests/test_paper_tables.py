@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import paper_tables as pt  # noqa: E402
 
+from memsearcher_jax.errors import UserInputError  # noqa: E402
 from memsearcher_jax.run_dir import RUN_MARKER  # noqa: E402
 
 
@@ -307,13 +308,13 @@ def test_main_resumes_the_same_command_and_refuses_other_settings(tmp_path, monk
     job.calls.clear()
     assert pt.main(argv) == 0 and job.calls == []
     assert (tmp_path / "tables.md").read_text().split("\n", 1)[1] == md.split("\n", 1)[1]
-    with pytest.raises(SystemExit, match=r"other settings \(config.rl.group_size: 5 -> 3\)"):
+    with pytest.raises(UserInputError, match=r"other settings \(config.rl.group_size: 5 -> 3\)"):
         pt.main(argv + ["--config.rl.group_size=3"])
-    with pytest.raises(SystemExit, match=r"eval_questions: 4 -> 5"):
+    with pytest.raises(UserInputError, match=r"eval_questions: 4 -> 5"):
         pt.main(argv[:-1] + ["5"])
     # A rule of workflow_config changed by the code (not the command) refuses the rerun too.
     monkeypatch.setattr(pt, "CONTEXT_ROOM", 2048)
-    with pytest.raises(SystemExit, match=r"workflow_configs\.mem1\.agent\.max_context_tokens: 4096 -> 2048"):
+    with pytest.raises(UserInputError, match=r"workflow_configs\.mem1\.agent\.max_context_tokens: 4096 -> 2048"):
         pt.main(argv)
     assert job.calls == []
 
@@ -322,7 +323,7 @@ def test_an_out_with_files_but_no_settings_is_refused(tmp_path, monkeypatch):
     job = FakeJob()
     monkeypatch.setattr(pt, "train_job", job.train)
     (tmp_path / "react").mkdir()  # e.g. a run from before settings.json, or someone's own directory
-    with pytest.raises(SystemExit, match="not empty and holds no settings.json"):
+    with pytest.raises(UserInputError, match="not empty and holds no settings.json"):
         pt.main(["--workflows", "react", "--objectives", "1", "--budgets", "", "--out", str(tmp_path)])
     assert job.calls == [] and sorted(os.listdir(tmp_path)) == ["react"]
 

@@ -199,3 +199,41 @@ def test_export_hf_of_a_pretraining_run_names_its_export(tmp_path, capsys):
     assert main(["export-hf", "--checkpoint", str(run / "checkpoints"), "--out", str(tmp_path / "hf")]) == 2
     assert "give that as --model" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+def test_episode_report_writes_its_own_directory_and_replaces_links(trained, tmp_path, capsys):
+    """bench/episode_report.py on a paper_tables-style --run (its settings.json and a workflow's
+    run directory, here the trained run): the reports and summary.md go to RUN/episode_report with
+    its marker; a rerun there replaces a report and summary.md that are links to the user's files
+    (summary.md keeps its lines and gains one), never writing through them; the run's own
+    directory gains nothing (its --fresh still accepts it)."""
+    from memsearcher_jax.config_utils import load_config
+    from tests.bench_loader import load_bench
+
+    rep = load_bench("episode_report")
+    paper = tmp_path / "paper"
+    cfg = load_config(DEFAULT, SMALL + [("world.cache_dir", str(trained / "worlds"))])
+    paper.mkdir()
+    (paper / "settings.json").write_text(json.dumps({"workflow_configs": {"memsearcher": cfg.to_dict()}}))
+    shutil.copytree(trained / "run", paper / "memsearcher", symlinks=True)
+    args = ["--run", str(paper), "--workflows", "memsearcher", "--questions", "2", "--objectives", "1"]
+    assert rep.cli(args) == 0, capsys.readouterr().err
+    out = paper / "episode_report"
+    assert sorted(os.listdir(out)) == sorted([rep.MARKER, "memsearcher-warm_start-N1.jsonl",
+                                              "memsearcher-grpo-N1.jsonl", "summary.md"])
+    assert len((out / "memsearcher-grpo-N1.jsonl").read_text().splitlines()) == 2
+    summary = (out / "summary.md").read_text()
+    assert len(summary.splitlines()) == 2
+    names = ("summary.md", "memsearcher-warm_start-N1.jsonl")
+    targets = {name: _mine(tmp_path, name, f"my {name}\n") for name in names}
+    for name, target in targets.items():
+        (out / name).unlink()
+        (out / name).symlink_to(target)
+    assert rep.cli(args + ["--models", "warm_start"]) == 0, capsys.readouterr().err
+    assert {name: t.read_text() for name, t in targets.items()} == {n: f"my {n}\n" for n in targets}
+    assert not any((out / name).is_symlink() for name in targets)
+    assert (out / "summary.md").read_text().startswith("my summary.md\n")  # what the link showed, then a line
+    assert len((out / "summary.md").read_text().splitlines()) == 2
+    assert len((out / "memsearcher-warm_start-N1.jsonl").read_text().splitlines()) == 2
+    assert foreign_entries(str(paper / "memsearcher")) == []

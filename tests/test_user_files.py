@@ -513,6 +513,26 @@ def test_paper_tables_out_a_file_is_a_message(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err and afile.read_text() == "mine"
 
 
+def test_paper_tables_refuses_your_directory_and_a_changed_rerun_with_exit_2(tmp_path, capsys, monkeypatch):
+    """Its refusals of a directory of the user's (no settings.json) and of a rerun with other
+    settings are its other refusals' kind: one line naming --out, exit 2 (they were exit 1, no prefix)."""
+    import paper_tables
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "tables.md").write_text("mine")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "settings.json").write_text(json.dumps({"config": {"other": 1}}))
+    for out, says in ((mine, "holds no settings.json"), (earlier, "holds a run with other settings")):
+        before = _files(out)
+        monkeypatch.setattr(sys, "argv", ["paper_tables.py", "--workflows", "react", "--out", str(out)])
+        assert paper_tables.cli() == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"paper_tables: --out {out}") and says in err and len(err.strip().splitlines()) == 1
+        assert _files(out) == before
+
+
 def test_learning_bench_refuses_a_file_and_an_earlier_runs_seed(tmp_path, capsys, monkeypatch):
     import learning
 
