@@ -68,7 +68,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.max_context_tokens = 1024
     c.agent.default_top_n = 2
     c.agent.max_top_n = 5
-    c.agent.max_observation_tokens = 0  # cut each observation's documents to this many tokens (0: no cap)
+    # Tokens one observation adds to its row, markup included (0: max_response_tokens); documents are cut to fit
+    # and a cut says so. Here no observation is ever cut: the largest one this job can make is 971 tokens (3
+    # searches x max_top_n=5 passages of at most 52 tokens, with memory_ops' instruction; 928 for memsearcher).
+    c.agent.max_observation_tokens = 1024
+    # Searches one act may run; its further calls get one refusal note instead. None is ever refused here: an
+    # executable call takes at least 19 tokens of this tokenizer, so a 64-token act holds at most 3.
+    c.agent.max_searches_per_act = 3
     c.agent.missing_top_n = 0        # passages for a call without top_n (0: default_top_n)
     c.agent.temperature = 1.0       # training rollouts; the learner scores tokens at this temperature too
     c.agent.top_p = 1.0

@@ -38,6 +38,12 @@ def get_config():
     c.agent.default_top_n = 5
     c.agent.max_top_n = 10
     c.agent.missing_top_n = 10  # the recipe's server default when a call gives no top_n
+    c.agent.max_searches_per_act = 3  # searches an act may run (3 x 10 passages, ~4,500 tokens); the rest are refused
+    # An observation gets what a conversation leaves after the planner's prompt (512 + the memory), the act and
+    # the memory update, so the longest training row stays min(context, prompt + response) (7,168 here).
+    c.agent.max_observation_tokens = (min(c.agent.max_response_tokens,
+                                          c.agent.max_context_tokens - 512 - c.agent.memory_budget)
+                                      - 2 * c.agent.max_new_tokens)
     c.agent.temperature = 1.0
     c.agent.top_p = 0.99
     c.agent.prompt_style = "full"

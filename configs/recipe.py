@@ -156,6 +156,11 @@ def get_config(config_string: str | None = None):
     # 10 passages + the memory update with room, and halve the cache of the 16K default.
     c.agent.max_context_tokens = r.context
     c.agent.max_response_tokens = 6144
+    # What a conversation leaves an observation after the prompt, act and update (as in
+    # memsearcher_qwen2_5_3b.py): 5,120 tokens at 8K, 1,536 at 4K, so the rows planned stay as they were.
+    c.agent.max_observation_tokens = (min(c.agent.max_response_tokens,
+                                          c.agent.max_context_tokens - 512 - c.agent.memory_budget)
+                                      - 2 * c.agent.max_new_tokens)
     c.rl.micro_batch_size = r.micro_batch_size
     c.rl.logprob_batch_size = r.logprob_batch_size
     c.rl.logits_chunk = r.logits_chunk

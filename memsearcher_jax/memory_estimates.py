@@ -142,19 +142,35 @@ def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
     return {n: per_device_elems(s, param_spec(n, len(s), sharding), mesh) for n, s in shapes.items()}
 
 
-def _context_tokens(cfg) -> int:
-    """Longest context a conversation starts from: system prompt + question (+ memory)."""
-    a = cfg.agent
+def _workflow(cfg):
     from memsearcher_jax.agent.workflows import get_workflow  # light: no JAX
 
-    memory = get_workflow(a.get("workflow", "memsearcher")).carried_tokens(a)
-    return _PROMPT_OVERHEAD_TOKENS + memory
+    return get_workflow(cfg.agent.get("workflow", "memsearcher"))
+
+
+def prompt_tokens(cfg) -> int:
+    """Longest context a conversation starts from: system prompt + question (+ what the workflow
+    carries: the memory, the bank, the last act and observation)."""
+    return _PROMPT_OVERHEAD_TOKENS + _workflow(cfg).carried_tokens(cfg.agent)
 
 
 def conversation_tokens(cfg) -> int:
-    """Longest conversation (prompt + response), the training row's length before bucketing."""
-    a = cfg.agent
-    return int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens))
+    """Longest conversation (prompt + response), the training row's length before bucketing: the
+    prompt, then what the workflow's turns add to one conversation, each act and second call at most
+    agent.max_new_tokens and each observation at most its cap (agent.max_observation_tokens, markup
+    included; `Workflow.row_tokens`). It follows from the config: a row the rollout makes is never longer."""
+    return int(_workflow(cfg).row_tokens(cfg.agent, prompt_tokens(cfg)))
+
+
+def row_bound_problem(cfg) -> str | None:
+    """The learner refuses a conversation over rl.max_seq_len mid-training (grpo.pack_rows): say so
+    before any work when the config's longest row is over it."""
+    limit, longest = cfg.rl.get("max_seq_len", None), conversation_tokens(cfg)
+    if limit is None or longest <= int(limit):
+        return None
+    return (f"rl.max_seq_len={limit} is below the longest conversation this agent config can make ({longest} tokens: "
+            "prompt + acts, observations and second calls; memory_estimates.conversation_tokens); raise it, or lower "
+            "agent.max_observation_tokens, agent.max_new_tokens or agent.max_turns (react)")
 
 
 def hosts_and_local_devices(cfg) -> tuple[int, int]:
@@ -229,7 +245,7 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     if split:
         raise PlanError(split[0])
     rows, a = sampler_rows(cfg, hosts), cfg.agent
-    longest_prompt = int(min(a.max_context_tokens, _context_tokens(cfg) + a.max_response_tokens)) - 1
+    longest_prompt = int(min(a.max_context_tokens, prompt_tokens(cfg) + a.max_response_tokens)) - 1
     budget = int(min(a.max_new_tokens, a.max_response_tokens, a.max_context_tokens - 1))
     bk = turn_loop_buckets(cfg, hosts)
     batch = bk.batch(rows, mesh[0] * mesh[1])

@@ -55,6 +55,7 @@ from memsearcher_jax.memory_estimates import (
     persistent_rows,
     refresh_row,
     rollout_rows,
+    row_bound_problem,
     sampler_calls,
     training_rows,
     turn_loop_buckets,
@@ -130,6 +131,8 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     if hw is not None and hw.get("num_devices", None) and int(hw.num_devices) != n_dev:
         raise PlanError(f"mesh data={mesh[0]} x fsdp={mesh[1]} x tp={mesh[2]} = {n_dev} devices, but "
                         f"hardware.num_devices is {hw.num_devices}")
+    if problem := row_bound_problem(cfg):  # a row the learner would refuse mid-training
+        raise PlanError(problem)
     mc = model_config_for_plan(cfg, vocab_size)
     sz = Sizing(mc=mc, mesh=mesh, pbytes=ITEMSIZE[mc.param_dtype], abytes=ITEMSIZE[mc.dtype],
                  cbytes=ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))])

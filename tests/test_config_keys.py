@@ -29,6 +29,7 @@ TINY_RUN_VALUES = {
     "AgentConfig.max_turns", "AgentConfig.max_new_tokens", "AgentConfig.memory_budget",  # a 2-core CPU budget
     "AgentConfig.max_response_tokens", "AgentConfig.max_context_tokens",
     "AgentConfig.default_top_n", "AgentConfig.max_top_n",     # the synthetic world's short passages
+    "AgentConfig.max_observation_tokens",                     # its observations (<= 971 tokens), none cut
     "AgentConfig.top_p", "AgentConfig.prompt_style",          # a tiny model: plain sampling, a few-token prompt
     "GRPOConfig.old_logprobs",  # f32 sampling: the sampler's log-probs are the trainer's (the recipe's bf16 are not)
 }

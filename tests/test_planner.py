@@ -530,3 +530,43 @@ def test_lora_recipes_are_the_ones_full_fine_tuning_cannot_fit(model, pod):
     full = load_config(f"{RECIPE}:{model},{pod}", [("model.lora_rank", "0"), ("model.param_dtype", "float32"),
                                                    ("sampler.batch_size", "1")])
     assert planner.plan_memory(full).fits is False
+
+
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_the_longest_row_counts_every_observation_a_row_holds(workflow, capsys):
+    """Issue 82 item 13: the planner's longest row follows from the agent's caps (prompt, then each act,
+    observation and second call of one conversation; tests/test_workflows.py holds real rows to it):
+    one more token of observation cap is one more token of row per observation the row holds (react:
+    every turn's; mem1: the one its prompt carries), and a cap that lets a row outgrow rl.max_seq_len
+    is refused before any work, naming both keys, where training once stopped mid-way."""
+    from memsearcher_jax.cli import main as cli_main
+    from memsearcher_jax.memory_estimates import conversation_tokens
+
+    cfg = load_config(os.path.join(ROOT, "configs", "default.py"), [("agent.workflow", workflow)])
+    cfg.agent.max_context_tokens = cfg.agent.max_response_tokens = 8192  # no budget stops a row first
+    before = conversation_tokens(cfg)
+    cfg.agent.max_observation_tokens += 100
+    per_row = {"react": cfg.agent.max_turns}.get(workflow, 1)
+    assert conversation_tokens(cfg) - before == 100 * per_row
+    cfg.rl.max_seq_len = conversation_tokens(cfg)
+    planner.plan_memory(cfg)  # a row as long as rl.max_seq_len is allowed
+    cfg.rl.max_seq_len -= 1
+    with pytest.raises(planner.PlanError, match="rl.max_seq_len=.* below the longest conversation .*"
+                                                "agent.max_observation_tokens"):
+        planner.plan_memory(cfg)
+    args = ["plan", "--config", os.path.join(ROOT, "configs", "default.py"), f"--config.agent.workflow={workflow}",
+            "--config.rl.max_seq_len=512"]
+    assert cli_main(args) == 2 and "rl.max_seq_len=512 is below the longest conversation" in capsys.readouterr().out
+
+
+def test_the_recipes_caps_keep_their_planned_rows():
+    """The recipes' observation caps are what a conversation leaves after its prompt, act and update:
+    their longest rows (and so their plans, docs/scale_out.md's tables) stay min(context, prompt +
+    response), what they were before observations were counted."""
+    from memsearcher_jax.memory_estimates import conversation_tokens, prompt_tokens
+
+    for path in [*RECIPES, os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")]:
+        cfg = load_config(path, [])
+        a = cfg.agent
+        assert a.max_observation_tokens >= 1536 and a.max_searches_per_act == 3
+        assert conversation_tokens(cfg) == min(a.max_context_tokens, prompt_tokens(cfg) + a.max_response_tokens), path

@@ -196,3 +196,31 @@ def test_sampler_batch_size_chunks_calls_without_changing_samples(tok):
         assert max(spy.sizes) == (10 if chunk == 0 else 3) and runner.stats.sampler_calls == len(spy.sizes)
     assert [r[0] for r in runs[0]] == [r[0] for r in runs[3]]
     assert max(abs(a - b) for x, y in zip(runs[0], runs[3]) for a, b in zip(x[1], y[1])) < 1e-5
+
+
+def _calls(*queries: str) -> str:
+    return "x</think>\n" + "".join(
+        f'<tool_call>{{"name": "wikipedia_search", "arguments": {{"query": "{q}", "top_n": 1}}}}</tool_call>'
+        for q in queries)
+
+
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_searches_beyond_the_cap_are_refused_with_a_note(tok, workflow):
+    """Issue 82 item 13: an act may not issue any number of searches. The first
+    agent.max_searches_per_act run; the rest get one short refusal in the observation and no search."""
+    b = PromptBuilder(tok)
+    five = _calls("q1", "q2", "q3", "q4", "q5")
+    sampler = FixedSampler(tok, b, lambda i: five if i == 1 else "ok</think>\n\\boxed{Paris}",
+                           lambda i: "<memory>m</memory>" if workflow == "memsearcher" else "<ops>\nNOOP\n</ops>")
+    docs = Docs()
+    runner = AgentRunner(b, sampler, docs, AgentConfig(workflow=workflow, max_turns=2, max_searches_per_act=2))
+    (t,) = runner.run(Q)
+    assert docs.queries == [["q1", "q2"]], "only the first max_searches_per_act calls are searched"
+    assert t.num_searches == 2 and t.refused_searches == 3 and runner.stats.refused_searches == 3
+    ids = (t.state["last_observation"] if workflow == "mem1"
+           else [tk for tk, m in zip(t.conversations[0].response_ids, t.conversations[0].loss_mask) if m == 0])
+    obs = tok.decode(ids)
+    assert obs.count("Doc about q") == 2 and "q3" not in obs
+    assert "3 more searches refused: at most 2 searches per turn" in obs
+    assert obs.count("<tool_response>") == 3  # the two searches' responses and the one refusal
+    assert t.end_reason == "answer"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from memsearcher_jax.agent.workflows import workflow_names
+from memsearcher_jax.agent.workflows.base import MIN_OBSERVATION_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +24,10 @@ class AgentConfig:
     max_top_n: int = 10                 # the recipe's server returns 10 unless asked for fewer
     missing_top_n: int = 0              # passages for a call without top_n; 0: default_top_n (the
                                         # prompt's word). The recipe's server gives 10.
-    max_observation_tokens: int = 0     # documents of one observation cut to this many tokens (0: no cap);
-                                        # a cut observation says so, and no longer ends the trajectory
+    max_observation_tokens: int = 7168  # tokens one observation adds to its row, markup included (0:
+                                        # max_response_tokens): documents cut to fit, a cut says so. The
+                                        # recipe's: what a response leaves after act and update (8192 - 2 x 512)
+    max_searches_per_act: int = 3       # searches one act may run; its further calls get one refusal note
     sampler_batch_size: int = 0         # rows per sampler call (0: every live row at once); bounds
                                         # the KV cache, and row seeds keep the samples the same
     temperature: float = 1.0
@@ -47,8 +50,11 @@ class AgentConfig:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.sampler_batch_size < 0:
             problems.append(f"sampler_batch_size must be >= 0 (0: all rows), got {self.sampler_batch_size}")
-        if self.max_observation_tokens < 0:
-            problems.append(f"max_observation_tokens must be >= 0 (0: no cap), got {self.max_observation_tokens}")
+        if self.max_observation_tokens < 0 or 0 < self.max_observation_tokens < MIN_OBSERVATION_TOKENS:
+            problems.append(f"max_observation_tokens must be 0 (max_response_tokens) or >= {MIN_OBSERVATION_TOKENS} "
+                            f"(an observation's markup and a note), got {self.max_observation_tokens}")
+        if self.max_searches_per_act < 1:
+            problems.append(f"max_searches_per_act must be >= 1, got {self.max_searches_per_act}")
         if self.missing_top_n < 0:
             problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
         if problems:

@@ -137,14 +137,25 @@ COMPACT_SYSTEM_PROMPT = compact_system_prompt()
 COMPACT_UPDATE_INSTRUCTION = "Update <memory></memory>."
 PROMPT_STYLES = ("full", "compact")
 NO_RESULTS = "No results found."
+REFUSED_HIT_ID = "__refused__"  # the note standing for an act's calls over agent.max_searches_per_act
+
+
+def refused_searches(refused: int, limit: int) -> list[Hit]:
+    """The response to an act's `refused` calls over `limit` (none of them searched): one short note."""
+    return [Hit(REFUSED_HIT_ID, f"{refused} more search{'es' * (refused > 1)} refused: at most {limit} searches "
+                                "per turn")]
 
 
 def format_hits(hits: Sequence[Hit]) -> str:
-    """Documents as `Doc i (Title: title) text`, one per line; an error hit as its message."""
+    """Documents as `Doc i (Title: title) text`, one per line; an error hit as its message; a
+    refusal (`refused_searches`) as its note."""
     if not hits:
         return NO_RESULTS
     lines = []
     for i, hit in enumerate(hits, 1):
+        if hit.id == REFUSED_HIT_ID:
+            lines.append(hit.contents)
+            continue
         if hit.id == ERROR_HIT_ID:
             lines.append(f"Search failed: {hit.contents}")
             continue
@@ -206,6 +217,7 @@ class PromptBuilder:
         self._system_cache: dict[str, list[int]] = {}
         self._obs_user_header = [*nl, *self._user_header]
         self._update_instruction = self.encode(update)
+        self._update_text = update
         # Asserts the pieces do not merge across boundaries: "user\n" + "<question>" etc.
         for piece in ("system\n", "user\n", "assistant\n"):
             if self.encode(piece + "<x")[: len(self.encode(piece))] != self.encode(piece):
@@ -363,7 +375,10 @@ class PromptBuilder:
     def observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
         """Tokens injected after the act (which ended with <|im_end|>): tool responses, the
         memory-update instruction, and the assistant header. `results`: one hit list per call;
-        max_tokens: the documents' token cap (0: none)."""
+        max_tokens > 0: the whole observation held to that many tokens, markup included, its
+        documents cut to fit (`fit_tool_message`; 0: no cap)."""
+        if max_tokens > 0:
+            return self.fit_tool_message(results, max_tokens, self._update_text)
         return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *self._newline,
                 *self._update_instruction, *self._turn_end_newline, *self._assistant_header]
 

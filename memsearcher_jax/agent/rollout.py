@@ -4,8 +4,9 @@ One turn, for every live trajectory together (docs/method.md §1):
   1. act:     one sampler call for all live rows; each row's context is what its workflow built
               (memsearcher: system + question + memory m_{t-1}; react: the whole history so far;
               mem1: question + last act + last observation; memory_ops: question + entry bank)
-  2. observe: every tool call of every row in ONE batched retriever call (host side); the
-              workflow places the observation
+  2. observe: every tool call of every row in ONE batched retriever call (host side), at most
+              agent.max_searches_per_act of an act (one note refuses the rest); the workflow places
+              the observation, held to its cap (workflows.base.observation_cap)
   3. second:  for workflows that have one (memsearcher's memory update, memory_ops' operations),
               one sampler call for all rows that searched; the workflow reads what it carries
 Each conversation is one training row: prompt = context, response = generated tokens (loss
@@ -23,7 +24,7 @@ from typing import Protocol
 # AgentConfig, Conversation, Trajectory and CallRecord are re-exported: callers import them from here.
 from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.agent.parsing import ActKind, classify_act, outside_think, parse_tool_calls
-from memsearcher_jax.agent.prompts import PromptBuilder
+from memsearcher_jax.agent.prompts import PromptBuilder, refused_searches
 from memsearcher_jax.agent.trajectory import ACT, SECOND, CallRecord, Conversation, Trajectory  # noqa: F401
 from memsearcher_jax.agent.workflows import Workflow, get_workflow
 from retrieval.base import ERROR_HIT_ID, Hit, Retriever
@@ -57,6 +58,7 @@ class RolloutStats:
     retriever_calls: int = 0
     searches: int = 0                   # non-empty queries sent to the retriever
     search_errors: int = 0              # of those, answered with an error hit (the retriever failed)
+    refused_searches: int = 0           # calls over agent.max_searches_per_act: refused, never sent
     max_search_error_fraction: float = 0.5  # more failures than this share of the searches stops the step
 
     last_search_error: str = ""
@@ -182,14 +184,16 @@ class AgentRunner:
                     budgets.append(n)
             if not runnable:
                 break
-            searching, calls = self._act(runnable, [t.final.prompt_ids + t.final.response_ids for t in runnable],
-                                         budgets, seed=_seed(seed, turn, 0), turn=turn)
+            prompts = [t.final.prompt_ids + t.final.response_ids for t in runnable]
+            searching, calls, refused = self._act(runnable, prompts, budgets, seed=_seed(seed, turn, 0), turn=turn)
             if not searching:
                 continue
             results = _run_searches(self.retriever, calls, self.stats)
             second = []
-            for t, row_calls, row_results in zip(searching, calls, results):
+            for t, row_calls, row_results, extra in zip(searching, calls, results, refused):
                 t.num_searches += len(row_calls)
+                if extra:  # the calls over the limit: one refusal, where their responses would be
+                    row_results = [*row_results, refused_searches(extra, cfg.max_searches_per_act)]
                 wf.observe(t, row_results, b, cfg)
                 if wf.second_call:
                     second.append(t)
@@ -202,9 +206,10 @@ class AgentRunner:
     # ------------------------------------------------------------------ the two calls of a turn
     def _act(self, rows: list[Trajectory], prompts: list[list[int]], budgets: list[int], seed: int, turn: int = 0):
         """One batched act call: record each completion on its row, end the rows that answered,
-        stopped illegally or wrote no valid act. Returns (rows that search, their parsed calls)."""
+        stopped illegally or wrote no valid act. Returns (rows that search, their parsed calls up to
+        agent.max_searches_per_act, how many more each row's act made: refused)."""
         cfg, b = self.config, self.builder
-        searching, calls = [], []
+        searching, calls, refused = [], [], []
         for t, p, (tokens, logprobs, reason) in zip(rows, prompts,
                                                     self._generate(prompts, budgets, seed=seed, rows=rows)):
             t.record_call(ACT, turn, len(p), len(tokens))
@@ -223,10 +228,14 @@ class AgentRunner:
             else:
                 searching.append(t)
                 # The same text classify_act judged: calls outside every thinking span.
-                calls.append(parse_tool_calls(outside_think(conv.blocks[-1]),
-                                              default_top_n=cfg.missing_top_n or cfg.default_top_n,
-                                              max_top_n=cfg.max_top_n, tool=b.tool))
-        return searching, calls
+                row_calls = parse_tool_calls(outside_think(conv.blocks[-1]),
+                                             default_top_n=cfg.missing_top_n or cfg.default_top_n,
+                                             max_top_n=cfg.max_top_n, tool=b.tool)
+                calls.append(row_calls[:cfg.max_searches_per_act])
+                refused.append(len(row_calls) - len(calls[-1]))
+                t.refused_searches += refused[-1]
+                self.stats.refused_searches += refused[-1]
+        return searching, calls, refused
 
     def _second(self, wf: Workflow, rows: list[Trajectory], seed: int, turn: int):
         """One batched second call (memory update, operations) on each row's conversation so far."""

@@ -71,6 +71,7 @@ class Trajectory:
     done: bool = False
     end_reason: str = ""
     num_searches: int = 0
+    refused_searches: int = 0  # tool calls over agent.max_searches_per_act: refused, never searched
     context_tokens: list[int] = dataclasses.field(default_factory=list)  # prompt tokens per act call
     calls: list[CallRecord] = dataclasses.field(default_factory=list)    # every generation call, in order
     state: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -39,11 +39,25 @@ class AgentBudgets(Protocol):
     (agent/config.py, which checks its workflow against this registry), the planner the config
     file's agent section."""
 
+    max_turns: int
     max_new_tokens: int
     max_response_tokens: int
     max_context_tokens: int
     max_observation_tokens: int
     memory_budget: int
+
+
+# The least an observation may hold: the bare message markup and its longest instruction (memory_ops'
+# full-style one is 110 tokens with the shipped base's tokenizer), so a cap is never below what
+# `PromptBuilder.fit_tool_message` must return whatever the documents.
+MIN_OBSERVATION_TOKENS = 128
+
+
+def observation_cap(cfg: AgentBudgets) -> int:
+    """Tokens one observation may add to a row, its markup, notes and refusals included
+    (`PromptBuilder.fit_tool_message` holds it there; a cut says so): agent.max_observation_tokens,
+    or max_response_tokens where that is 0."""
+    return max(cfg.max_observation_tokens or cfg.max_response_tokens, MIN_OBSERVATION_TOKENS)
 
 
 class ScriptRecorder:
@@ -119,6 +133,20 @@ class Workflow:
         question (the planner's bound on a prompt).
         0 when what grows is the response (react)."""
         return 0
+
+    def response_tokens(self, cfg: AgentBudgets) -> int:
+        """At most how many tokens one conversation's response holds: here one turn's act, its
+        observation and the second call, if any (a workflow whose conversation spans several turns,
+        or keeps its observation out of the response, says so)."""
+        return cfg.max_new_tokens * (2 if self.second_call else 1) + observation_cap(cfg)
+
+    def row_tokens(self, cfg: AgentBudgets, prompt: int) -> int:
+        """The longest training row a conversation on a `prompt`-token context can make (the
+        planner's bound): the prompt and `response_tokens`, and never more than generation allows,
+        which stops at max_context_tokens and max_response_tokens (at least one token is given),
+        after which one observation may still come."""
+        stop = max(min(cfg.max_context_tokens, prompt + cfg.max_response_tokens), prompt + 1)
+        return min(prompt + self.response_tokens(cfg), stop + observation_cap(cfg))
 
     def start(self, t: Trajectory, b: PromptBuilder, cfg: AgentBudgets) -> None:
         """Before the first turn."""

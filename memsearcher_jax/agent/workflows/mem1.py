@@ -9,9 +9,9 @@ context and whose response is the act alone: the training row is the context the
 and only generated tokens are in the loss (MEM1's release trains one stitched sequence under
 an attention mask that shows a step less than its rollout did).
 
-The carried observation is held to `max_observation_tokens` (or `max_response_tokens`) tokens in
-all, markup included (`PromptBuilder.fit_tool_message`; a cut says so), so a context never
-carries more than `Mem1.carried_tokens`, the planner's bound.
+The carried observation is held to `observation_cap` tokens in all (agent.max_observation_tokens,
+or max_response_tokens; markup included: `PromptBuilder.fit_tool_message`, a cut says so), as
+every workflow's is, so a context never carries more than `Mem1.carried_tokens`, the planner's bound.
 
 Actions use the project's format (`<tool_call>` JSON, `\\boxed{}`), not MEM1's
 `<search>` / `<answer>` tags, so that the reward, the parser and the demonstrator are the same
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
 
 
 def mem1_system_prompt(default_top_n: int, tool) -> str:
@@ -37,18 +37,9 @@ def mem1_system_prompt(default_top_n: int, tool) -> str:
     )
 
 
-# The least an observation may hold: the bare message markup of any byte-level tokenizer fits.
-MIN_OBSERVATION_TOKENS = 32
-
-
 def mem1_first_context(b, question: str) -> list[int]:
     system = (mem1_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
     return b.chat_context(system, "<question> ", Untrusted(question.strip()), " </question>")
-
-
-def observation_cap(cfg) -> int:
-    """Tokens the carried observation may hold in all (its markup included)."""
-    return max(cfg.max_observation_tokens or cfg.max_response_tokens, MIN_OBSERVATION_TOKENS)
 
 
 def mem1_context(b, question: str, last_act: list[int], last_observation: list[int]) -> list[int]:
@@ -98,6 +89,9 @@ class Mem1(Workflow):
     def carried_tokens(self, cfg):
         # The last act, and its observation (held to observation_cap by observe).
         return cfg.max_new_tokens + observation_cap(cfg)
+
+    def response_tokens(self, cfg):
+        return cfg.max_new_tokens  # the act alone: its observation goes to the next turn's prompt
 
     def open_turn(self, t, turn, b, cfg):
         prompt = mem1_context(b, t.question, t.state.get("last_act", []), t.state.get("last_observation", []))

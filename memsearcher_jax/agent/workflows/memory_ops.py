@@ -15,8 +15,9 @@ the episode goes on. Budget: the bank's lines may hold at most agent.memory_budg
 ADD or UPDATE that would exceed it is refused the same way, so the bank never exceeds it.
 The error lines shown are bounded too: at most MAX_ERROR_LINES of them (each quoting at most
 QUOTE_CHARS characters of the operation), then a count of the rest, and the whole block at most
-ERROR_TOKENS tokens of the context; so a context carries at most memory_budget + ERROR_TOKENS
-tokens (`MemoryOps.carried_tokens`, the planner's bound). The bank, the errors and the question
+ERROR_TOKENS tokens of the context, sized so that MAX_ERROR_LINES of the longest lines fit; so a
+context carries at most memory_budget + ERROR_TOKENS tokens (`MemoryOps.carried_tokens`, the
+planner's bound). The bank, the errors and the question
 encode as plain text: a tag written in an entry stays characters.
 One conversation per turn, as in memsearcher.
 """
@@ -28,7 +29,7 @@ from collections.abc import Callable
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
 
 OPS_OPEN, OPS_CLOSE = "<ops>", "</ops>"
 VERBS = ("ADD", "UPDATE", "DELETE", "NOOP")
@@ -37,7 +38,26 @@ _ID_REST = re.compile(r"\[?(\d{1,9})\]?\s*:?\s*(.*)", re.DOTALL)
 
 MAX_ERROR_LINES = 3     # error lines shown in the next context; the rest are counted
 QUOTE_CHARS = 40        # characters of a malformed operation an error line quotes
-ERROR_TOKENS = 64       # tokens the errors block may add to the next context
+UNKNOWN_OPERATION = "unknown operation; use ADD text, UPDATE id text, DELETE id or NOOP"  # the longest message
+
+
+def not_shown_line(rest: int) -> str:
+    """The line counting the error lines the next context leaves out."""
+    return f"({rest} more refused operation{'s' * (rest > 1)} not shown)"
+
+
+def errors_block(errors: list[str]) -> str:
+    """The errors block as the next context writes it."""
+    return "\n<errors>\n" + "\n".join(errors) + "\n</errors>"
+
+
+# Tokens the errors block may add to the next context: room for MAX_ERROR_LINES of the longest line a
+# printable-ASCII operation gets (its quote, then the longest message) and the count of the rest, at one
+# token per character, the most a tokenizer spends on ASCII (byte-level BPE: one per byte). The shipped
+# base spends 73 on a common line, over the 64 this once was, and showed only the count. A quote of
+# other characters may cost more: fewer lines are shown then, and the count says how many were left out.
+ERROR_TOKENS = len(errors_block([f"{'x' * QUOTE_CHARS!r}: {UNKNOWN_OPERATION}"] * MAX_ERROR_LINES
+                                + [not_shown_line(10 ** 6)]))
 
 OPS_INSTRUCTION = ("Read the search results above. Edit your memory with operations inside <ops> </ops>, one per "
                    "line: ADD text, UPDATE id text, DELETE id, or NOOP. Keep what helps answer the question.")
@@ -75,7 +95,7 @@ def memory_ops_context(b, question: str, entries: list[tuple[int, str]], errors:
     bank = render_bank(entries)
     user = ["<question> ", Untrusted(question.strip()), " </question>\n<memory>\n",
             Untrusted(bank + "\n" if bank else ""), "</memory>"]
-    if errors:
+    if errors:  # errors_block's text, its lines untrusted
         user += ["\n<errors>\n", Untrusted("\n".join(errors)), "\n</errors>"]
     return b.chat_context(system, *user)
 
@@ -86,14 +106,18 @@ def shown_errors(b, question: str, entries: list[tuple[int, str]], errors: list[
     base = len(memory_ops_context(b, question, entries, []))
     for keep in range(min(len(errors), MAX_ERROR_LINES), -1, -1):
         rest = len(errors) - keep
-        lines = errors[:keep] + ([f"({rest} more refused operation{'s' * (rest > 1)} not shown)"] if rest else [])
+        lines = errors[:keep] + ([not_shown_line(rest)] if rest else [])
         if len(memory_ops_context(b, question, entries, lines)) - base <= limit:
             return lines
     return []
 
 
 def ops_observation(b, results, max_tokens: int = 0) -> list[int]:
-    return b.tool_message(results, max_tokens, OPS_INSTRUCTION if b.style == "full" else COMPACT_OPS_INSTRUCTION)
+    """The tool responses and the operations instruction; max_tokens > 0: held to that many tokens in
+    all (`PromptBuilder.fit_tool_message`)."""
+    instruction = OPS_INSTRUCTION if b.style == "full" else COMPACT_OPS_INSTRUCTION
+    return b.fit_tool_message(results, max_tokens, instruction) if max_tokens > 0 else b.tool_message(results, 0,
+                                                                                                     instruction)
 
 
 def parse_operations(text: str) -> tuple[list[Operation], list[str]]:
@@ -111,7 +135,7 @@ def parse_operations(text: str) -> tuple[list[Operation], list[str]]:
         verb = m.group(1).upper() if m else ""
         rest = m.group(2).strip() if m else ""
         if verb not in VERBS:
-            errors.append(f"{shown!r}: unknown operation; use ADD text, UPDATE id text, DELETE id or NOOP")
+            errors.append(f"{shown!r}: {UNKNOWN_OPERATION}")
         elif verb == "NOOP":
             ops.append(Operation("NOOP"))
         elif verb == "ADD":
@@ -205,7 +229,7 @@ class MemoryOps(Workflow):
         self.new_conversation(t, memory_ops_context(b, t.question, s["entries"], s["errors"]), turn)
 
     def observe(self, t, results, b, cfg):
-        t.final.add_injected(ops_observation(b, results, cfg.max_observation_tokens))
+        t.final.add_injected(ops_observation(b, results, observation_cap(cfg)))
 
     def after_second(self, t, text, b, cfg):
         s = t.state

@@ -10,7 +10,7 @@ One conversation per turn.
 from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import extract_memory
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
 
 
 class MemSearcherRecorder(ScriptRecorder):
@@ -46,7 +46,7 @@ class MemSearcher(Workflow):
         return max(1, super().act_budget(t, cfg))
 
     def observe(self, t, results, b, cfg):
-        t.final.add_injected(b.observation(results, cfg.max_observation_tokens))
+        t.final.add_injected(b.observation(results, observation_cap(cfg)))  # held to the cap, markup included
 
     def after_second(self, t, text, b, cfg):
         memory = extract_memory(text)

@@ -7,7 +7,7 @@ Nothing is forgotten and there is no second call; the context grows every turn.
 """
 from __future__ import annotations
 
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
 
 
 class ReActRecorder(ScriptRecorder):
@@ -35,8 +35,12 @@ class ReAct(Workflow):
     def start(self, t, b, cfg):
         self.new_conversation(t, b.react_context(t.question), 0)
 
+    def response_tokens(self, cfg):
+        # The one conversation holds every turn's act and observation.
+        return cfg.max_turns * (cfg.max_new_tokens + observation_cap(cfg))
+
     def open_turn(self, t, turn, b, cfg):
         pass  # the one conversation goes on
 
     def observe(self, t, results, b, cfg):
-        t.final.add_injected(b.react_observation(results, cfg.max_observation_tokens))
+        t.final.add_injected(b.fit_tool_message(results, observation_cap(cfg), reopen_think=True))
