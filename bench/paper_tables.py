@@ -21,7 +21,11 @@ model is then evaluated greedily on the held-out questions:
 
 Episodes get room for the task: training runs max(agent.max_turns, 2N+2) turns at N objectives
 (a 2-hop question needs two searches, plus the answer and one spare), and enough for the largest
-demonstration (2M+1 at M objectives); evaluation max(agent.eval_max_turns, 2N+3).
+demonstration (2M+1 at M objectives); evaluation max(agent.eval_max_turns, 2N+3). With
+--config.agent.turns_per_question=K each episode has its own budget instead (the library's rule:
+max_turns for one question, K more for each further one; evaluation from agent.eval_max_turns).
+--config.world.objectives_schedule='0:1,2;20:2,4;40:4,8' trains GRPO on a schedule of question counts
+in place of the bench's mix; --config.agent.hint and --config.rl.aggregation pass through as they are.
 Results go to OUT/results.json and OUT/tables.md (with the date and the command), and
 OUT/prompt_tokens_by_turn.png; each workflow's run lives in OUT/<workflow>/.
 
@@ -46,6 +50,7 @@ import time
 import jax
 import ml_collections
 
+from memsearcher_jax.agent.config import episode_turns
 from memsearcher_jax.agent.workflows import workflow_names
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn, read_metrics
@@ -130,7 +135,10 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
     # Turns and memory cover the largest demonstration too (4 objectives: 9 turns, ~70 tokens of
     # facts), so that the warm start never shows an episode the workflow would cut short.
     most = max(train_objectives, *demo_objective_counts(cfg), *train_objective_counts(cfg))
-    cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(most) - 1, turns_for(train_objectives))
+    if cfg.agent.turns_per_question:  # a budget per count (AgentConfig.episode_turns): max_turns is one question's
+        cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(1))
+    else:
+        cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(most) - 1, turns_for(train_objectives))
     cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
     cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)
     cfg.train.output_dir = out_dir
@@ -143,8 +151,9 @@ def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str
 
 def turns_for(objectives: int) -> int:
     """Turns an episode of N objectives gets: a search per hop (2-hop questions need two), the
-    answer, and one turn to spare for a search that found nothing: 2N + 2."""
-    return 2 * objectives + 2
+    answer, and one turn to spare for a search that found nothing: 2N + 2 (the library's rule,
+    `episode_turns`, at agent.max_turns=4 and agent.turns_per_question=2)."""
+    return episode_turns(4, 2, objectives)
 
 
 # Memory each objective may take at evaluation: a 2-hop objective's two facts are ~20 tokens in the
@@ -160,7 +169,8 @@ def eval_config(cfg: ml_collections.ConfigDict, objectives: int, memory_budget: 
     passes its own budget)."""
     out = ml_collections.ConfigDict(cfg.to_dict())
     out.world.objectives = objectives
-    out.agent.eval_max_turns = max(cfg.agent.eval_max_turns, turns_for(objectives) + 1)
+    if not cfg.agent.turns_per_question:  # else each question after the first adds its turns to eval_max_turns
+        out.agent.eval_max_turns = max(cfg.agent.eval_max_turns, turns_for(objectives) + 1)
     out.agent.memory_budget = (memory_budget if memory_budget is not None
                                else max(cfg.agent.memory_budget, MEMORY_PER_OBJECTIVE * objectives))
     return out
@@ -455,6 +465,8 @@ def parse_args(argv):
     if args.budgets is None:
         args.budgets = ",".join(map(str, QUICK_BUDGETS if args.quick else BUDGETS))
     defaults = {**BENCH, **(QUICK if args.quick else {})}
+    if any(k == "world.objectives_schedule" and str(v).strip() for k, v in overrides):
+        defaults.pop("world.objectives_mix")  # a schedule sets GRPO's counts step by step instead of the mix
     overrides = [(k, str(v)) for k, v in defaults.items()] + list(overrides)  # the command line wins
     return args, overrides
 

@@ -47,6 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
     # GRPO's training questions at several counts in equal shares ("1,2,3,4"); "": world.objectives
     # only. Evaluation asks world.objectives (or eval --objectives).
     c.world.objectives_mix = ""
+    c.world.objectives_schedule = ""  # GRPO's counts by step instead: "0:1,2;20:2,4;40:4,8" ("": off; rl/schedule.py)
+    c.world.schedule_advance_em = 0.0  # > 0: a stage also ends once its last schedule_window steps' mean EM reaches it
+    c.world.schedule_window = 5
 
     c.data = ml_collections.ConfigDict()
     c.data.train_path = ""           # for real data: a FlashRAG jsonl / Search-R1 parquet file or dir
@@ -80,6 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.top_p = 1.0
     c.agent.top_k = 0
     c.agent.eval_max_turns = 6
+    c.agent.turns_per_question = 0   # turns each question after the first adds to max_turns and eval_max_turns (0: off)
+    c.agent.hint = "none"            # "turns" | "turns_and_questions": MEM1's hint line ending each act's user message
     c.agent.prompt_style = "compact"  # few-token system prompt; the recipe uses "full"
     c.agent.tool = "wikipedia_search"  # the search tool by registered name (memsearcher_jax/agent/tools.py)
     c.agent.multi_answer_prompt = "auto"  # state the N-answer format ("a1; a2") in every system prompt: auto
@@ -150,7 +155,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.micro_batch_size = 16
     c.rl.logprob_batch_size = 32
     c.rl.shuffle_rows = True
-    c.rl.aggregation = "token_mean"  # "token_mean" | "trajectory_mean" | "microbatch_token_mean"
+    c.rl.aggregation = "token_mean"  # | "trajectory_mean" | "trajectory_row_mean" | "microbatch_token_mean"
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.2
     c.rl.dual_clip = 3.0

@@ -27,10 +27,11 @@ import ml_collections
 
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.config import AgentConfig
+from memsearcher_jax.agent.prompts import HINT_MODES
 from memsearcher_jax.agent.tools import tool_spec
 from memsearcher_jax.agent.workflows import get_workflow, workflow_names
 from memsearcher_jax.data.demos import EARLY_SEVERAL, EARLY_TWO_HOP, no_result_note_problem
-from memsearcher_jax.data.synthetic import check_objectives
+from memsearcher_jax.data.synthetic import check_objectives, parse_objectives_schedule
 from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.memory_estimates import lora_fields
@@ -60,7 +61,7 @@ COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "o
                    OptimConfig: ("total_steps", "later_rates"),
                    LoopConfig: ("output_dir", "sampling_dtype")}
 # Keys of those sections that no dataclass takes: read by name, here or in experiment.py.
-KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids", "multi_answer_prompt"),
+KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids", "multi_answer_prompt", "hint"),
                   "rl": ("reward_fn",),
                   "train": ("eval_questions", "eval_per_set", "compilation_cache_dir")}
 
@@ -162,7 +163,11 @@ def demo_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
 
 def train_objective_counts(cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
     """`world.objectives_mix` ("1,2,3,4") as counts: GRPO's training questions in equal shares at
-    each; "" means world.objectives alone. Evaluation asks world.objectives (or --objectives)."""
+    each; "" means world.objectives alone. Evaluation asks world.objectives (or --objectives). With
+    `world.objectives_schedule` set: every count of its stages (rl/schedule.py runs them by step)."""
+    stages = parse_objectives_schedule(cfg.world.get("objectives_schedule", ""))
+    if stages:
+        return tuple(sorted({n for _, counts in stages for n in counts}))
     return parse_objective_counts(cfg.world.get("objectives_mix", ""), "world.objectives_mix", cfg.world.objectives)
 
 
@@ -279,7 +284,7 @@ def key_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, training
     owners' verdicts, `owners`, each in its section's place)."""
     return (rl_problems(cfg, owners, training) + value_problems(cfg) + train_problems(cfg, owners)
             + retrieval_and_data_problems(cfg, training) + objectives_problems(cfg, owners)
-            + sft_problems(cfg, training) + model_problems(cfg, owners))
+            + curriculum_problems(cfg) + sft_problems(cfg, training) + model_problems(cfg, owners))
 
 
 def typed_problems(cfg: ml_collections.ConfigDict) -> list[str]:
@@ -433,12 +438,37 @@ def objectives_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading) -
         return [f"world.objectives={n} joins questions of the synthetic world; with world.enabled=false set "
                 "world.objectives=1"]
     if max(mix) > 1 and not cfg.world.enabled:
-        return [f"world.objectives_mix={cfg.world.objectives_mix!r} joins questions of the synthetic world; with "
-                "world.enabled=false set world.objectives_mix=''"]
+        key = "objectives_schedule" if str(cfg.world.get("objectives_schedule", "")).strip() else "objectives_mix"
+        return [f"world.{key}={cfg.world[key]!r} joins questions of the synthetic world; with "
+                f"world.enabled=false set world.{key}=''"]
     if max(counts) > 1 and not cfg.world.enabled:
         return [f"sft.demo_objectives={cfg.sft.demo_objectives!r} joins questions of the synthetic world; with "
                 "world.enabled=false set sft.demo_objectives=''"]
     return []
+
+
+def curriculum_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """Issue 83's keys: world.objectives_schedule beside world.objectives_mix (its syntax is
+    objectives_problems', through train_objective_counts), its advance threshold and window; agent.hint."""
+    w, problems = cfg.world, []
+    schedule, advance, window = (str(w.get("objectives_schedule", "")).strip(), w.get("schedule_advance_em", 0.0),
+                                 w.get("schedule_window", 5))
+    if schedule and str(w.get("objectives_mix", "")).strip():
+        problems.append(f"world.objectives_schedule={schedule!r} sets GRPO's question counts step by step, and "
+                        f"world.objectives_mix={w.objectives_mix!r} sets them for every step; set "
+                        "world.objectives_mix=''")
+    if not 0 <= advance <= 1:
+        problems.append(f"world.schedule_advance_em={advance}: a training EM in [0, 1] that ends a stage early "
+                        "(0: off)")
+    elif advance > 0 and not schedule:
+        problems.append(f"world.schedule_advance_em={advance} ends a stage of world.objectives_schedule early, which "
+                        "is '': set a schedule or world.schedule_advance_em=0")
+    if window < 1:
+        problems.append(f"world.schedule_window={window}: the steps whose mean EM world.schedule_advance_em reads, "
+                        "expected >= 1")
+    if cfg.agent.get("hint", "none") not in HINT_MODES:
+        problems.append(f"agent.hint={cfg.agent.hint!r}: expected one of {', '.join(map(repr, HINT_MODES))}")
+    return problems
 
 
 def setting_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, training: bool = True) -> list[str]:

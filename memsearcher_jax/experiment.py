@@ -51,7 +51,7 @@ from memsearcher_jax.config_rules import (  # validate, config_problems: the rul
 )
 from memsearcher_jax.data.demos import DemoConfig
 from memsearcher_jax.data.qa import evaluation_sets, training_questions
-from memsearcher_jax.data.synthetic import join_objectives, mix_objectives
+from memsearcher_jax.data.synthetic import join_objectives, mix_objectives, parse_objectives_schedule
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab
 from memsearcher_jax.data.world_cache import prepare_world
@@ -69,6 +69,7 @@ from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.rl.evaluation import evaluate
 from memsearcher_jax.rl.grpo import GRPOLearner
 from memsearcher_jax.rl.sampler_weights import sampling_model
+from memsearcher_jax.rl.schedule import QuestionSchedule
 from memsearcher_jax.rl.trainer import Trainer
 from memsearcher_jax.sampling import Sampler
 from retrieval.bm25 import BM25Retriever
@@ -117,7 +118,7 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                                    else ({}, {}))
     stop_ids, retriever = stop_token_ids(cfg, tokenizer), build_retriever(cfg, world_paths)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
-                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer)
+                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer, hint=cfg.agent.get("hint", "none"))
     return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever,
                  train_questions=train_q, eval_questions=[row for rows in eval_sets.values() for row in rows],
                  tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets, missing_eval_sets=missing_sets)
@@ -176,7 +177,13 @@ def demo_config(cfg: ml_collections.ConfigDict) -> DemoConfig:
     # A script of N objectives needs up to 2N + 2 turns (a search per hop and a recovery search); the
     # demonstrations may show more objectives than the training episodes ask (sft.demo_objectives).
     turns = max(4, cfg.agent.max_turns, 2 * max(demo_objective_counts(cfg)) + 2)
-    return DemoConfig(max_turns=turns, top_n=cfg.agent.default_top_n, workflow=cfg.agent.workflow, **rates)
+    per_question = cfg.agent.get("turns_per_question", 0)
+    if per_question or cfg.agent.get("hint", "none") != "none":
+        # A turn budget per count, or a hint that states it: each demo gets its episode's own budget
+        # (AgentConfig.episode_turns), so the warm start shows the turns left the rollouts will show.
+        turns = max(4, cfg.agent.max_turns)
+    return DemoConfig(max_turns=turns, turns_per_question=per_question, top_n=cfg.agent.default_top_n,
+                      workflow=cfg.agent.workflow, **rates)
 
 
 def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
@@ -276,7 +283,22 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
     evaluate_fn = (lambda s: {k: v for k, v in evaluate(eval_runner(cfg, setup, s), held_out).items()
                               if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
     return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop, mesh=mesh,
-                   sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn, reward_fn=reward_fn, meta=meta)
+                   sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn, reward_fn=reward_fn, meta=meta,
+                   schedule=question_schedule(cfg, setup))
+
+
+def question_schedule(cfg: ml_collections.ConfigDict, setup: Setup) -> QuestionSchedule | None:
+    """`world.objectives_schedule` as the trainer's QuestionSchedule: each stage's pool the world's
+    training questions joined at its counts in equal shares (as world.objectives_mix joins them);
+    None when it is '' (the trainer then takes setup.train_questions throughout)."""
+    stages = parse_objectives_schedule(cfg.world.get("objectives_schedule", ""))
+    if not stages or setup.world is None:
+        return None
+    rows = read_jsonl(setup.world.train)
+    return QuestionSchedule(pools=tuple(mix_objectives(rows, counts, seed=cfg.world.seed) for _, counts in stages),
+                            starts=tuple(step for step, _ in stages), counts=tuple(c for _, c in stages),
+                            advance_em=float(cfg.world.get("schedule_advance_em", 0.0)),
+                            window=int(cfg.world.get("schedule_window", 5)))
 
 
 # ----------------------------------------------------------------------------- evaluation (rl/evaluation.py runs it)

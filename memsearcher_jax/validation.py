@@ -17,7 +17,7 @@ import os
 
 import ml_collections
 
-from memsearcher_jax.agent.config import AgentConfig
+from memsearcher_jax.agent.config import AgentConfig, episode_turns
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
 from memsearcher_jax.config_rules import TrainConfigError, agent_config, check_config, refuse
@@ -58,13 +58,20 @@ def prompt_problems(cfg: ml_collections.ConfigDict, setup: Setup, agent: AgentCo
             f"{worst + room}" + (" or lower world.objectives" if objectives and cfg.world.objectives > 1 else "")]
 
 
-def demo_turn_problems(rows: list[dict], max_turns: int, objectives: int) -> list[str]:
+def demo_turn_problems(rows: list[dict], max_turns: int, objectives: int, per_question: int = 0) -> list[str]:
     """The warm start's demonstrator searches each hop of each objective of its questions (`rows`)
     in its own turn, then answers: a question of n objectives needs up to 2n + 1 turns, and it has
-    max(4, agent.max_turns) (`max_turns`; `objectives`: world.objectives, for the message)."""
-    need = max((sum(int(o["hops"]) for o in objectives_of(r)) + 1 for r in rows), default=0)
-    if need <= max(4, max_turns):
+    max(4, agent.max_turns) (`max_turns`; `objectives`: world.objectives, for the message), plus
+    agent.turns_per_question (`per_question`) for each objective after the first."""
+    needs = [(sum(int(o["hops"]) for o in objectives_of(r)) + 1, len(objectives_of(r))) for r in rows]
+    short = [need for need, n in needs if need > episode_turns(max(4, max_turns), per_question, n)]
+    if not short:
         return []
+    need = max(short)
+    if per_question:
+        return [f"agent.max_turns={max_turns}, agent.turns_per_question={per_question}: the warm start's "
+                f"demonstrations need up to {need} turns (one search per hop of each objective, then the answer) "
+                "at a count their budget does not cover; raise either, or set sft.steps=0"]
     return [f"agent.max_turns={max_turns}: the warm start's demonstrations of world.objectives="
             f"{objectives} questions need up to {need} turns (one search per hop of each objective, then "
             f"the answer); raise agent.max_turns to >= {need}, lower world.objectives, or set sft.steps=0"]
@@ -119,7 +126,7 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
         # The questions the warm start's demonstrator scripts (none when it does not run).
         demos = demo_questions(cfg, setup) if cfg.sft.steps > 0 and setup.world is not None else []
         return (prompt_problems(cfg, setup, agent, questions)
-                + demo_turn_problems(demos, cfg.agent.max_turns, cfg.world.objectives)
+                + demo_turn_problems(demos, cfg.agent.max_turns, cfg.world.objectives, agent.turns_per_question)
                 + demo_retrieval_problems(cfg, setup, demos))
     agent = agent.evaluation(cfg.agent.eval_max_turns)
     if workflow:

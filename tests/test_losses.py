@@ -62,6 +62,14 @@ def ref_batch_loss(mode, loss, mask, traj_ids, mb_ids):
             if vals:
                 means.append(sum(vals) / len(vals))
         return sum(means) / len(means)
+    if mode == "trajectory_row_mean":
+        means = []
+        for tr in sorted(set(traj_ids)):
+            rows = [[loss[i, j] for j in range(t) if mask[i, j]] for i in range(n) if traj_ids[i] == tr]
+            rows = [r for r in rows if r]
+            if rows:
+                means.append(sum(sum(r) / len(r) for r in rows) / len(rows))
+        return sum(means) / len(means)
     if mode == "microbatch_token_mean":
         means = []
         for m in sorted(set(mb_ids)):

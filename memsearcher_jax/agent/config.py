@@ -10,6 +10,14 @@ from memsearcher_jax.agent.workflows import workflow_names
 from memsearcher_jax.agent.workflows.base import MIN_OBSERVATION_TOKENS
 
 
+def episode_turns(max_turns: int, turns_per_question: int, questions: int) -> int:
+    """The turn budget of an episode of `questions` questions asked at once: `max_turns` for one, and
+    `turns_per_question` more for each further one (docs/method.md §8). 0 per question: max_turns at
+    any count, as before. max_turns 4 and 2 per question give 2N + 2 (a search per hop of a 2-hop
+    question, the answer and a spare turn), bench/paper_tables.py's rule."""
+    return max_turns + turns_per_question * (max(int(questions), 1) - 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
     """Budgets and sampling of the agent. Defaults are the recipe's training values (docs/method.md §1)."""
@@ -34,6 +42,7 @@ class AgentConfig:
     top_p: float = 0.99
     top_k: int = 0
     prompt_style: str = "full"          # "compact": a few-token system prompt for tiny models
+    turns_per_question: int = 0         # turns each question after the first adds to max_turns (0: off)
 
     def __post_init__(self):
         problems = []
@@ -57,8 +66,15 @@ class AgentConfig:
             problems.append(f"max_searches_per_act must be >= 1, got {self.max_searches_per_act}")
         if self.missing_top_n < 0:
             problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
+        if self.turns_per_question < 0:
+            problems.append(f"turns_per_question must be >= 0 (0: max_turns whatever the question count), "
+                            f"got {self.turns_per_question}")
         if problems:
             raise ValueError("invalid AgentConfig: " + "; ".join(problems))
+
+    def episode_turns(self, questions: int) -> int:
+        """The turns an episode asking `questions` questions at once gets (`episode_turns`)."""
+        return episode_turns(self.max_turns, self.turns_per_question, questions)
 
     def evaluation(self, max_turns: int = 20) -> AgentConfig:
         """The recipe's evaluation setting: greedy, up to 20 turns."""

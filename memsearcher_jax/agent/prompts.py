@@ -136,6 +136,17 @@ def compact_system_prompt(tool: SearchTool = DEFAULT_TOOL) -> str:
 COMPACT_SYSTEM_PROMPT = compact_system_prompt()
 COMPACT_UPDATE_INSTRUCTION = "Update <memory></memory>."
 PROMPT_STYLES = ("full", "compact")
+# MEM1's hint (`agent.hint`), the last line of the user message every act reads: "turns" states the
+# turns left (this one included), "turns_and_questions" also the questions no search has named yet.
+HINT_MODES = ("none", "turns", "turns_and_questions")
+
+
+def hint_text(mode: str, turns_left: int, unsearched: int) -> str:
+    """The hint line in plain words (no tag, no special token): "" for mode "none"."""
+    if mode == "none":
+        return ""
+    turns = f"turns left: {max(int(turns_left), 0)}"
+    return turns if mode == "turns" else f"{turns}; questions not yet searched: {int(unsearched)}"
 NO_RESULTS = "No results found."
 REFUSED_HIT_ID = "__refused__"  # the note standing for an act's calls over agent.max_searches_per_act
 
@@ -174,12 +185,17 @@ class PromptBuilder:
     end-of-sequence ids (Qwen2.5-Instruct's generation_config lists `<|endoftext|>` too): a
     response that ends on any of them is ended, and nothing after it is generated or trained.
     multi_answer: every system prompt also states the N-answer format (`MULTI_ANSWER_RULE`).
+    hint: `HINT_MODES`; the workflows and the demonstrator end each act's user message with
+    `hint_line` (docs/method.md §8).
     """
 
     def __init__(self, tokenizer, *, default_top_n: int = 5, style: str = "full", stop_ids=(),
-                 tool: SearchTool = DEFAULT_TOOL, multi_answer: bool = False):
+                 tool: SearchTool = DEFAULT_TOOL, multi_answer: bool = False, hint: str = "none"):
         if style not in PROMPT_STYLES:
             raise ValueError(f"prompt style {style!r}; expected one of {PROMPT_STYLES}")
+        if hint not in HINT_MODES:
+            raise ValueError(f"agent.hint={hint!r}; expected one of {HINT_MODES}")
+        self.hint = hint
         self.tokenizer = tokenizer
         self.default_top_n = default_top_n
         self.style = style
@@ -310,6 +326,15 @@ class PromptBuilder:
         rule = MULTI_ANSWER_RULE if self.style == "full" else COMPACT_MULTI_ANSWER_RULE
         return f"{system}\n{rule}" if self.style == "full" else f"{system} {rule}"
 
+    def hint_line(self, turns_left: int, unsearched: int) -> str:
+        """The hint line this builder shows (`hint_text` in its mode; "" when it shows none)."""
+        return hint_text(self.hint, turns_left, unsearched)
+
+    @staticmethod
+    def hint_parts(hint: str) -> tuple[str, ...]:
+        """The hint on its own line at the end of a user message (nothing for no hint)."""
+        return ("\n" + hint,) if hint else ()
+
     def system_ids(self, system: str) -> list[int]:
         """`<|im_start|>system\\n{system}<|im_end|>\\n` (with the answer rule, if any), tokenized once per
         distinct text."""
@@ -364,11 +389,11 @@ class PromptBuilder:
         return [*self._obs_user_header, *responses, *end]
 
     # ------------------------------------------------------------------ MemSearcher
-    def memsearcher_context(self, question: str, memory: str = "") -> list[int]:
-        """System + `<question> q </question>\\n<memory> m </memory>` + assistant header + `<think>`."""
+    def memsearcher_context(self, question: str, memory: str = "", hint: str = "") -> list[int]:
+        """System + `<question> q </question>\\n<memory> m </memory>` (+ `\\n` hint) + assistant header + `<think>`."""
         q, m = question.strip(), (memory or "").strip()
         memory_parts = ("<memory> ", Untrusted(m), " </memory>") if m else ("<memory> </memory>",)
-        user = self.encode_parts("<question> ", Untrusted(q), " </question>\n", *memory_parts)
+        user = self.encode_parts("<question> ", Untrusted(q), " </question>\n", *memory_parts, *self.hint_parts(hint))
         return [*self._mem_system, *self._user_header, *user, *self._turn_end_newline,
                 *self._assistant_header, self.think_id]
 
@@ -383,16 +408,17 @@ class PromptBuilder:
                 *self._update_instruction, *self._turn_end_newline, *self._assistant_header]
 
     # ------------------------------------------------------------------ ReAct baseline
-    def react_context(self, question: str) -> list[int]:
-        """System + `<question> q </question>` + assistant header + `<think>`."""
-        question_ids = self.encode_parts("<question> ", Untrusted(question.strip()), " </question>")
+    def react_context(self, question: str, hint: str = "") -> list[int]:
+        """System + `<question> q </question>` (+ `\\n` hint) + assistant header + `<think>`."""
+        question_ids = self.encode_parts("<question> ", Untrusted(question.strip()), " </question>",
+                                         *self.hint_parts(hint))
         return [*self._react_system, *self._user_header, *question_ids,
                 *self._turn_end_newline, *self._assistant_header, self.think_id]
 
-    def react_observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0) -> list[int]:
-        """Tokens appended after an act: the tool responses as a user message, then `<think>` again."""
-        return [*self._obs_user_header, *self._tool_responses(results, max_tokens), *self._turn_end_newline,
-                *self._assistant_header, self.think_id]
+    def react_observation(self, results: Sequence[Sequence[Hit]], max_tokens: int = 0, hint: str = "") -> list[int]:
+        """Tokens appended after an act: the tool responses (then the hint on its own line) as a user
+        message, then `<think>` again."""
+        return self.tool_message(results, max_tokens, hint, reopen_think=True)
 
     # ------------------------------------------------------------------ decoding
     def decode(self, ids: Sequence[int]) -> str:

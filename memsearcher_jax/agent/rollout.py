@@ -161,15 +161,22 @@ class AgentRunner:
         for qi, q in enumerate(questions):
             for _ in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
-                                        question=q["question"], golds=list(q.get("golden_answers", []))))
+                                        question=q["question"], golds=list(q.get("golden_answers", [])),
+                                        max_turns=self.config.episode_turns(len(q.get("objectives", [q]))),
+                                        subjects=[o.get("subject") for o in q.get("objectives", [q])]))
         self._run(get_workflow(self.config.workflow), trajs, seed)
         return trajs
 
     def _run(self, wf: Workflow, trajs: list[Trajectory], seed: int):
         cfg, b = self.config, self.builder
         for t in trajs:
+            t.max_turns = t.max_turns or cfg.max_turns  # a trajectory made elsewhere: the config's budget
             wf.start(t, b, cfg)
-        for turn in range(cfg.max_turns):
+        # Each episode's own budget (AgentConfig.episode_turns: max_turns unless turns_per_question is set).
+        for turn in range(max((t.max_turns for t in trajs), default=0)):
+            for t in trajs:
+                if not t.done and turn >= t.max_turns:
+                    t.finish("max_turns")
             live = [t for t in trajs if not t.done]
             if not live:
                 break
@@ -192,6 +199,7 @@ class AgentRunner:
             second = []
             for t, row_calls, row_results, extra in zip(searching, calls, results, refused):
                 t.num_searches += len(row_calls)
+                t.queries += [str(c.query) for c in row_calls]
                 if extra:  # the calls over the limit: one refusal, where their responses would be
                     row_results = [*row_results, refused_searches(extra, cfg.max_searches_per_act)]
                 wf.observe(t, row_results, b, cfg)

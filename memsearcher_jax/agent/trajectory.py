@@ -6,6 +6,7 @@ Kept apart from the turn loop so that workflows (agent/workflows/) and the loop
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,11 @@ class Trajectory:
     context_tokens: list[int] = dataclasses.field(default_factory=list)  # prompt tokens per act call
     calls: list[CallRecord] = dataclasses.field(default_factory=list)    # every generation call, in order
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The turn budget (AgentConfig.episode_turns; 0: the loop's max_turns) and each question's subject,
+    # the name a search for it mentions (None: any search counts): the hint line's two numbers.
+    max_turns: int = 0
+    subjects: list[str | None] = dataclasses.field(default_factory=list)
+    queries: list[str] = dataclasses.field(default_factory=list)  # every search query sent, in order
 
     @property
     def final(self) -> Conversation:
@@ -89,6 +95,13 @@ class Trajectory:
         self.calls.append(CallRecord(kind, turn, int(prompt_tokens), int(generated_tokens)))
         if kind == ACT:
             self.context_tokens.append(int(prompt_tokens))
+
+    def unsearched_questions(self) -> int:
+        """Questions of the task no search query has mentioned yet: a question counts as searched once
+        a query names its subject as a whole word (any case), or, for a question without a subject
+        (data other than the synthetic world), once any search was made."""
+        said = [_words(q) for q in self.queries]
+        return sum(not (any(_words(s) in q for q in said) if s else said) for s in self.subjects)
 
     # ------------------------------------------------------------------ token metrics (issue 23 item 6)
     @property
@@ -120,3 +133,8 @@ class Trajectory:
     def prompt_tokens_processed(self) -> int:
         """Sum of every call's prompt tokens."""
         return sum(c.prompt_tokens for c in self.calls)
+
+
+def _words(text: str) -> str:
+    """`text`'s words, lower-cased, between single spaces (so `in` matches whole words)."""
+    return " " + " ".join(re.findall(r"\w+", str(text).lower())) + " "

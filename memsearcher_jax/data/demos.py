@@ -41,6 +41,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
+from memsearcher_jax.agent.config import episode_turns
 from memsearcher_jax.agent.parsing import (
     ActKind,
 )
@@ -108,6 +109,9 @@ class DemoConfig:
     early_several: str = "first_hop"
     top_n: int = 3          # written into each tool call; fewer documents keep the context small
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
+    # Turns each question after the first adds to max_turns (agent.turns_per_question): a demo of N
+    # questions has episode_turns(max_turns, turns_per_question, N), as the rollout's episode has.
+    turns_per_question: int = 0
     # Share of demos recorded in the ReAct workflow's format instead of `workflow`'s, drawn per
     # row apart from the flaws (0: all `workflow`, 1: all ReAct). A model meant to run both
     # workflows (bench/context.py) needs demos of both.
@@ -136,6 +140,8 @@ class DemoConfig:
                              f"got {self.workflow!r}")
         if self.max_turns < 4:  # 2 hops + a recovery search + the answer
             raise ValueError(f"max_turns must be >= 4 for the scripts, got {self.max_turns}")
+        if self.turns_per_question < 0:
+            raise ValueError(f"turns_per_question must be >= 0, got {self.turns_per_question}")
 
 
 @dataclasses.dataclass
@@ -249,11 +255,14 @@ def _searched_think(first: bool, retry: bool, hop: int, objective: dict) -> str:
 def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: DemoConfig,
             workflow: str = "memsearcher") -> Demonstration:
     """The state machine of the module docstring, objective after objective; then one answer."""
-    traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]))
-    tb = get_workflow(workflow).recorder(builder, traj)
     objs = objectives_of(row)
+    # The episode's budget and subjects, as AgentRunner.run gives them (the hint line reads both).
+    budget = episode_turns(cfg.max_turns, cfg.turns_per_question, len(objs))
+    traj = Trajectory(traj_id=idx, group_id=idx, question=row["question"], golds=list(row["golden_answers"]),
+                      max_turns=budget, subjects=[o["subject"] for o in objs])
+    tb = get_workflow(workflow).recorder(builder, traj)
     turns_needed = sum(int(o["hops"]) for o in objs) + 1
-    if flaw == "vague_query" and turns_needed + 1 > cfg.max_turns:
+    if flaw == "vague_query" and turns_needed + 1 > budget:
         flaw = None  # no room for the recovery search (only with several objectives: 1 takes <= 4 turns)
     # Which objective the flaw hits (a single-objective row draws nothing, so its demo is unchanged).
     target = rng.randrange(len(objs)) if flaw and len(objs) > 1 else len(objs) - 1
@@ -277,9 +286,9 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
     retry = False
 
     def next_turn() -> Conversation:
-        if len(kinds) >= cfg.max_turns:
-            raise DemoScriptError(f"row {row.get('id', idx)}: script did not answer within {cfg.max_turns} turns "
-                               f"({len(objs)} objectives); raise agent.max_turns")
+        if len(kinds) >= budget:
+            raise DemoScriptError(f"row {row.get('id', idx)}: script did not answer within {budget} turns "
+                                  f"({len(objs)} objectives); raise agent.max_turns or agent.turns_per_question")
         return tb.new_turn()
 
     for oi, o in enumerate(objs):
@@ -308,6 +317,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
             # A search that found nothing leaves a note, so the next context differs from this one.
             note = "" if new_fact else cfg.no_result_note.format(s=o["subject"])
             memory = " ".join(found + [note] if note else found)
+            traj.queries.append(query)  # before the observation: the next hint line counts this search
             tb.observe_and_update(conv, hits, memory, new_fact, note)
             memories.append(memory)
     answers = [_scripted_answer(o, flaw if oi == target else None, rng, pool, stop_short) for oi, o in enumerate(objs)]

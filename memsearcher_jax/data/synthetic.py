@@ -437,6 +437,30 @@ def check_objectives(n) -> int:
     return n
 
 
+def parse_objectives_schedule(spec) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """`world.objectives_schedule` ("0:1,2;20:2,4;40:4,8": from step 0 the counts 1 and 2 in equal
+    shares, from step 20 the counts 2 and 4, ...) as ((first step, counts), ...); "" gives ().
+    ValueError naming the key for anything else: stages "STEP:COUNTS" joined by ";", the first at
+    step 0, the steps increasing, each count an integer >= 1."""
+    spec = str(spec).strip()
+    if not spec:
+        return ()
+    stages = []
+    try:
+        for part in spec.split(";"):
+            step, counts = part.split(":")
+            stages.append((int(step), tuple(int(n) for n in counts.split(","))))
+    except ValueError:
+        stages = []
+    steps = [s for s, _ in stages]
+    if (not stages or steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:]))
+            or min(min(c) for _, c in stages) < 1):
+        raise ValueError(f"world.objectives_schedule={spec!r}: expected stages STEP:COUNTS joined by ';', the first "
+                         "at step 0 and the steps increasing, each COUNTS comma-separated integers >= 1, e.g. "
+                         "'0:1,2;20:2,4;40:4,8' ('': off)")
+    return tuple(stages)
+
+
 def objectives_of(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The single questions a row asks, in answer order: its `objectives`, or the row itself."""
     return list(row["objectives"]) if "objectives" in row else [row]

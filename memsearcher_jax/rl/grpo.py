@@ -36,6 +36,7 @@ from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, merge_params
 from memsearcher_jax.rl.losses import (
     AUX_METRIC_KEYS,
+    WHOLE_TRAJECTORY_AGGREGATIONS,
     LossConfig,
     aggregation_weights,
     combine_metric_sums,
@@ -509,7 +510,7 @@ class GRPOLearner(Learner):
         old_logp, ref_logp = self._old_and_ref_logprobs(rows)
         time_logprobs, compiles_logprobs = time.perf_counter() - t0, (compile_stats.snapshot() - c0).programs
         minibatches = minibatch_row_indices(rows.traj_ids, cfg.optimizer_steps, rng, shuffle=cfg.shuffle_rows,
-                                            whole_trajectories=cfg.loss.aggregation == "trajectory_mean")
+                                            whole_trajectories=cfg.loss.aggregation in WHOLE_TRAJECTORY_AGGREGATIONS)
         minibatches = [idx for idx in minibatches if rows.loss_mask[idx].any()]
         tis = self._tis(old_logp, rows)
         metrics = {"loss": 0.0, "grad_norm": 0.0, "skipped": 0, "old_logprobs_fallback": 0,

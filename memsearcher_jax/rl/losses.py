@@ -244,6 +244,22 @@ def _agg_trajectory_mean(mask, traj_ids, microbatch_ids, num_microbatches):
     return w, float(n_traj) if n_traj > 0 else 1.0
 
 
+@register_aggregation("trajectory_row_mean")
+def _agg_trajectory_row_mean(mask, traj_ids, microbatch_ids, num_microbatches):
+    """Each trajectory weighs 1 in total, split equally over its rows (its contexts: one per turn in
+    memsearcher, one per episode in react) and each row's share over its masked tokens: a turn of a
+    multi-context design counts the same whatever its length (docs/method.md §2)."""
+    row_tokens = mask.sum(axis=1)
+    rows_per_traj, per_traj = _group_token_counts((row_tokens > 0).astype(np.float64)[:, None], traj_ids)
+    w = mask / (np.maximum(row_tokens, 1.0) * np.maximum(rows_per_traj, 1.0))[:, None]
+    n_traj = int(np.sum(per_traj > 0))
+    return w, float(n_traj) if n_traj > 0 else 1.0
+
+
+# The modes whose weights read every row of a trajectory: the mini-batches keep trajectories whole.
+WHOLE_TRAJECTORY_AGGREGATIONS = ("trajectory_mean", "trajectory_row_mean")
+
+
 @register_aggregation("microbatch_token_mean")
 def _agg_microbatch_token_mean(mask, traj_ids, microbatch_ids, num_microbatches):
     """The recipe's behaviour: each micro-batch's token mean, averaged over micro-batches."""

@@ -46,6 +46,7 @@ from memsearcher_jax.rl.grpo import (
 from memsearcher_jax.rl.hosts import check_search_errors
 from memsearcher_jax.rl.metrics import LOG_DIR, MetricsWriter, rollout_metrics, sample_records
 from memsearcher_jax.rl.sampler_weights import sampling_model
+from memsearcher_jax.rl.schedule import QuestionSchedule, batch_for_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,18 +67,6 @@ class LoopConfig:
     max_refill: int = 0                 # refill rounds of fresh questions per step (zero_std)
 
 
-def batch_for_step(questions: list[dict], step: int, batch: int, seed: int) -> tuple[list[dict], int]:
-    """Deterministic data order: a fresh permutation per epoch. Returns (batch, data position)."""
-    n = len(questions)
-    start = step * batch
-    out = []
-    for pos in range(start, start + batch):
-        epoch, i = divmod(pos, n)
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        out.append(questions[perm[i]])
-    return out, start + batch
-
-
 # ----------------------------------------------------------------------------- the loop
 
 class Trainer:
@@ -88,14 +77,17 @@ class Trainer:
     evaluate: sampler -> {"em", "f1", "turns", ...} on held-out questions (every
     loop.eval_every steps; the best params by eval/em are kept in best/); meta: extra fields
     for each checkpoint's metadata (e.g. the tokenizer directory); reward_fn: the trajectory
-    reward, `compute_reward`'s signature (docs/method.md §3 by default; `rl.reward_fn` plugs in another).
+    reward, `compute_reward`'s signature (docs/method.md §3 by default; `rl.reward_fn` plugs in another);
+    schedule: the questions by step instead of `questions` (rl/schedule.py; its stage is checkpointed).
     """
 
     def __init__(self, learner: GRPOLearner, runner: AgentRunner, questions: list[dict], pad_id: int,
                  loop: LoopConfig, mesh=None, sampler_mesh=None, meta: dict | None = None, progress: bool = True,
-                 evaluate: Callable | None = None, reward_fn: Callable = compute_reward):
+                 evaluate: Callable | None = None, reward_fn: Callable = compute_reward,
+                 schedule: QuestionSchedule | None = None):
         self.learner, self.runner, self.sampler = learner, runner, runner.sampler
         self.questions, self.pad_id, self.loop = questions, pad_id, loop
+        self.schedule = schedule or QuestionSchedule.fixed(questions)
         self.mesh, self.sampler_mesh = mesh, sampler_mesh
         self.meta, self.progress, self.evaluate, self.reward_fn = dict(meta or {}), progress, evaluate, reward_fn
         self.num_hosts = jax.process_count()
@@ -144,7 +136,7 @@ class Trainer:
         # The data position and the step's seeds follow from step and seed (batch_for_step, _step_seed).
         meta = {"step": self.step, "skipped_steps": self.learner.skipped_steps,
                 "skipped_updates": self.skipped_updates, "seed": self.loop.seed,
-                "model_config": dataclasses.asdict(self.learner.model().config), **self.meta}
+                "model_config": dataclasses.asdict(self.learner.model().config), **self.schedule.state(), **self.meta}
         # Params, optimizer state and metadata are separate items: export restores params alone.
         self.checkpoints.save(self.step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(self.learner.params), opt_state=ocp.args.StandardSave(self.learner.opt_state),
@@ -171,6 +163,7 @@ class Trainer:
         self.learner.skipped_steps = int(restored["meta"]["skipped_steps"])
         self.skipped_updates = int(restored["meta"].get("skipped_updates", 0))  # absent before it was recorded
         self.step = int(restored["meta"]["step"])
+        self.schedule.restore(restored["meta"])
         self.sampler.update_params(self._sampling_model())
         return True
 
@@ -180,7 +173,7 @@ class Trainer:
         fresh questions) and score them. Returns (trajectories, reward results, #questions)."""
         loop = self.loop
         seed = loop.seed if refill == 0 else loop.seed + 7919 * refill
-        questions, _ = batch_for_step(self.questions, self.step, loop.batch_questions, seed)
+        questions, _ = batch_for_step(self.schedule.questions, self.step, loop.batch_questions, seed)
         # This host's contiguous slice (all of it on one host): a group's G samples stay
         # together, so rewards and advantages need nothing from the other hosts.
         first_q = jax.process_index() * (len(questions) // self.num_hosts) + refill * loop.batch_questions
@@ -274,6 +267,7 @@ class Trainer:
         try:
             while self.step < steps:
                 m = self.train_step()
+                m.update(self.schedule.observe(self.step, m["em"]))  # the next step's stage (rl/schedule.py)
                 if self.evaluate is not None and self.loop.eval_every and self.step % self.loop.eval_every == 0:
                     self._evaluate(m)
                 history.append(m)

@@ -178,6 +178,13 @@ class Workflow:
         return conv
 
 
+def turn_hint(b: PromptBuilder, t: Trajectory, turn: int) -> str:
+    """The hint line the act of `turn` (from 0) reads, "" when the builder shows none: the turns left
+    of the episode's budget (`t.max_turns`), this one included, and its questions no search has named
+    (`Trajectory.unsearched_questions`). Each workflow ends the user message its act reads with it."""
+    return b.hint_line(t.max_turns - turn, t.unsearched_questions()) if b.hint != "none" else ""
+
+
 def register(cls: type[Workflow]) -> type[Workflow]:
     """Class decorator: make `cls` selectable as `agent.workflow=cls.name`."""
     if not cls.name:

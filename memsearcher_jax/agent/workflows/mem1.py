@@ -1,7 +1,8 @@
 """MEM1-style internal state: each turn sees the question, its last act and that act's results only.
 
-    context_0 = system + <question> q </question> + assistant <think>
-    context_t = context_0 + act_{t-1} (its tokens as generated) + observation_{t-1} + <think>
+    context_0 = system + <question> q </question> (+ the hint line) + assistant <think>
+    context_t = context_0 without the hint + act_{t-1} (its tokens as generated) + observation_{t-1}
+                (+ the hint line, inside the observation's cap) + <think>
     act       <think> internal state: everything worth keeping </think>, then tool calls or \\boxed{}
 Everything older than the last act and observation is dropped, so the model must carry what it
 needs inside its thinking. One conversation per turn whose prompt is exactly the act call's
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register, turn_hint
 
 
 def mem1_system_prompt(default_top_n: int, tool) -> str:
@@ -37,14 +38,15 @@ def mem1_system_prompt(default_top_n: int, tool) -> str:
     )
 
 
-def mem1_first_context(b, question: str) -> list[int]:
+def mem1_first_context(b, question: str, hint: str = "") -> list[int]:
     system = (mem1_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
-    return b.chat_context(system, "<question> ", Untrusted(question.strip()), " </question>")
+    return b.chat_context(system, "<question> ", Untrusted(question.strip()), " </question>", *b.hint_parts(hint))
 
 
-def mem1_context(b, question: str, last_act: list[int], last_observation: list[int]) -> list[int]:
-    """The act call's context: the first context, then the last act and its observation (if any)."""
-    return [*mem1_first_context(b, question), *last_act, *last_observation]
+def mem1_context(b, question: str, last_act: list[int], last_observation: list[int], hint: str = "") -> list[int]:
+    """The act call's context: the first context, then the last act and its observation (if any).
+    `hint`: the first turn's hint line; later turns read theirs at the end of the observation."""
+    return [*mem1_first_context(b, question, "" if last_act else hint), *last_act, *last_observation]
 
 
 def internal_state(act_text: str) -> str:
@@ -61,7 +63,7 @@ class Mem1Recorder(ScriptRecorder):
     def new_turn(self):
         s = self.t.state
         return self.new_conversation(mem1_context(self.b, self.t.question, s.get("last_act", []),
-                                                  s.get("last_observation", [])))
+                                                  s.get("last_observation", []), turn_hint(self.b, self.t, 0)))
 
     def act_text(self, think, action):
         state = self.t.state.get("carry", "")
@@ -70,7 +72,7 @@ class Mem1Recorder(ScriptRecorder):
     def observe_and_update(self, conv, hits, memory, new_fact, note):
         s = self.t.state
         s["last_act"] = list(conv.response_ids)
-        s["last_observation"] = self.b.tool_message([hits], reopen_think=True)
+        s["last_observation"] = self.b.tool_message([hits], 0, turn_hint(self.b, self.t, self.turn), reopen_think=True)
         s["carry"] = memory
         self.t.memory = internal_state(conv.blocks[-1])
         self.t.memories.append(self.t.memory)
@@ -94,14 +96,17 @@ class Mem1(Workflow):
         return cfg.max_new_tokens  # the act alone: its observation goes to the next turn's prompt
 
     def open_turn(self, t, turn, b, cfg):
-        prompt = mem1_context(b, t.question, t.state.get("last_act", []), t.state.get("last_observation", []))
+        prompt = mem1_context(b, t.question, t.state.get("last_act", []), t.state.get("last_observation", []),
+                              turn_hint(b, t, 0))
         self.new_conversation(t, prompt, turn)
 
     def observe(self, t, results, b, cfg):
         # The act's conversation is complete; what the next turn sees is kept on the trajectory.
         act = list(t.final.response_ids)
         t.state["last_act"] = act
-        t.state["last_observation"] = b.fit_tool_message(results, observation_cap(cfg), reopen_think=True)
+        # The next act's hint closes the observation, within its cap (t.turns acts were made so far).
+        t.state["last_observation"] = b.fit_tool_message(results, observation_cap(cfg), turn_hint(b, t, t.turns),
+                                                         reopen_think=True)
         t.memory = internal_state(t.final.blocks[-1])
         t.memories.append(t.memory)
         t.memory_tokens.append(len(act))

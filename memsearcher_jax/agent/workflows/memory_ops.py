@@ -1,7 +1,7 @@
 """A bank of numbered memory entries edited by operations (Memory-R1 / Mem-alpha style).
 
     context_t = system + <question> q </question> + <memory> [id] entry lines </memory>
-                (+ <errors> the last turn's refused operations </errors>)
+                (+ <errors> the last turn's refused operations </errors>) (+ the hint line)
     act       think, then tool calls or \\boxed{answer}
     observe   the tool responses and the operations instruction, appended (masked)
     second    <ops> one operation per line </ops>:
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from memsearcher_jax.agent.parsing import tag_spans
 from memsearcher_jax.agent.prompts import Untrusted, compact_system_prompt, tool_block
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register, turn_hint
 
 OPS_OPEN, OPS_CLOSE = "<ops>", "</ops>"
 VERBS = ("ADD", "UPDATE", "DELETE", "NOOP")
@@ -90,14 +90,15 @@ def render_bank(entries: list[tuple[int, str]]) -> str:
     return "\n".join(f"[{i}] {text}" for i, text in entries)
 
 
-def memory_ops_context(b, question: str, entries: list[tuple[int, str]], errors: list[str]) -> list[int]:
+def memory_ops_context(b, question: str, entries: list[tuple[int, str]], errors: list[str],
+                       hint: str = "") -> list[int]:
     system = (memory_ops_system_prompt(b.default_top_n, b.tool) if b.style == "full" else compact_system_prompt(b.tool))
     bank = render_bank(entries)
     user = ["<question> ", Untrusted(question.strip()), " </question>\n<memory>\n",
             Untrusted(bank + "\n" if bank else ""), "</memory>"]
     if errors:  # errors_block's text, its lines untrusted
         user += ["\n<errors>\n", Untrusted("\n".join(errors)), "\n</errors>"]
-    return b.chat_context(system, *user)
+    return b.chat_context(system, *user, *b.hint_parts(hint))
 
 
 def shown_errors(b, question: str, entries: list[tuple[int, str]], errors: list[str], limit: int) -> list[str]:
@@ -188,7 +189,8 @@ class MemoryOpsRecorder(ScriptRecorder):
     def new_turn(self):
         s = self.t.state
         s.setdefault("entries", [])
-        return self.new_conversation(memory_ops_context(self.b, self.t.question, s["entries"], []))
+        return self.new_conversation(memory_ops_context(self.b, self.t.question, s["entries"], [],
+                                                        turn_hint(self.b, self.t, self.turn)))
 
     def observe_and_update(self, conv, hits, memory, new_fact, note):
         s = self.t.state
@@ -226,7 +228,8 @@ class MemoryOps(Workflow):
 
     def open_turn(self, t, turn, b, cfg):
         s = t.state
-        self.new_conversation(t, memory_ops_context(b, t.question, s["entries"], s["errors"]), turn)
+        self.new_conversation(t, memory_ops_context(b, t.question, s["entries"], s["errors"], turn_hint(b, t, turn)),
+                              turn)
 
     def observe(self, t, results, b, cfg):
         t.final.add_injected(ops_observation(b, results, observation_cap(cfg)))

@@ -1,6 +1,6 @@
 """MemSearcher (docs/method.md §1): each turn is rebuilt from the question and a rewritten memory.
 
-    context_t = system + <question> q </question> + <memory> m_{t-1} </memory>
+    context_t = system + <question> q </question> + <memory> m_{t-1} </memory> (+ the hint line)
     act       think, then tool calls or \\boxed{answer}
     observe   the tool responses and the memory-update instruction, appended (masked)
     second    <memory> m_t </memory>; its first non-empty span is carried. A missing memory or
@@ -10,7 +10,7 @@ One conversation per turn.
 from __future__ import annotations
 
 from memsearcher_jax.agent.parsing import extract_memory
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register, turn_hint
 
 
 class MemSearcherRecorder(ScriptRecorder):
@@ -18,7 +18,8 @@ class MemSearcherRecorder(ScriptRecorder):
     call rewrites the memory to the script's."""
 
     def new_turn(self):
-        return self.new_conversation(self.b.memsearcher_context(self.t.question, self.t.memory))
+        return self.new_conversation(self.b.memsearcher_context(self.t.question, self.t.memory,
+                                                                turn_hint(self.b, self.t, self.turn)))
 
     def observe_and_update(self, conv, hits, memory, new_fact, note):
         self.second(conv, self.b.observation([hits]), f"<memory>{memory}</memory>")
@@ -38,7 +39,7 @@ class MemSearcher(Workflow):
         return cfg.memory_budget
 
     def open_turn(self, t, turn, b, cfg):
-        self.new_conversation(t, b.memsearcher_context(t.question, t.memory), turn)
+        self.new_conversation(t, b.memsearcher_context(t.question, t.memory, turn_hint(b, t, turn)), turn)
 
     def act_budget(self, t, cfg):
         # At least one token, as the loop always gave this workflow (its context is bounded by

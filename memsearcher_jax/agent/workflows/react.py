@@ -1,13 +1,14 @@
 """ReAct, the full-history baseline: ONE growing conversation per episode.
 
-    context   system + <question> q </question>, then every act and every observation so far
+    context   system + <question> q </question> (+ the hint line), then every act and observation so far
     act       think, then tool calls or \\boxed{answer}
-    observe   the tool responses as a user message, then `<think>` re-opened (masked)
+    observe   the tool responses (+ the next turn's hint line) as a user message, then `<think>`
+              re-opened (masked)
 Nothing is forgotten and there is no second call; the context grows every turn.
 """
 from __future__ import annotations
 
-from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register
+from memsearcher_jax.agent.workflows.base import ScriptRecorder, Workflow, observation_cap, register, turn_hint
 
 
 class ReActRecorder(ScriptRecorder):
@@ -16,11 +17,11 @@ class ReActRecorder(ScriptRecorder):
 
     def new_turn(self):
         if not self.t.conversations:
-            self.new_conversation(self.b.react_context(self.t.question))
+            self.new_conversation(self.b.react_context(self.t.question, turn_hint(self.b, self.t, 0)))
         return self.t.final
 
     def observe_and_update(self, conv, hits, memory, new_fact, note):
-        conv.add_injected(self.b.react_observation([hits]))
+        conv.add_injected(self.b.react_observation([hits], hint=turn_hint(self.b, self.t, self.turn)))
         self.t.num_searches += 1
 
     def recorded_memories(self, script_memories):
@@ -33,7 +34,7 @@ class ReAct(Workflow):
     recorder = ReActRecorder
 
     def start(self, t, b, cfg):
-        self.new_conversation(t, b.react_context(t.question), 0)
+        self.new_conversation(t, b.react_context(t.question, turn_hint(b, t, 0)), 0)
 
     def response_tokens(self, cfg):
         # The one conversation holds every turn's act and observation.
@@ -43,4 +44,6 @@ class ReAct(Workflow):
         pass  # the one conversation goes on
 
     def observe(self, t, results, b, cfg):
-        t.final.add_injected(b.fit_tool_message(results, observation_cap(cfg), reopen_think=True))
+        # The next act's hint: t.turns acts were made, so the next turn is number t.turns.
+        t.final.add_injected(b.fit_tool_message(results, observation_cap(cfg), turn_hint(b, t, t.turns),
+                                                reopen_think=True))  # react_observation, held to the cap
