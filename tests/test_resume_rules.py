@@ -18,6 +18,7 @@ DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_resume_refuses_a_new_micro_batch_size_only_where_it_weighs_the_loss(tmp_path, aggregation, refused):
     out = str(tmp_path / "run")
     record_config(load_config(DEFAULT, [("rl.aggregation", aggregation), ("rl.micro_batch_size", "8")]), out)
+    os.makedirs(os.path.join(out, "checkpoints", "2"))  # a checkpoint: an experiment to protect
     resumed = load_config(DEFAULT, [("rl.aggregation", aggregation), ("rl.micro_batch_size", "4")])
     if refused:
         with pytest.raises(UserInputError, match=r"rl\.micro_batch_size 8 -> 4"):
