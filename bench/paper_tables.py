@@ -70,6 +70,7 @@ from memsearcher_jax.experiment import (
 from memsearcher_jax.jobs import restore_policy, train_job
 from memsearcher_jax.models import from_pretrained, save_pretrained
 from memsearcher_jax.rft import rft_control
+from memsearcher_jax.rl.evaluation import COVERAGE_KEYS
 from memsearcher_jax.run_dir import STAGING_PREFIX, existing_parent, prepare_output_dir
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -115,6 +116,10 @@ CONTEXT_ROOM = 4096
 MODEL_DIRS = {"warm_start": "warmstart", "rft": "rft"}  # the models kept as HF directories in OUT/<workflow>/
 SCALARS = ("em", "f1", "reward", "format_ok", "turns", "searches", "peak_tokens", "peak_tokens_max",
            "tokens_per_question")
+# How much of each task an episode searched (rl/evaluation.py:coverage_metrics) and the passages it read:
+# in every evaluation since issue 83; a phase evaluated before has none (its cells show "—").
+COVERAGE = COVERAGE_KEYS
+READING_THRESHOLD = 0.95  # the base's reading probe at or above this reads a context well (issue 24's bar)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -227,8 +232,8 @@ class ModelEvaluator:
         print(f"  {cfg.agent.workflow} {which} {n} objective(s)"
               f"{'' if memory_budget is None else f', memory budget {memory_budget}'}: EM {100 * got['em']:.1f} "
               f"F1 {100 * got['f1']:.1f} peak tokens {got['peak_tokens']:.0f}", flush=True)
-        return {**{k: float(got[k]) for k in SCALARS}, "prompt_tokens_by_turn": got["prompt_tokens_by_turn"],
-                "questions": len(got["results"])}
+        return {**{k: float(got[k]) for k in SCALARS}, **{k: float(got[k]) for k in COVERAGE if k in got},
+                "prompt_tokens_by_turn": got["prompt_tokens_by_turn"], "questions": len(got["results"])}
 
 
 def timed_train(cfg) -> dict:
@@ -238,7 +243,8 @@ def timed_train(cfg) -> dict:
     t0 = time.perf_counter()
     summary = train_job(cfg, resume=True)
     steps = read_metrics(cfg.train.output_dir)
-    step_seconds = sum(m.get(k, 0.0) for m in steps for k in ("time_rollout", "time_logprobs", "time_update"))
+    step_seconds = sum(m.get(k, 0.0) for m in steps for k in ("time_rollout", "time_logprobs", "time_update",
+                                                                 "time_info"))
     return {**summary, "job_seconds": time.perf_counter() - t0, "grpo_step_seconds": step_seconds}
 
 
@@ -388,6 +394,88 @@ def table4(budgets: dict) -> str:
     return "\n".join(lines)
 
 
+def table5(results: dict, objectives=OBJECTIVES) -> str:
+    """Coverage per workflow, model and question count: the share of questions (and hops) the episodes
+    searched, searches against the hops needed, early answers, and the passages and tokens read."""
+    lines = ["| workflow | model | questions | searched | hops searched | searches / question | hops / question | "
+             "searches / hop | early answers | passages (mean / max) | peak tokens (mean / max) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for w, r in results.items():
+        for label, key in (("GRPO", "grpo"), ("warm start only", "warm_start")):
+            for n in objectives:
+                m = _get(r, key, n)
+                if not isinstance(m, dict) or m.get("coverage") is None:
+                    continue
+                rate = lambda k: _num(m.get(k), ".2f")
+                lines.append(f"| {w} | {label} | {n} | {_pct(m['coverage'])} | {_pct(m.get('hop_coverage'))} | "
+                             f"{rate('searches_per_question')} | {rate('hops_per_question')} | "
+                             f"{rate('searches_per_hop')} | {_pct(m.get('early_answer_rate'))} | "
+                             f"{_num(m.get('passages'), '.1f')} / {_num(m.get('passages_max'))} | "
+                             f"{_num(m.get('peak_tokens'))} / {_num(m.get('peak_tokens_max'))} |")
+    return "\n".join(lines)
+
+
+def reading_limit(base_dir: str, threshold: float = READING_THRESHOLD) -> dict:
+    """What the base reads whole: its reading probe by passages shown (base_manifest.json's
+    reading_probe: cloze questions on 2, 8, 16 passages in one context), the fewest probed passages
+    where it falls below `threshold` (None: at none of them), and its context window (config.json's
+    max_position_embeddings). A base without a manifest has no probe: by_length is then {}."""
+    out = {"base": base_dir, "threshold": threshold, "by_length": {}, "below_at": None, "context_window": None}
+    for name, read in (("base_manifest.json", lambda m: {"by_length": {
+            int(k): float(v["accuracy"]) for k, v in (m.get("reading_probe") or {}).get("by_length", {}).items()}}),
+                       ("config.json", lambda m: {"context_window": m.get("max_position_embeddings")})):
+        path = os.path.join(os.path.expanduser(base_dir), name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                out.update(read(json.load(f)))
+    out["by_length"] = dict(sorted(out["by_length"].items()))
+    out["below_at"] = next((k for k, a in out["by_length"].items() if a < threshold), None)
+    return out
+
+
+def probe_at(limit: dict, passages: float) -> str:
+    """The base's probe for a context of `passages` passages: its accuracy at the fewest probed
+    passages that hold that many (it falls with length, so this is the most it can read there), or
+    that the context is beyond the longest probe."""
+    by_length = {int(k): a for k, a in sorted((limit.get("by_length") or {}).items(), key=lambda kv: int(kv[0]))}
+    if not by_length:
+        return "no probe"
+    k = next((k for k in by_length if k >= passages), None)
+    if k is None:
+        longest = max(by_length)
+        return f"beyond the probe ({100 * by_length[longest]:.1f}% at {longest})"
+    return f"{100 * by_length[k]:.1f}% at {k}"
+
+
+def reading_table(results: dict, limit: dict, objectives=OBJECTIVES, workflow: str = "react") -> str:
+    """`workflow`'s history (the trained model's) per question count against what the base reads:
+    passages and peak tokens (mean / max) and the base's probe at that many passages."""
+    lines = ["| questions | history passages (mean / max) | peak tokens (mean / max) | the base's probe at the mean | "
+             "at the max |", "|---:|---:|---:|---|---|"]
+    for n in objectives:
+        m = _get(results, workflow, "grpo", n)
+        if not isinstance(m, dict) or m.get("passages") is None:
+            continue
+        lines.append(f"| {n} | {m['passages']:.1f} / {_num(m.get('passages_max'))} | {_num(m.get('peak_tokens'))} / "
+                     f"{_num(m.get('peak_tokens_max'))} | {probe_at(limit, m['passages'])} | "
+                     f"{probe_at(limit, m.get('passages_max') or 0)} |")
+    return "\n".join(lines)
+
+
+def reading_caption(limit: dict) -> str:
+    """One sentence: the base's probe by length, where it falls below the threshold, its context window."""
+    by_length = {int(k): a for k, a in sorted((limit.get("by_length") or {}).items(), key=lambda kv: int(kv[0]))}
+    window = limit.get("context_window")
+    tail = f"its context window is {window} tokens" if window else "its context window is not recorded"
+    if not by_length:
+        return f"The base ({limit.get('base')}) has no reading probe at k passages; {tail}."
+    probe = " / ".join(f"{100 * a:.1f}" for a in by_length.values())
+    where = (f"below {100 * limit['threshold']:.0f}% from {limit['below_at']} passages" if limit.get("below_at")
+             else f"at or above {100 * limit['threshold']:.0f}% at every length probed")
+    return (f"The base's reading probe reads {probe}% at {' / '.join(map(str, by_length))} passages ({where}; "
+            f"nothing longer was probed); {tail}.")
+
+
 TABLE2_OBJECTIVES = 4  # Table 2's count when evaluated: episodes long enough to show turn 6 and later
 
 
@@ -423,6 +511,15 @@ def tables_markdown(report: dict) -> str:
                else "the trained model evaluated at each budget")
         parts += [f"## Table 4: memsearcher against its memory budget ({how}; {n} objectives)", "",
                   table4(report["budgets"]), ""]
+    if any(_get(r, key, k, "coverage") is not None for r in res.values() for key in ("grpo", "warm_start")
+           for k in report["objectives"]):
+        parts += ["## Table 5: coverage: how much of each task the episodes searched", "",
+                  "A question counts as searched when a search query names its subject entity (a hop: its entity); "
+                  "an early answer is one given while a question was still unsearched.", "",
+                  table5(res, tuple(report["objectives"])), ""]
+    if "react" in res and report.get("reading_probe"):
+        parts += ["## Where react's history outgrows what the base reads", "", reading_caption(report["reading_probe"]),
+                  "", reading_table(res, report["reading_probe"], tuple(report["objectives"])), ""]
     parts += ["## The papers' claims as targets (bench/paper_targets.py)", "", *target_lines(report, n2), ""]
     return "\n".join(parts)
 
@@ -662,7 +759,7 @@ def seed_mean_report(reports: dict) -> dict:
             cells = {}
             for n in sorted(common):
                 ms = [b[n] for b in by_n]
-                cell = {k: _over_seeds(k, [m[k] for m in ms]) for k in SCALARS
+                cell = {k: _over_seeds(k, [m[k] for m in ms]) for k in SCALARS + COVERAGE
                         if all(m.get(k) is not None for m in ms)}
                 if all("prompt_tokens_by_turn" in m for m in ms):
                     cell["prompt_tokens_by_turn"] = _pooled_by_turn([m["prompt_tokens_by_turn"] for m in ms])
@@ -700,7 +797,8 @@ def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -
     report = {"date": time.strftime("%Y-%m-%d"), **provenance(base, argv, seed),
               "train_objectives": args.train_objectives, "train_mix": str(base.world.get("objectives_mix", "")),
               "objectives": list(objectives), "eval_questions": eval_q,
-              "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {}}
+              "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {},
+              "reading_probe": reading_limit(base.model.source)}
     t0 = time.perf_counter()
     for w, cfg in cfgs.items():
         print(f"=== {w}: warm start, GRPO, evaluation", flush=True)

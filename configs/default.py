@@ -179,6 +179,11 @@ def get_config() -> ml_collections.ConfigDict:
                                      # setting; "recompute": one more forward pass over every row (verl's default)
     c.rl.old_logprobs_max_gap = 0.01  # "sampler": largest |trainer - sampler| log-prob of a sampled token accepted
                                       # (a ratio off by 1%, a twentieth of the 0.2 clip range)
+    # Per-question information signal (rl/information.py): "log" scores log p(gold answer | the context each turn
+    # carries) for every question after the rollout (info/* metrics); "reward" also adds info_coef x its
+    # group-normalised gain on right answers to the advantage (0: bit-identical to "off"). "off": not computed.
+    c.rl.info_signal = "off"
+    c.rl.info_coef = 0.0
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-4     # the recipe's 1e-6 is for a pretrained 3B model

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 
@@ -39,6 +40,7 @@ from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.grpo import GRPOConfig
+from memsearcher_jax.rl.information import INFO_MODES
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig
@@ -332,7 +334,22 @@ def rl_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, training:
         load_reward_fn(cfg.rl.reward_fn)
     except TrainConfigError as e:
         problems.append(str(e))
-    return problems
+    return problems + info_problems(cfg.rl.get("info_signal", "off"), cfg.rl.get("info_coef", 0.0))
+
+
+def info_problems(signal, coef) -> list[str]:
+    """rl.info_signal and rl.info_coef (rl/information.py): a known mode, a finite coefficient >= 0
+    that only "reward" reads, one host (each host would score its own rows in another count of calls)."""
+    if signal not in INFO_MODES:
+        return [f"rl.info_signal must be one of {', '.join(map(repr, INFO_MODES))}, got {signal!r}"]
+    if not isinstance(coef, (int, float)) or not math.isfinite(coef) or coef < 0:
+        return [f"rl.info_coef must be a finite number >= 0 (0: the signal shapes nothing), got {coef!r}"]
+    if coef and signal != "reward":
+        return [f"rl.info_coef={coef} shapes the advantage only with rl.info_signal='reward', got {signal!r}; "
+                "set rl.info_signal='reward' or rl.info_coef=0"]
+    if signal != "off" and jax.process_count() > 1:
+        return [f"rl.info_signal={signal!r} runs on one host only; this job has {jax.process_count()}: set 'off'"]
+    return []
 
 
 def train_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading) -> list[str]:

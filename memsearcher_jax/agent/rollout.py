@@ -162,6 +162,7 @@ class AgentRunner:
             for _ in range(group_size):
                 trajs.append(Trajectory(traj_id=first_traj_id + len(trajs), group_id=first_group_id + qi,
                                         question=q["question"], golds=list(q.get("golden_answers", [])),
+                                        objectives=[o["question"] for o in q.get("objectives", [q])],
                                         max_turns=self.config.episode_turns(len(q.get("objectives", [q]))),
                                         subjects=[o.get("subject") for o in q.get("objectives", [q])]))
         self._run(get_workflow(self.config.workflow), trajs, seed)
@@ -183,6 +184,7 @@ class AgentRunner:
             runnable, budgets = [], []
             for t in live:
                 wf.open_turn(t, turn, b, cfg)
+                t.carried.append((len(t.conversations) - 1, *wf.carried_span(t, b, cfg)))
                 n = wf.act_budget(t, cfg)
                 if n < 1:
                     t.finish("response_budget")
@@ -198,8 +200,7 @@ class AgentRunner:
             results = _run_searches(self.retriever, calls, self.stats)
             second = []
             for t, row_calls, row_results, extra in zip(searching, calls, results, refused):
-                t.num_searches += len(row_calls)
-                t.queries += [str(c.query) for c in row_calls]
+                t.record_searches([c.query for c in row_calls], row_results)
                 if extra:  # the calls over the limit: one refusal, where their responses would be
                     row_results = [*row_results, refused_searches(extra, cfg.max_searches_per_act)]
                 wf.observe(t, row_results, b, cfg)

@@ -80,7 +80,13 @@ class Trajectory:
     # the name a search for it mentions (None: any search counts): the hint line's two numbers.
     max_turns: int = 0
     subjects: list[str | None] = dataclasses.field(default_factory=list)
+    # The questions the task asks, one per objective ("q1; q2" asks two); rl/information.py probes each.
+    objectives: list[str] = dataclasses.field(default_factory=list)
     queries: list[str] = dataclasses.field(default_factory=list)  # every search query sent, in order
+    passages: int = 0  # passages the searches returned (all of them stay in react's history)
+    # Per opened turn: (conversation, start, end) of the context that turn's act prompt carries from
+    # earlier turns (`Workflow.carried_span`); read it back with `carried_ids`.
+    carried: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def final(self) -> Conversation:
@@ -102,6 +108,19 @@ class Trajectory:
         (data other than the synthetic world), once any search was made."""
         said = [_words(q) for q in self.queries]
         return sum(not (any(_words(s) in q for q in said) if s else said) for s in self.subjects)
+
+    def record_searches(self, queries: Sequence[str], results: Sequence[Sequence[Any]]) -> None:
+        """One act's search calls: their queries and the hit lists they returned."""
+        self.num_searches += len(queries)
+        self.queries += [str(q) for q in queries]
+        self.passages += sum(len(hits) for hits in results)
+
+    def carried_ids(self, turn: int) -> list[int]:
+        """The tokens turn `turn`'s act prompt carried from earlier turns (`carried[turn]`'s span;
+        a conversation only grows, so the span reads the same tokens later)."""
+        conv_index, start, end = self.carried[turn]
+        conv = self.conversations[conv_index]
+        return (conv.prompt_ids + conv.response_ids)[start:end]
 
     # ------------------------------------------------------------------ token metrics (issue 23 item 6)
     @property

@@ -36,14 +36,9 @@ from memsearcher_jax.models import CausalLM
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
 from memsearcher_jax.rl.checkpoints import BEST_DIR, CHECKPOINTS_DIR
-from memsearcher_jax.rl.grpo import (
-    GRPOLearner,
-    gather_rows,
-    pack_rows,
-    score_trajectories,
-    trajectory_advantages,
-)
+from memsearcher_jax.rl.grpo import GRPOLearner, gather_rows, pack_rows, score_trajectories
 from memsearcher_jax.rl.hosts import check_search_errors
+from memsearcher_jax.rl.information import information_advantages, merge_info
 from memsearcher_jax.rl.metrics import LOG_DIR, MetricsWriter, rollout_metrics, sample_records
 from memsearcher_jax.rl.sampler_weights import sampling_model
 from memsearcher_jax.rl.schedule import QuestionSchedule, batch_for_step
@@ -65,6 +60,8 @@ class LoopConfig:
     wandb_project: str = ""             # also log to Weights & Biases ("" : off)
     filter_groups: str = "none"         # "zero_std": drop groups whose rewards all tie, refill the batch
     max_refill: int = 0                 # refill rounds of fresh questions per step (zero_std)
+    info_signal: str = "off"            # "log" | "reward": per-question information signal (rl/information.py)
+    info_coef: float = 0.0              # "reward": weight of its group-normalised bonus in the advantage
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -199,8 +196,7 @@ class Trainer:
 
     def _update(self, trajs, results) -> tuple[int, dict]:
         """Advantages, rows (gathered over hosts), the updates, the sampler's new weights -> (#rows, metrics)."""
-        grpo = self.learner.config
-        adv = trajectory_advantages(trajs, [r.reward for r in results])
+        grpo, (adv, info) = self.learner.config, information_advantages(self, trajs, results)
         rows = pack_rows(trajs, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
         if self.num_hosts > 1:
             rows = gather_rows(rows, self.pad_id)
@@ -209,7 +205,7 @@ class Trainer:
         update["time_update"] = time.perf_counter() - t0 - update["time_logprobs"]
         update["compiles_update"] = (compile_stats.snapshot() - c0).programs - update["compiles_logprobs"]
         self.sampler.update_params(self._sampling_model())
-        return rows.num_rows, update
+        return rows.num_rows, merge_info(update, info)
 
     def _any_host_kept(self, kept: list) -> bool:
         """Whether any host kept a group; every host asks (a collective), then all update or all skip."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+import numpy as np
+
 from memsearcher_jax.agent.trajectory import ACT, SECOND, Conversation, Trajectory
 
 if TYPE_CHECKING:  # the prompt builder and the hits, for annotations only
@@ -155,6 +157,16 @@ class Workflow:
         """Make `t.final` the conversation this turn's act extends (a new one, or the same)."""
         raise NotImplementedError
 
+    def carried_span(self, t: Trajectory, b: PromptBuilder, cfg: AgentBudgets) -> tuple[int, int]:
+        """Where this turn's act prompt (`t.final`'s prompt + response so far, as the turn opens)
+        holds what earlier turns carried into it, [start, end): the span where it differs from the
+        first turn's prompt, whose frame (system prompt, question, chat markup) every turn shares.
+        memsearcher: the memory; mem1: the last act and its observation; memory_ops: the bank (and
+        its error lines); react: every act and observation so far. Empty on the first turn. The loop
+        records it on every opened turn (`Trajectory.carried`); rl/information.py scores it. A
+        workflow whose frame changes from turn to turn otherwise overrides this."""
+        return differing_span(t.conversations[0].prompt_ids, t.final.prompt_ids + t.final.response_ids)
+
     def act_budget(self, t: Trajectory, cfg: AgentBudgets) -> int:
         """New tokens the act may write; below 1 the episode ends ("response_budget")."""
         conv = t.final
@@ -176,6 +188,18 @@ class Workflow:
         conv = Conversation(prompt_ids=prompt_ids, traj_id=t.traj_id, group_id=t.group_id, turn=turn)
         t.conversations.append(conv)
         return conv
+
+
+def differing_span(first: Sequence[int], now: Sequence[int]) -> tuple[int, int]:
+    """[start, end) of `now` between its longest common prefix and suffix with `first` (the two
+    never overlap): the part of `now` that `first` does not have in the same place."""
+    n = min(len(first), len(now))
+    a, c = np.asarray(first[:n]), np.asarray(now[:n])
+    prefix = n if np.array_equal(a, c) else int(np.argmin(a == c))
+    room = n - prefix
+    a, c = np.asarray(first[len(first) - room:]), np.asarray(now[len(now) - room:])
+    suffix = room if np.array_equal(a, c) else room - 1 - int(np.flatnonzero(a != c)[-1])
+    return prefix, len(now) - suffix
 
 
 def turn_hint(b: PromptBuilder, t: Trajectory, turn: int) -> str:
