@@ -221,6 +221,37 @@ def test_each_turns_carried_context_is_what_its_prompt_was_built_from(reading, w
                 assert prompt[:start] == b.react_context(t.question) and end == len(prompt)
 
 
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+def test_the_hint_line_is_not_carried(reading, workflow):
+    """With MEM1's hint line (agent.hint) ending each act's user message, the carried span stops
+    before this turn's hint: memsearcher's and memory_ops' memory (and the tag that closes it: the
+    hint, not the memory, now follows the first prompt's), react's and mem1's history up to the hint
+    that closes their last observation."""
+    from memsearcher_jax.agent.workflows.base import turn_hint
+    from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
+    from memsearcher_jax.data.synthetic import join_objectives
+
+    tok, _, world, retriever = reading
+    b = PromptBuilder(tok, style="compact", default_top_n=2, hint="turns_and_questions")
+    rows = join_objectives(world.train[:40], 2, seed=0)
+    demos = make_demonstrations(rows[:4], b, retriever, seed=0, config=DemoConfig(0, 0, 0, workflow=workflow,
+                                                                                 max_turns=6))
+    for d in demos:
+        sampler = _RecordingReplay([d], b.eos_id)
+        (t,) = AgentRunner(b, sampler, retriever, AgentConfig(workflow=workflow, max_turns=6)).run([d.row])
+        acts = [p for p in sampler.prompts if p[-1] == b.think_id]
+        assert len(t.carried) == len(acts) >= 3
+        for k, prompt in enumerate(acts[1:], 1):
+            _, start, end = t.carried[k]
+            hint = turn_hint(b, types.SimpleNamespace(max_turns=t.max_turns, unsearched_questions=lambda: 0), k)
+            assert hint.startswith("turns left: ") and b.decode(prompt).count("turns left: ") >= 1
+            assert t.carried_ids(k) == prompt[start:end] and b.decode(prompt[end:]).lstrip().startswith(
+                hint.split(";")[0])  # this turn's hint comes right after the span
+            if workflow in ("memsearcher", "memory_ops"):  # the memory, then only its closing tag
+                text = b.decode(t.carried_ids(k)).strip()
+                assert text.removesuffix("</memory>").strip() == t.memories[k - 1].strip() != ""
+
+
 def test_a_workflow_without_a_frame_change_gets_the_differing_span():
     assert differing_span([1, 2, 3, 9], [1, 2, 3, 9]) == (4, 4)
     assert differing_span([1, 2, 3, 9], [1, 2, 3, 7, 7, 9]) == (3, 5)

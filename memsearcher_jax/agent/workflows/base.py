@@ -163,9 +163,18 @@ class Workflow:
         first turn's prompt, whose frame (system prompt, question, chat markup) every turn shares.
         memsearcher: the memory; mem1: the last act and its observation; memory_ops: the bank (and
         its error lines); react: every act and observation so far. Empty on the first turn. The loop
-        records it on every opened turn (`Trajectory.carried`); rl/information.py scores it. A
-        workflow whose frame changes from turn to turn otherwise overrides this."""
-        return differing_span(t.conversations[0].prompt_ids, t.final.prompt_ids + t.final.response_ids)
+        records it on every opened turn (`Trajectory.carried`); rl/information.py scores it. This
+        turn's hint line (`turn_hint`, which ends the user message the act reads) is the loop's
+        instruction, not something carried: the span stops before it. A workflow whose frame
+        changes from turn to turn otherwise overrides this."""
+        now = t.final.prompt_ids + t.final.response_ids
+        start, end = differing_span(t.conversations[0].prompt_ids, now)
+        hint = turn_hint(b, t, t.turns)
+        if hint and start < end:
+            ids = b.encode_plain(hint)
+            at = next((i for i in range(len(now) - len(ids), start - 1, -1) if now[i:i + len(ids)] == ids), end)
+            end = min(end, at)
+        return start, end
 
     def act_budget(self, t: Trajectory, cfg: AgentBudgets) -> int:
         """New tokens the act may write; below 1 the episode ends ("response_budget")."""
