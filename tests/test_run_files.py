@@ -14,7 +14,7 @@ import pytest
 
 from memsearcher_jax import jobs
 from memsearcher_jax.cli import main
-from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER, foreign_entries
+from memsearcher_jax.run_dir import RUN_MARKER, foreign_entries
 from tests.test_train_step import ROOT, SMALL
 
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -136,8 +136,10 @@ def test_a_run_stopped_after_recording_its_config_can_be_rerun_changed(trained, 
     assert main(_train(run, worlds, "--config.train.steps=1", "--config.sft.steps=1")) == 130
     assert (run / "logs" / "run_config.json").is_file() and (run / "warmstart" / "config.json").is_file()
     assert not (run / "checkpoints").exists()
+    capsys.readouterr()  # the same command again: it resumes there, its finished warm start reused
+    assert main(_train(run, worlds, "--config.train.steps=1", "--config.sft.steps=1")) == 130
+    assert "warm start: reusing" in capsys.readouterr().out
     monkeypatch.undo()
-    capsys.readouterr()
     code = main(_train(run, worlds, "--config.train.steps=1", "--config.sft.steps=2"))
     printed = capsys.readouterr()
     assert code == 0, printed.err
@@ -168,18 +170,19 @@ def test_a_run_stopped_in_its_warm_start_can_start_over_with_fresh(trained, tmp_
 
 @pytest.mark.slow
 def test_learning_bench_then_fresh(trained, tmp_path, capsys):
-    """bench/learning.py into a new --out, then again with --fresh: the seed's run starts over."""
+    """bench/learning.py --fresh where an earlier run left its seed's directory (here the trained
+    run, as train_job wrote it): the seed starts over there; without --fresh it is refused."""
     import learning
 
     out = tmp_path / "bench"
+    shutil.copytree(trained / "run", out / "seed0", symlinks=True)
     args = ["--seeds", "1", "--out", str(out), "--no-control", "--no-rft",
             *(f"--config.{k}={v}" for k, v in SMALL + [("world.cache_dir", str(trained / "worlds")),
                                                        ("train.steps", "1"), ("train.eval_questions", "2")])]
-    assert learning.main(args) == 0, capsys.readouterr().err
-    capsys.readouterr()
+    assert learning.main(args) == 2 and "--fresh" in capsys.readouterr().err
     assert learning.main(args + ["--fresh"]) == 0, capsys.readouterr().err
     seed = out / "seed0"
-    assert foreign_entries(str(seed)) == [] and {RUN_MARKER, RUN_LOCK, "checkpoints"} <= set(os.listdir(seed))
+    assert foreign_entries(str(seed)) == [] and not (seed / "warmstart").exists() and not (seed / "best").exists()
     assert [json.loads(x)["step"] for x in open(seed / "logs" / "metrics.jsonl")] == [1]
 
 

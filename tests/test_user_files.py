@@ -305,6 +305,56 @@ def test_the_metrics_log_replaces_a_link_and_never_appends_through_it(tmp_path):
     assert not (tmp_path / "nowhere.jsonl").exists() and not (logs / "samples.jsonl").is_symlink()
 
 
+def test_the_markers_and_the_recorded_config_replace_links(tmp_path):
+    """The run marker, the recorded config and eval's marker, each a link to a file of the user's
+    (a dangling one included): replaced by the file written, never written through."""
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.run_dir import (
+        EVAL_MARKER,
+        RUN_CONFIG,
+        prepare_eval_out,
+        prepare_output_dir,
+        record_config,
+        release_output_dir,
+    )
+
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine")
+    run, ev = tmp_path / "run", tmp_path / "eval"
+    (run / "logs").mkdir(parents=True)
+    ev.mkdir()
+    (run / RUN_MARKER).symlink_to(tmp_path / "nowhere")
+    (run / RUN_CONFIG).symlink_to(mine)
+    (ev / EVAL_MARKER).symlink_to(mine)
+    prepare_output_dir(str(run), fresh=False)
+    release_output_dir(str(run))
+    record_config(load_config(DEFAULT), str(run))
+    prepare_eval_out(str(ev))
+    assert mine.read_text() == "mine" and not (tmp_path / "nowhere").exists()
+    assert "train" in json.loads((run / RUN_CONFIG).read_text()) and not (run / RUN_CONFIG).is_symlink()
+    assert json.loads((run / RUN_MARKER).read_text())["written_by"] == "memsearcher-jax train"
+    assert json.loads((ev / EVAL_MARKER).read_text())["written_by"] == "memsearcher-jax eval"
+
+
+def test_writers_of_a_runs_files_open_none_in_place():
+    """Every write of a run's, eval's or episode_report's file goes through run_dir.replaced (a new
+    file renamed over the name) or, for the appended logs, an open that refuses a link: no
+    `open(path, "w")` or `"a"` on a name a user may have linked."""
+    import re
+
+    writes = re.compile(r"""\bopen\((?P<what>[^,()]+(?:\([^()]*\))?[^,()]*),\s*(?:mode=)?["'][wa]""")
+    path_writes = re.compile(r"""(?P<what>\w+)(?:\.open\(\s*(?:mode=)?["'][wa]|\.write_(?:text|bytes)\().*""")
+    for rel in ("memsearcher_jax/jobs.py", "memsearcher_jax/run_dir.py", "memsearcher_jax/rl/metrics.py",
+                "memsearcher_jax/rl/trainer.py", "memsearcher_jax/pretrain/run.py",
+                "memsearcher_jax/pretrain/export.py", "bench/episode_report.py", "bench/learning.py"):
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            text = f.read()
+        in_place = [m.group(0) for m in writes.finditer(text) if m.group("what").strip() != "tmp"]
+        in_place += [m.group(0) for m in path_writes.finditer(text)  # epath, pathlib
+                     if m.group("what") != "tmp" and "# remote: an object store has no links" not in m.group(0)]
+        assert in_place == [], (rel, in_place)
+
+
 def test_the_run_lock_replaces_a_link_and_never_writes_through_it(tmp_path):
     from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
 

@@ -126,7 +126,7 @@ class MetricsWriter:
         put in its place is replaced by a file of the lines it showed, then appended to."""
         path, line = self.paths[name], json.dumps(record) + "\n"
         if "://" in str(path):
-            with path.open("a") as f:
+            with path.open("a") as f:  # remote: an object store has no links
                 f.write(line)
             return
         if _is_link(path):
