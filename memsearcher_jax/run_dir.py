@@ -444,13 +444,13 @@ def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
     path = os.path.join(out, RUN_CONFIG)
     changed = _recorded_changes(cfg, out)
     if changed and not saved_steps(out):
-        foreign = foreign_entries(out)
-        if foreign:
+        try:  # starting over there is --fresh's removal: refused where --fresh would be
+            check_output_dir(out, fresh=True)
+        except UserInputError as e:
             key, old, new = changed[0]
             raise UserInputError(f"train.output_dir={out} holds an earlier attempt with other settings ({key} "
-                                 f"{old!r} -> {new!r}) and no checkpoint, so this run would start over there, but it "
-                                 f"also holds {foreign[0]}, which no training run wrote; nothing was removed. Move "
-                                 "that file or choose another train.output_dir")
+                                 f"{old!r} -> {new!r}) and no checkpoint, so this run would start over there as "
+                                 f"--fresh does, and that is refused: {e}") from None
         return
     if changed:
         what = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changed[:6])
