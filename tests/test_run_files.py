@@ -240,3 +240,30 @@ def test_episode_report_writes_its_own_directory_and_replaces_links(trained, tmp
     assert len((out / "summary.md").read_text().splitlines()) == 2
     assert len((out / "memsearcher-warm_start-N1.jsonl").read_text().splitlines()) == 2
     assert foreign_entries(str(paper / "memsearcher")) == []
+
+
+def test_a_pretrain_stopped_in_its_vocabulary_build_starts_over_with_fresh(tmp_path, capsys, monkeypatch):
+    """`pretrain` stopped (Ctrl-C) while it wrote its vocabulary: the directory holds the marker and
+    a part of vocab/; `pretrain --fresh` there is accepted, removes the part, and builds again
+    (the build is stopped here once it is reached: the checks and the removal came before it)."""
+    from memsearcher_jax.pretrain import run as pretrain
+    from memsearcher_jax.run_dir import PRETRAIN_ENTRIES
+
+    def stopped(out_dir, **k):
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+            f.write('{"half')
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pretrain, "build_vocab", stopped)
+    run = tmp_path / "run"
+    args = ["pretrain", "--config", os.path.join(ROOT, "configs", "base_v8.py"), f"--config.train.output_dir={run}"]
+    assert main(args) == 130
+    assert foreign_entries(str(run), PRETRAIN_ENTRIES) == [] and (run / "vocab" / "tokenizer.json").is_file()
+
+    def reached(out_dir, **k):
+        assert not os.path.exists(out_dir), "the earlier attempt's vocabulary was not removed"
+        raise RuntimeError("vocabulary build reached")
+    monkeypatch.setattr(pretrain, "build_vocab", reached)
+    with pytest.raises(RuntimeError, match="vocabulary build reached"):
+        main(args + ["--fresh"])
+    assert os.path.isfile(run / RUN_MARKER)
