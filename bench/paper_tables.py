@@ -1,6 +1,6 @@
 """The papers' claims, measured: every workflow trained the same way, in four tables.
 
-    python bench/paper_tables.py [--quick] [--workflows memsearcher,react,mem1,memory_ops]
+    python bench/paper_tables.py [--quick] [--workflows memsearcher,react,mem1,memory_ops,summary,fold]
                                  [--out runs/paper_tables] [--config configs/default.py] [--config.x=v ...]
 
 From the same shipped base, world, steps, B and G, each workflow is warm-started on its own
@@ -76,7 +76,7 @@ from memsearcher_jax.run_dir import STAGING_PREFIX, existing_parent, prepare_out
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.paper_targets import target_lines  # noqa: E402
 
-WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")
+WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops", "summary", "fold")
 OBJECTIVES = (1, 2, 4, 8, 16)
 BUDGETS = (16, 32, 64, 128)
 # --quick: every table in a small version. The warm start and GRPO keep enough steps that the

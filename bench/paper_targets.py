@@ -11,11 +11,16 @@ MEM1: memory keeps accuracy as the number of questions grows, at a fraction of R
   and its peak tokens at 8 are <= 1/3 of react's;
 - Table 2 (the trained models): memsearcher's largest prompt at turn 6 <= 1.25x its turn 1,
   react's >= 3x;
-- the memory budget curve rises from the smallest budget and flattens (where is reported).
+- the memory budget curve rises from the smallest budget and flattens (where is reported);
+- the newer designs (ReSum / SUPO's summary, Context-Folding's fold; docs/method.md §11, §12): their
+  peak tokens at 8 questions are <= 1/2 of react's, and their GRPO EM per question >= react's - 2 at
+  every count evaluated (1-16), shown beside react's and memsearcher's.
 """
 from __future__ import annotations
 
 MEMORY_WORKFLOWS = ("memsearcher", "mem1", "memory_ops")
+NEWER_WORKFLOWS = ("summary", "fold")  # the designs that compress a full history (issue 86)
+NEWER_SHARE = 1 / 2  # their peak tokens at 8 questions, against react's
 PAIRS = 2          # the training count the first two claims are stated at
 GAIN = 20.0        # points of EM per objective over the warm start
 OVER_RFT = 5.0
@@ -121,7 +126,34 @@ def budget_curve(budgets: dict) -> str:
                  f"the memory budget curve rises from the smallest budget and flattens ({curve}; {where})")
 
 
+def newer_designs(report: dict) -> list[str]:
+    """summary and fold: peak tokens at 8 questions against react's, and EM per question against react's
+    (with memsearcher's beside it) at every count evaluated."""
+    react = _field(report, "react", 8, "peak_tokens")
+    shares = {w: _field(report, w, 8, "peak_tokens") / react for w in NEWER_WORKFLOWS
+              if react and _field(report, w, 8, "peak_tokens") is not None}
+    out = [_line(all(s <= NEWER_SHARE for s in shares.values()) if shares else None,
+                 "summary's and fold's peak tokens at 8 questions <= 1/2 of react's ("
+                 + (", ".join(f"{w} {s:.2f}x" for w, s in shares.items()) or "not evaluated") + ")")]
+    counts = sorted({int(n) for w in NEWER_WORKFLOWS
+                     for n in (report.get("workflows", {}).get(w, {}).get("grpo") or {})})
+    pairs, shown = [], []
+    for w in NEWER_WORKFLOWS:
+        for n in counts:
+            em, react_em, ms = (_em(report, x, "grpo", n) for x in (w, "react", "memsearcher"))
+            if em is None or react_em is None:
+                continue
+            pairs.append(em >= react_em - UNDER_REACT)
+            shown.append(f"{w} {n}q {em:.1f} (react {react_em:.1f}, memsearcher "
+                         + ("—" if ms is None else f"{ms:.1f}") + ")")
+    out.append(_line(all(pairs) if pairs else None,
+                     f"summary's and fold's GRPO EM per question >= react's - {UNDER_REACT:.0f} at every count "
+                     "evaluated (" + ("; ".join(shown) or "not evaluated") + ")"))
+    return out
+
+
 def target_lines(report: dict, table2_objectives: int = 4) -> list[str]:
     """Every claim's line, in the order of the module docstring."""
     return ([gain_at_pairs(report)] + memsearcher_against_rft_and_react(report) + memory_keeps_accuracy(report)
-            + context_by_turn(report, table2_objectives) + [budget_curve(report.get("budgets") or {})])
+            + context_by_turn(report, table2_objectives) + [budget_curve(report.get("budgets") or {})]
+            + newer_designs(report))

@@ -85,6 +85,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.eval_max_turns = 6
     c.agent.turns_per_question = 0   # turns each question after the first adds to max_turns and eval_max_turns (0: off)
     c.agent.hint = "none"            # "turns" | "turns_and_questions": MEM1's hint line ending each act's user message
+    c.agent.summary_budget = 256     # summary: history tokens (acts, observations) of a segment before its summary act
+    c.agent.summary_overlong_mask = "none"  # summary: "segment" | "trajectory": SUPO, no loss on what a limit cut
+    c.agent.fold_turns = 4           # fold: acts one branch may take (its last returns or answers)
     c.agent.prompt_style = "compact"  # few-token system prompt; the recipe uses "full"
     c.agent.tool = "wikipedia_search"  # the search tool by registered name (memsearcher_jax/agent/tools.py)
     c.agent.multi_answer_prompt = "auto"  # state the N-answer format ("a1; a2") in every system prompt: auto

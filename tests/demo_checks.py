@@ -8,15 +8,34 @@ from memsearcher_jax.agent.parsing import (
     classify_act,
     extract_boxed,
     extract_memory,
+    tagged_outside_think,
 )
-from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.agent.rollout import Conversation
+from memsearcher_jax.agent.prompts import PromptBuilder, compact_system_prompt
+from memsearcher_jax.agent.rollout import Conversation, Trajectory
+from memsearcher_jax.agent.workflows.base import turn_hint
+from memsearcher_jax.agent.workflows.fold import (
+    BRANCH_CLOSE,
+    BRANCH_OPEN,
+    RETURN_CLOSE,
+    RETURN_OPEN,
+    fold_context,
+    fold_parts,
+    fold_system_prompt,
+)
 from memsearcher_jax.agent.workflows.mem1 import internal_state, mem1_context
 from memsearcher_jax.agent.workflows.memory_ops import (
     apply_operations,
     memory_ops_context,
     parse_operations,
     render_bank,
+)
+from memsearcher_jax.agent.workflows.summary import (
+    SUMMARY_CLOSE,
+    SUMMARY_OPEN,
+    question_parts,
+    summary_context,
+    summary_parts,
+    system_prompt,
 )
 from memsearcher_jax.data.demos import Demonstration
 from memsearcher_jax.data.synthetic import objectives_of
@@ -39,7 +58,7 @@ def check_demonstration(demo: Demonstration, builder: PromptBuilder) -> list[str
     """
     t = demo.trajectory
     checks = {"react": _check_react, "memsearcher": _check_memsearcher, "mem1": _check_mem1,
-              "memory_ops": _check_memory_ops}
+              "memory_ops": _check_memory_ops, "summary": _check_summary, "fold": _check_fold}
     if demo.workflow not in checks:
         return [f"unknown workflow {demo.workflow!r}"]
     problems = checks[demo.workflow](demo, builder)
@@ -235,4 +254,101 @@ def _check_react(demo: Demonstration, builder: PromptBuilder) -> list[str]:
         problems.append(f"{len(conv.response_ids) - pos} response tokens after the final act")
     if len(conv.blocks) != len(demo.act_kinds):
         problems.append(f"{len(conv.blocks)} decoded blocks but {len(demo.act_kinds)} acts")
+    return problems
+
+
+def _walk_acts(conv: Conversation, builder: PromptBuilder, kinds, where: str, problems: list) -> list[str]:
+    """A react-like conversation (summary's segment, fold's branch): acts in the loss mask, each
+    searching one followed by a masked tool-response observation that re-opens `<think>`, except the
+    conversation's last act. Returns the decoded act blocks."""
+    obs_head = [*builder._obs_user_header, builder.tool_response_open_id]
+    obs_tail = [*builder._turn_end_newline, *builder._assistant_header, builder.think_id]
+    blocks, pos = [], 0
+    while pos < len(conv.response_ids):
+        kind, end = next(kinds, None), _act_end(conv, builder, pos)
+        if kind is None or end is None:
+            problems.append(f"{where}: an act with no end-of-turn token, or more acts than intended")
+            return blocks
+        blocks.append(builder.decode_act(conv.response_ids[pos:end]))
+        if classify_act(blocks[-1]) != kind or any(m != 1 for m in conv.loss_mask[pos:end]):
+            problems.append(f"{where}: act {len(blocks) - 1} is not an intended {kind.value} act in the loss mask")
+        pos = end
+        while pos < len(conv.loss_mask) and conv.loss_mask[pos] == 0:
+            pos += 1
+        obs = conv.response_ids[end:pos]
+        if obs and (obs[:len(obs_head)] != obs_head or obs[-len(obs_tail):] != obs_tail):
+            problems.append(f"{where}: the observation after act {len(blocks) - 1} is not a tool-response message")
+    return blocks
+
+
+def _check_carried(demo: Demonstration, builder: PromptBuilder, first: list[int], head_of) -> list[str]:
+    """One conversation per segment (summary) or branch (fold): the first on `first`; each later one
+    on head_of(the previous conversation's last act block) (None: unreadable), then the tool responses of
+    that act's search and the `<think>` pre-fill; every act as scripted."""
+    problems, t, kinds = [], demo.trajectory, iter(demo.act_kinds)
+    obs_tail = [*builder._turn_end_newline, *builder._assistant_header, builder.think_id]
+    last = None
+    for k, conv in enumerate(t.conversations):
+        head = first if k == 0 else head_of(last)
+        rest = conv.prompt_ids[len(head or []):]
+        if k == 0 and conv.prompt_ids != first:
+            problems.append("conversation 0: prompt is not the workflow's first context")
+        elif k and (head is None or conv.prompt_ids[:len(head)] != head or rest[:1] != [builder.tool_response_open_id]
+                    or rest[-len(obs_tail):] != obs_tail):
+            problems.append(f"conversation {k}: prompt is not the carried text, then the last search's results")
+        last = (_walk_acts(conv, builder, kinds, f"conversation {k}", problems) or [None])[-1]
+    if next(kinds, None) is not None:
+        problems.append("fewer acts than intended")
+    return problems
+
+
+def _first_hint(demo: Demonstration, builder: PromptBuilder) -> str:
+    """The hint line of the episode's first act (no search made yet), "" when the builder shows none."""
+    t = demo.trajectory
+    return turn_hint(builder, Trajectory(0, 0, t.question, [], max_turns=t.max_turns, subjects=t.subjects), 0)
+
+
+def _head(builder: PromptBuilder, system: str, parts) -> list[int]:
+    return [*builder.system_ids(system), builder.im_start_id, *builder.encode("user\n"),
+            *builder.encode_parts(*parts, "\n")]
+
+
+def _check_summary(demo: Demonstration, builder: PromptBuilder) -> list[str]:
+    """Segments: each after the first opens on the question and the summary the last act wrote; the
+    memories are those summaries."""
+    q = demo.trajectory.question
+    summaries = []
+
+    def head_of(block):
+        summary = tagged_outside_think(block or "", SUMMARY_OPEN, SUMMARY_CLOSE)
+        summaries.append(summary)
+        return None if summary is None else _head(builder, system_prompt(builder), question_parts(q)
+                                                  + summary_parts(summary))
+
+    first = summary_context(builder, q, hint=_first_hint(demo, builder))
+    problems = _check_carried(demo, builder, first, head_of)
+    if summaries != demo.memories:
+        problems.append(f"summaries {summaries} differ from the recorded memories {demo.memories}")
+    return problems
+
+
+def _check_fold(demo: Demonstration, builder: PromptBuilder) -> list[str]:
+    """Branches: each after the first opens on the question, every return so far and the task the last
+    act named; the memories are the returns after each fold."""
+    q, returns, memories = demo.trajectory.question, [], []
+    system = fold_system_prompt(builder.default_top_n, builder.tool) if builder.style == "full" else None
+
+    def head_of(block):
+        returned = tagged_outside_think(block or "", RETURN_OPEN, RETURN_CLOSE)
+        if returned is None:
+            return None
+        returns.append(returned)
+        memories.append("\n".join(returns))
+        task = tagged_outside_think(block, BRANCH_OPEN, BRANCH_CLOSE)
+        return _head(builder, system or compact_system_prompt(builder.tool), fold_parts(q, returns, task))
+
+    first = fold_context(builder, q, hint=_first_hint(demo, builder))
+    problems = _check_carried(demo, builder, first, head_of)
+    if memories != demo.memories:
+        problems.append(f"returns {memories} differ from the recorded memories {demo.memories}")
     return problems

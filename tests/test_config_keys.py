@@ -31,6 +31,7 @@ TINY_RUN_VALUES = {
     "AgentConfig.default_top_n", "AgentConfig.max_top_n",     # the synthetic world's short passages
     "AgentConfig.max_observation_tokens",                     # its observations (<= 971 tokens), none cut
     "AgentConfig.top_p", "AgentConfig.prompt_style",          # a tiny model: plain sampling, a few-token prompt
+    "AgentConfig.summary_budget",  # history tokens before a summary: a tiny run's acts and observations are short
     "GRPOConfig.old_logprobs",  # f32 sampling: the sampler's log-probs are the trainer's (the recipe's bf16 are not)
 }
 

@@ -281,8 +281,10 @@ def test_check_catches_a_broken_react_demo(world):
 # ---------------------------------------------------------------- every workflow's format, several objectives
 
 def _replay(d, builder, retriever, workflow, max_turns=5):
+    from memsearcher_jax.agent.workflows.summary import DEMO_SUMMARY_BUDGET  # where the demonstrator summarizes
+
     runner = AgentRunner(builder, _ReplaySampler([d], builder.eos_id), retriever,
-                         AgentConfig(workflow=workflow, max_turns=max_turns))
+                         AgentConfig(workflow=workflow, max_turns=max_turns, summary_budget=DEMO_SUMMARY_BUDGET))
     (traj,) = runner.run([d.row], group_size=1, seed=0)
     return traj
 
@@ -319,7 +321,7 @@ def test_every_format_records_the_same_script(world, flawed_memsearcher):
     assert DemoConfig(**_FLAWED, workflow="memsearcher") == DemoConfig(**_FLAWED)  # the fixture's config
     by_format = {"memsearcher": flawed_memsearcher,
                  **{w: make_demonstrations(rows, builder, retriever, seed=2, config=DemoConfig(**_FLAWED, workflow=w))
-                    for w in ("react", "mem1", "memory_ops")}}
+                    for w in ("react", "mem1", "memory_ops", "summary", "fold")}}
     for demos in zip(*by_format.values()):
         assert len({(d.flaw, d.answer, tuple(d.act_kinds), d.trajectory.num_searches) for d in demos}) == 1
     with pytest.raises(ValueError, match="recorded formats"):
@@ -407,7 +409,7 @@ def two_objective_rows(world):
     return join_objectives(rows[:60], 2, seed=0)
 
 
-@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops", "summary", "fold"])
 def test_two_objective_demos(world, two_objective_rows, workflow):
     """Objectives one after the other, one answer "a1; a2"; a flaw hits one objective; the rollout
     replays them; the reward (0.1 + 0.9 x mean per-objective F1) is 1 for a clean demo and 0.55

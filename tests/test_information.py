@@ -184,13 +184,15 @@ class _RecordingReplay(_ReplaySampler):
         return super().generate(prompts, **kw)
 
 
-@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops", "summary", "fold"])
 def test_each_turns_carried_context_is_what_its_prompt_was_built_from(reading, workflow):
     """Two-question demonstrations replayed through AgentRunner: turn k's recorded carried context
     is the span of the prompt the sampler got for turn k's act at the recorded place, and it is
     exactly what the design carries: memsearcher the memory text written at turn k-1, memory_ops
-    the bank, mem1 the last act and its observation, react every act and observation so far.
+    the bank, mem1 the last act and its observation, react every act and observation so far, summary
+    and fold their segment's or branch's history, after the summary or the returns that opened it.
     It fails if the span were the whole prompt, a fixed offset, or another turn's."""
+    from memsearcher_jax.agent.workflows.summary import DEMO_SUMMARY_BUDGET
     from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
     from memsearcher_jax.data.synthetic import join_objectives
 
@@ -198,9 +200,12 @@ def test_each_turns_carried_context_is_what_its_prompt_was_built_from(reading, w
     rows = join_objectives(world.train[:40], 2, seed=0)
     demos = make_demonstrations(rows[:6], b, retriever, seed=0, config=DemoConfig(0, 0, 0, workflow=workflow,
                                                                                  max_turns=6))
+    if workflow in ("summary", "fold"):  # a summary or a fold happens in some of them
+        assert any(len(d.conversations) > 1 for d in demos)
     for d in demos:
         sampler = _RecordingReplay([d], b.eos_id)
-        (t,) = AgentRunner(b, sampler, retriever, AgentConfig(workflow=workflow, max_turns=6)).run([d.row])
+        (t,) = AgentRunner(b, sampler, retriever, AgentConfig(workflow=workflow, max_turns=6,
+                                                              summary_budget=DEMO_SUMMARY_BUDGET)).run([d.row])
         acts = [p for p in sampler.prompts if p[-1] == b.think_id]
         assert t.end_reason == "answer" and len(t.carried) == len(acts) == t.turns >= 3
         assert t.objectives == [o["question"] for o in d.row["objectives"]]
@@ -214,6 +219,11 @@ def test_each_turns_carried_context_is_what_its_prompt_was_built_from(reading, w
                 assert carried == []
             elif workflow in ("memsearcher", "memory_ops"):
                 assert b.decode(carried).strip() == t.memories[k - 1].strip() != ""
+            elif workflow in ("summary", "fold"):  # the first context; or the carried text, then the history
+                first, tail = t.conversations[0].prompt_ids, len(prompt) - end  # the frame: its head and end
+                assert prompt[:start] == first[:start] and prompt[end:] == first[len(first) - tail:] and tail <= 8
+                if conv_index:  # the summary, or the last return, that opened this segment or branch
+                    assert t.memories[conv_index - 1].split("\n")[-1] in b.decode(carried)
             elif workflow == "mem1":  # the question's first context, then exactly what it carries
                 assert prompt[:start] == mem1_first_context(b, t.question) and end == len(prompt)
                 assert carried[:len(t.conversations[k - 1].response_ids)] == t.conversations[k - 1].response_ids

@@ -314,7 +314,7 @@ def test_main_resumes_the_same_command_and_refuses_other_settings(tmp_path, monk
         pt.main(argv[:-1] + ["5"])
     # A rule of workflow_config changed by the code (not the command) refuses the rerun too.
     monkeypatch.setattr(pt, "CONTEXT_ROOM", 2048)
-    with pytest.raises(UserInputError, match=r"workflow_configs\.mem1\.agent\.max_context_tokens: 4096 -> 2048"):
+    with pytest.raises(UserInputError, match=r"workflow_configs\.\w+\.agent\.max_context_tokens: 4096 -> 2048"):
         pt.main(argv)
     assert job.calls == []
 

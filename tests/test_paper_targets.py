@@ -27,13 +27,17 @@ def _report(ms_pairs=60.0, rft_pairs=50.0, react_pairs=61.0, budgets=None):
                   "grpo": {"1": _m(90), "2": _m(react_pairs), "4": _m(40, by_turn={1: 100, 6: 350}),
                            "8": _m(20, peak=900)}},
         "mem1": {"warm_start": {"2": _m(20)},
-                 "grpo": {"1": _m(60), "2": _m(45), "4": _m(40), "8": _m(31, peak=200)}}},
+                 "grpo": {"1": _m(60), "2": _m(45), "4": _m(40), "8": _m(31, peak=200)}},
+        "summary": {"warm_start": {"2": _m(30)}, "grpo": {"1": _m(89), "2": _m(60), "8": _m(25, peak=400)}},
+        "fold": {"warm_start": {"2": _m(30)}, "grpo": {"1": _m(90), "2": _m(62), "8": _m(30, peak=300)}}},
         "budgets": budgets if budgets is not None else {"16": _m(20), "32": _m(40), "64": _m(45), "128": _m(46)}}
 
 
 def test_every_claim_met_reads_met():
     lines = tg.target_lines(_report())
-    assert len(lines) == 9 and all(line.startswith("- **met**") for line in lines), lines
+    assert len(lines) == 11 and all(line.startswith("- **met**") for line in lines), lines
+    assert "(summary 0.44x, fold 0.33x)" in lines[9]
+    assert "summary 1q 89.0 (react 90.0, memsearcher 80.0); summary 2q 60.0 (react 61.0, memsearcher 60.0)" in lines[10]
     assert "memsearcher +30.0, react +31.0, mem1 +25.0" in lines[0]
     assert "(60.0 against 50.0)" in lines[1] and "(60.0 against 61.0)" in lines[2]
     assert "memsearcher 62%" in lines[3] and "mem1 67%" in lines[3]
@@ -56,6 +60,18 @@ def test_each_claim_can_miss():
     assert lines[4].startswith("- **missed**") and "mem1 48%" in lines[4]
     assert lines[5].startswith("- **missed**") and "mem1 0.44x" in lines[5]
     assert lines[6].startswith("- **missed**") and lines[7].startswith("- **missed**")
+
+
+def test_the_newer_designs_can_miss_and_without_them_are_not_measured():
+    r = _report()
+    r["workflows"]["summary"]["grpo"]["8"] = _m(25, peak=500)   # 500 / 900 > 1/2
+    r["workflows"]["fold"]["grpo"]["2"] = _m(58)                # 58 < 61 - 2
+    peak, em = tg.newer_designs(r)
+    assert peak.startswith("- **missed**") and "summary 0.56x" in peak
+    assert em.startswith("- **missed**") and "fold 2q 58.0 (react 61.0" in em
+    for w in tg.NEWER_WORKFLOWS:
+        del r["workflows"][w]
+    assert all(line.startswith("- not measured") for line in tg.newer_designs(r))
 
 
 def test_a_budget_curve_that_never_rises_or_never_flattens_misses():
@@ -82,4 +98,4 @@ def test_the_tables_end_with_the_targets():
               "objectives": [1, 2, 4, 8], **_report()}
     text = pt.tables_markdown(report)
     tail = text[text.index("## The papers' claims as targets"):]
-    assert tail.count("- **met**") == 9
+    assert tail.count("- **met**") == 11

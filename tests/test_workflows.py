@@ -338,16 +338,21 @@ def tiny_learner():
     return learner, {}
 
 
-@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops"])
+@pytest.mark.parametrize("workflow", ["memsearcher", "react", "mem1", "memory_ops", "summary", "fold"])
 def test_one_grpo_step_per_workflow(tok, b, tiny_learner, workflow):
     import jax
 
     second = {"memsearcher": "<memory>fact</memory>", "memory_ops": "<ops>\nADD fact\n</ops>"}.get(workflow, "")
+    # summary and fold: the second act summarizes (asked at once: budget 1) or returns, then searches, so
+    # that their episodes have two rows as well, the summary or return trained in the first.
+    carry = {"summary": "<summary>fact</summary>\n", "fold": "<return>fact</return>\n"}.get(workflow)
     # Even rows answer right after one search, odd rows wrongly: the group's rewards differ.
-    act = lambda k, row: search("s") if k == 0 else ("ok</think>\\boxed{Paris}" if row % 2 == 0
-                                                      else "ok</think>\\boxed{Rome}")
+    act = lambda k, row: search("s") if k == 0 else (  # noqa: E731
+        search("t", "s2").replace("</think>\n", "</think>\n" + carry, 1) if carry and k == 1
+        else "ok</think>\\boxed{Paris}" if row % 2 == 0 else "ok</think>\\boxed{Rome}")
     sampler = ScriptSampler(tok, b, act, lambda k, r: second)
-    trajs = AgentRunner(b, sampler, Docs(), AgentConfig(workflow=workflow, max_turns=3)).run(Q, group_size=4)
+    cfg = AgentConfig(workflow=workflow, max_turns=3, summary_budget=1)  # summary: asked after the first search
+    trajs = AgentRunner(b, sampler, Docs(), cfg).run(Q, group_size=4)
     rewards = [r.reward for r in score_trajectories(trajs)]
     assert rewards == [1.0, 0.1, 1.0, 0.1]
     rows = pack_rows(trajs, trajectory_advantages(trajs, rewards), b.pad_id, min_len=ROW_LEN)
@@ -384,8 +389,9 @@ class BudgetSampler:
     `second(budget)` (a memory after filler thinking, an ops block of malformed lines). Every reply
     ends on <|im_end|> and fills its budget, so episodes go on and rows grow as long as they can."""
 
-    def __init__(self, tok, b, second):
-        self.tok, self.b, self.second = tok, b, second
+    def __init__(self, tok, b, second, act_head=lambda row, budget: ""):
+        # act_head(row, budget): what an act writes between its thinking and its calls (a summary, a return).
+        self.tok, self.b, self.second, self.act_head = tok, b, second, act_head
 
     def generate(self, prompts, *, max_new_tokens, row_seeds=None, **kw):
         enc = lambda text: self.tok.encode(text, add_special_tokens=False)  # noqa: E731
@@ -394,8 +400,9 @@ class BudgetSampler:
             budget = max_new_tokens[i] if isinstance(max_new_tokens, list) else max_new_tokens
             if p[-1] == self.b.think_id:
                 call = enc(search("", "archive")[len("</think>"):])
-                calls = max((budget - len(enc("</think>")) - 1) // len(call), 1)
-                tail = enc("</think>") + call * calls + [self.b.eos_id]
+                head = enc("</think>" + self.act_head(row_seeds[i] if row_seeds is not None else i, budget))
+                calls = max((budget - len(head) - 1) // len(call), 1)
+                tail = head + call * calls + [self.b.eos_id]
             else:
                 tail = enc(self.second(budget)) + [self.b.eos_id]
             ids = enc(FILLER * 40)[:max(budget - len(tail), 0)] + tail
@@ -450,6 +457,36 @@ def _second_calls(b, cfg):
     return {"memsearcher": memory, "memory_ops": ops}.get(cfg.workflow, lambda budget: "")
 
 
+# What the adversary's acts need to move on in summary and fold (tests/test_workflow_summary.py, _fold.py):
+# a history budget it fills in one act and observation, branches of two acts.
+ACT_SETTINGS = {"summary": {"summary_budget": 100}, "fold": {"fold_turns": 2}}
+
+
+def _act_heads(b, cfg):
+    """summary: a summary of the whole memory budget (forged tags in it) in every act (read where one is
+    asked); fold: a return of the whole budget and a task in each branch's last act. Others: nothing."""
+    from memsearcher_jax.agent.workflows.fold import fold_cost
+    from memsearcher_jax.agent.workflows.summary import summary_cost
+
+    forged, q, acts = " </tool_response> <tool_response> <memory> ", Q[0]["question"], {}
+    if cfg.workflow == "summary":
+        text = _longest(b, lambda n: forged + " gate" * n, cfg.memory_budget)
+        while summary_cost(b, q, text) > cfg.memory_budget:
+            text = text[:-5]
+        return lambda row, budget: f"<summary>{text}</summary>\n"
+    if cfg.workflow != "fold":
+        return lambda row, budget: ""
+    ret = _longest(b, lambda n: forged + " gate" * n, cfg.memory_budget)
+    while fold_cost(b, q, [ret], "next") > cfg.memory_budget:
+        ret = ret[:-5]
+
+    def head(row, budget):
+        acts[row] = acts.get(row, 0) + 1
+        return "" if acts[row] % cfg.fold_turns else f"<return>{ret}</return>\n<branch>next</branch>\n"
+
+    return head
+
+
 @pytest.fixture(scope="module")
 def reading_builder():
     """The default run's tokenizer and prompt style: <memory> and <question> are tags there too."""
@@ -481,11 +518,11 @@ def test_whole_rows_stay_within_the_planners_bound(tok, b, reading_builder, work
         tok, b = reading_builder
     cfg = AgentConfig(workflow=workflow, max_turns=4, max_new_tokens=200, memory_budget=48, max_response_tokens=1000,
                       max_context_tokens=8192, default_top_n=2, max_observation_tokens=max_observation_tokens,
-                      max_searches_per_act=3)
+                      max_searches_per_act=3, **ACT_SETTINGS.get(workflow, {}))
     plan = ml_collections.ConfigDict({"agent": dataclasses.asdict(cfg)})
     row_bound, prompt_bound = conversation_tokens(plan), prompt_tokens(plan)
     carried_bound = get_workflow(workflow).carried_tokens(cfg)
-    sampler = BudgetSampler(tok, b, _second_calls(b, cfg))
+    sampler = BudgetSampler(tok, b, _second_calls(b, cfg), _act_heads(b, cfg))
     trajs = AgentRunner(b, sampler, LongDocs(40), cfg).run(Q, group_size=2)
     convs = [(t, c) for t in trajs for c in t.conversations]
     assert all(t.refused_searches > 0 for t in trajs), "the adversary asks for more searches than allowed"

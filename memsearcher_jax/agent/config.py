@@ -8,6 +8,7 @@ import dataclasses
 
 from memsearcher_jax.agent.workflows import workflow_names
 from memsearcher_jax.agent.workflows.base import MIN_OBSERVATION_TOKENS
+from memsearcher_jax.agent.workflows.summary import OVERLONG_MASKS
 
 
 def episode_turns(max_turns: int, turns_per_question: int, questions: int) -> int:
@@ -43,6 +44,9 @@ class AgentConfig:
     top_k: int = 0
     prompt_style: str = "full"          # "compact": a few-token system prompt for tiny models
     turns_per_question: int = 0         # turns each question after the first adds to max_turns (0: off)
+    summary_budget: int = 8192          # summary: history tokens (acts, observations) of a segment before it summarizes
+    summary_overlong_mask: str = "none"  # summary: "segment" | "trajectory": SUPO's masking of an episode a limit cut
+    fold_turns: int = 4                 # fold: acts one branch may take (its last returns or answers)
 
     def __post_init__(self):
         problems = []
@@ -66,6 +70,12 @@ class AgentConfig:
             problems.append(f"max_searches_per_act must be >= 1, got {self.max_searches_per_act}")
         if self.missing_top_n < 0:
             problems.append(f"missing_top_n must be >= 0 (0: default_top_n), got {self.missing_top_n}")
+        if self.summary_budget < 1 or self.fold_turns < 1:
+            problems.append(f"summary_budget and fold_turns must be >= 1, got {self.summary_budget} and "
+                            f"{self.fold_turns}")
+        if self.summary_overlong_mask not in OVERLONG_MASKS:
+            problems.append(f"summary_overlong_mask must be one of {OVERLONG_MASKS}, "
+                            f"got {self.summary_overlong_mask!r}")
         if self.turns_per_question < 0:
             problems.append(f"turns_per_question must be >= 0 (0: max_turns whatever the question count), "
                             f"got {self.turns_per_question}")

@@ -276,6 +276,14 @@ def outside_think(text: str) -> str:
     return "\n".join(parts)
 
 
+def tagged_outside_think(text: str, open_tag: str, close_tag: str) -> str | None:
+    """The first closed, non-empty `open_tag ... close_tag` span of an act block outside every
+    thinking span, stripped; None if there is none (a summary or a fold's return text, written
+    after the thinking: agent/workflows/summary.py, fold.py)."""
+    bodies, _ = tag_spans(outside_think(text), open_tag, close_tag)
+    return next((body.strip() for body in bodies if body.strip()), None)
+
+
 def classify_act(text: str) -> ActKind:
     """Classify an act block (pre-filled `<think>` included) per docs/method.md §1.
 

@@ -292,6 +292,7 @@ def _script(row, idx, flaw, builder, retriever, rng, pool, all_objectives, cfg: 
         return tb.new_turn()
 
     for oi, o in enumerate(objs):
+        tb.next_question(oi, o["question"])
         facts, hop = list(o["facts"]), 0
         hops = int(o["hops"])
         if flaw == "early_answer" and oi == target:  # stops one hop short, or before any search

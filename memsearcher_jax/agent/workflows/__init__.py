@@ -3,7 +3,8 @@
 import importlib
 import pkgutil
 
-from memsearcher_jax.agent.workflows import memsearcher, react  # noqa: F401  (first: the listing's order)
+# First, in the listing's order (the rest follow by file name).
+from memsearcher_jax.agent.workflows import memsearcher, react, mem1, memory_ops, summary, fold  # noqa: F401, I001
 from memsearcher_jax.agent.workflows.base import (
     AgentBudgets,
     ScriptRecorder,

@@ -18,7 +18,7 @@ Adding a workflow: one file here with a `Workflow` subclass decorated `@register
 tests. `agent.workflow=<name>` then selects it. For a warm start (the scripted demonstrator,
 data/demos.py) the same file gives its `ScriptRecorder` subclass as the workflow's `recorder`:
 how a scripted episode is written down in this workflow's format. (The benches that compare the
-designs, bench/paper_tables.py and its targets, name the four they compare.)
+designs, bench/paper_tables.py and its targets, name the ones they compare.)
 """
 from __future__ import annotations
 
@@ -110,6 +110,10 @@ class ScriptRecorder:
         conv.add_generated(ids, [0.0] * len(ids))
         conv.blocks.append(self.b.decode_update(ids))
         conv.ended_with_eos = True
+
+    def next_question(self, index: int, question: str) -> None:
+        """The script turns to question `index` (from 0) of the task, whose text is `question`, before
+        its first search: a design that works a question at a time (fold's branches) marks it here."""
 
     def observe_and_update(self, conv: Conversation, hits, memory: str, new_fact: str | None, note: str) -> None:
         """After a search: `hits` observed; `memory` is the script's memory so far (its found
