@@ -569,7 +569,7 @@ def world_cache(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workflow", ["mem1", "memory_ops"])
+@pytest.mark.parametrize("workflow", ["mem1", "memory_ops", "summary", "fold"])
 def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path, capsys, world_cache, workflow):
     """The whole pipeline with agent.workflow set: a 1-step warm start on demonstrations in the
     workflow's format, then one GRPO step, on the tiny random model of test_train_step."""
