@@ -17,6 +17,7 @@ checked config, and validation.py asks what only the built set-up and the output
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import math
@@ -31,6 +32,7 @@ from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.agent.prompts import HINT_MODES
 from memsearcher_jax.agent.tools import tool_spec
 from memsearcher_jax.agent.workflows import get_workflow, workflow_names
+from memsearcher_jax.config_utils import CONFIGS_DIR, Schema, load_config_file, schema_of, schema_problems
 from memsearcher_jax.data.demos import EARLY_SEVERAL, EARLY_TWO_HOP, no_result_note_problem
 from memsearcher_jax.data.synthetic import check_objectives, parse_objectives_schedule
 from memsearcher_jax.distributed import batch_split_problems
@@ -66,6 +68,22 @@ COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "o
 KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids", "multi_answer_prompt", "hint"),
                   "rl": ("reward_fn",),
                   "train": ("eval_questions", "eval_per_set", "compilation_cache_dir")}
+
+
+# The keys a config may set: configs/default.py's (it sets every key the jobs read), and these,
+# read only where a config sets them: model.vocab_size (the plan of a model.source='init' config,
+# memory_estimates) and a pod's hardware section (configs/recipe.py; planner, memory_estimates, launch/).
+OPTIONAL_KEYS = {"model": ("vocab_size",),
+                 "hardware": ("device_kind", "num_devices", "device_memory_gib", "hosts", "usable_fraction",
+                              "accelerator_type", "runtime_version", "nodes", "gpus_per_node")}
+
+
+@functools.lru_cache(maxsize=1)
+def training_schema() -> Schema | None:
+    """The keys of a training or evaluation config (configs/default.py's and OPTIONAL_KEYS); None
+    where the package has no configs/ beside it (installed without the repository)."""
+    path = os.path.join(CONFIGS_DIR, "default.py")
+    return schema_of(load_config_file(path), "configs/default.py", OPTIONAL_KEYS) if os.path.isfile(path) else None
 
 
 def typed(cls, cfg: ml_collections.ConfigDict, **computed):
@@ -255,15 +273,40 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files
     later (setting_problems), the files it reads (input_path_problems) and, for training, the
     compilation cache (cache_dir_problems). training=False (evaluation) asks for no training data,
     no groups and no warm start. files=False asks for the values alone, not this machine's files:
-    `memsearcher-jax plan` sizes a pod's run on a machine that holds none of its data."""
-    owners = owners_reading(cfg, training, files)
-    problems = key_problems(cfg, owners, training) or typed_problems(cfg)
-    problems += setting_problems(cfg, owners, training)
-    if files:
-        problems += input_path_problems(cfg, training)
-        if training:
-            problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None), owners)
+    `memsearcher-jax plan` sizes a pod's run on a machine that holds none of its data. First of all,
+    its keys (training_schema): an unknown key or a missing section is refused on its own."""
+    schema = training_schema()
+    if schema is not None and (problems := schema_problems(cfg, schema)):
+        return problems  # the rules below read every section by name
+    try:
+        owners = owners_reading(cfg, training, files)
+        problems = key_problems(cfg, owners, training) or typed_problems(cfg)
+        problems += setting_problems(cfg, owners, training)
+        if files:
+            problems += input_path_problems(cfg, training)
+            if training:
+                problems += cache_dir_problems(cfg.train.get("compilation_cache_dir", None), owners)
+    except (AttributeError, KeyError):  # a key the config lacks, read by a rule: name what it lacks
+        missing = missing_keys(cfg, schema)
+        if not missing:
+            raise
+        return [f"the config has no {', '.join(missing[:6])}{' (and more)' if len(missing) > 6 else ''}: a config "
+                "file starts from configs/default.py's get_config(), which has every key, and changes what it needs"]
     return problems
+
+
+def missing_keys(cfg: ml_collections.ConfigDict, schema: Schema | None) -> list[str]:
+    """The keys of `schema` (but OPTIONAL_KEYS) that `cfg` lacks, dotted."""
+    optional = {f"{s}.{k}" for s, keys in OPTIONAL_KEYS.items() for k in keys}
+
+    def has(dotted: str) -> bool:
+        node = cfg
+        for part in dotted.split("."):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                return False
+            node = node[part]
+        return True
+    return sorted(k for k in (schema.keys if schema else ()) if k not in optional and not has(k))
 
 
 def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:

@@ -3,12 +3,15 @@
 A config file is a Python file with `get_config() -> ml_collections.ConfigDict`; `file.py:ARG`
 calls `get_config(ARG)` instead (`--config configs/recipe.py:qwen2_5_3b,v5e_64`). Overrides are
 type-checked against the value already in the config; an unknown key is an error that lists
-the keys that do exist at that level.
+the keys that do exist at that level. A command also holds the file's own keys against the keys
+its code reads (`Schema`, `schema_problems`): a misspelled key in a file is refused as an override is.
 """
 from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
+import difflib
 import importlib.util
 import inspect
 import os
@@ -23,6 +26,78 @@ from memsearcher_jax.errors import UserInputError
 
 class ConfigError(UserInputError):
     """A config file or command-line override is invalid."""
+
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """The keys a config may set, as dotted names: every value and section of a reference config
+    (one that sets every key its code reads, e.g. configs/default.py) and the optional ones the
+    code reads when present. `required`: the sections a config must have (the rules read them)."""
+    name: str                 # the reference, for messages
+    keys: frozenset           # dotted names of values
+    sections: frozenset       # dotted names of sections
+    required: frozenset       # the reference's top-level sections: a config must have each
+
+
+def schema_of(reference: ml_collections.ConfigDict, name: str, optional: dict | None = None) -> Schema:
+    """`reference`'s keys, plus `optional` ({section: keys}: keys the code reads when present; a
+    section the reference lacks may be absent). Every section of the reference is required."""
+    keys, sections = set(), set()
+
+    def walk(node, prefix):
+        for k in node.keys():
+            dotted = f"{prefix}{k}"
+            if isinstance(node[k], ml_collections.ConfigDict):
+                sections.add(dotted)
+                walk(node[k], dotted + ".")
+            else:
+                keys.add(dotted)
+    walk(reference, "")
+    for section, extra in (optional or {}).items():
+        sections.add(section)
+        keys.update(f"{section}.{k}" for k in extra)
+    required = {s for s in reference.keys() if isinstance(reference[s], ml_collections.ConfigDict)}
+    return Schema(name, frozenset(keys), frozenset(sections), frozenset(required))
+
+
+def closest_key(dotted: str, schema: Schema) -> str | None:
+    """The known key `dotted` most likely meant: a near spelling in its own section, then the same
+    name in another section, then a near spelling anywhere."""
+    section, _, leaf = dotted.rpartition(".")
+    known = sorted(schema.keys | schema.sections)
+    mates = [k for k in known if k.rpartition(".")[0] == section]
+    for candidates, target, cutoff in ((mates, dotted, 0.8), ([k for k in known if k.rpartition(".")[2] == leaf],
+                                                             dotted, 0.0), (known, dotted, 0.75)):
+        found = difflib.get_close_matches(target, candidates, n=1, cutoff=cutoff)
+        if found:
+            return found[0]
+    return None
+
+
+def schema_problems(cfg: ml_collections.ConfigDict, schema: Schema) -> list[str]:
+    """Each key of `cfg` the schema does not know (named with the closest known key), each value
+    set where a section belongs, and each required section `cfg` lacks; [] when none."""
+    problems = [f"the config has no {s} section (every section of {schema.name} is read; a config file starts "
+                f"from its get_config() and changes what it needs)" for s in sorted(schema.required)
+                if not isinstance(cfg.get(s, None), ml_collections.ConfigDict)]
+
+    def walk(node, prefix):
+        for k in node.keys():
+            dotted, value = f"{prefix}{k}", node[k]
+            if dotted in schema.sections and not isinstance(value, ml_collections.ConfigDict):
+                if "." in dotted:  # a top-level one is a missing section, reported above
+                    problems.append(f"{dotted} is a section of {schema.name}, not a value")
+            elif dotted in schema.sections:
+                walk(value, dotted + ".")
+            elif dotted not in schema.keys:
+                near = closest_key(dotted, schema)
+                problems.append(f"unknown config key {dotted}" + (f": did you mean {near}?" if near else "")
+                                + f" (the keys a config may set are {schema.name}'s)")
+    walk(cfg, "")
+    return problems
 
 
 def split_config_path(path: str) -> tuple[str, str | None]:
@@ -195,8 +270,17 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
     return rest, overrides
 
 
-def load_config(path: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
+def load_config(path: str, overrides: Sequence[tuple[str, str]] = (),
+                schema: Schema | None = None) -> ml_collections.ConfigDict:
+    """The config of a file with its overrides; with `schema`, the file's own keys are held
+    against it first (ConfigError naming each unknown key and its closest known one)."""
     cfg = load_config_file(path)
+    problems = schema_problems(cfg, schema) if schema is not None else []
+    if len(problems) > 8:  # another command's config: its first lines say so
+        problems = problems[:8] + [f"... and {len(problems) - 8} more"]
+    if problems:
+        raise ConfigError(f"{path}: " + problems[0] if len(problems) == 1
+                          else f"{path}:\n  - " + "\n  - ".join(problems))
     for key, value in overrides:
         apply_override(cfg, key, value)
     return cfg

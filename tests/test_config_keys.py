@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import ml_collections
 import pytest
 
 from memsearcher_jax.config_rules import (
@@ -103,3 +104,133 @@ def test_a_config_without_a_key_is_refused_naming_it():
         del cfg.train["samples_per_log"]
     with pytest.raises(TrainConfigError, match=r"no train.samples_per_log or rl.samples_per_log"):
         typed(LoopConfig, cfg, output_dir="x", sampling_dtype="float32")
+
+
+# ----------------------------------------------------------------------------- issue 82, item 11: a config file's keys
+
+def _write_config(path, *lines, base=DEFAULT) -> str:
+    """A config file made as the docs advise: the shipped config's get_config(), then changes."""
+    body = "\n".join(f"    {line}" for line in lines)
+    path.write_text(f"from memsearcher_jax.config_utils import load_config\n\n\ndef get_config():\n"
+                    f"    c = load_config({base!r})\n{body}\n    return c\n")
+    return str(path)
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    from memsearcher_jax.cli import main
+
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_every_shipped_config_sets_only_known_keys():
+    """configs/default.py, the recipe and every pod recipe (its hardware section, model.vocab_size
+    optional) against the training schema; configs/base_v8.py against the pretraining one."""
+    from memsearcher_jax.cli import _pretrain_schema
+    from memsearcher_jax.config_rules import training_schema
+    from memsearcher_jax.config_utils import load_config_module, schema_problems
+
+    recipe = os.path.join(ROOT, "configs", "recipe.py")
+    shipped = [DEFAULT, os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")]
+    shipped += [f"{recipe}:{model},{pod}" for model, pod in load_config_module(recipe).RECIPES]
+    for path in shipped:
+        assert schema_problems(load_config(path), training_schema()) == [], path
+    assert "hardware.device_memory_gib" in training_schema().keys and "hardware" not in training_schema().required
+    assert schema_problems(load_config(os.path.join(ROOT, "configs", "base_v8.py")), _pretrain_schema()) == []
+
+
+def _documented_commands() -> list[tuple[str, str, list[str]]]:
+    """(command, --config, its --config.K=V overrides) of every `memsearcher-jax train|eval|plan|
+    pretrain --config FILE` in the README and docs/ (not the dated lab notes), placeholders left out."""
+    import glob
+    import re
+    import shlex
+
+    found = []
+    for doc in [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "*.md"))]:
+        text = open(doc, encoding="utf-8").read().replace("\\\n", " ")
+        for m in re.finditer(r"memsearcher-jax (train|eval|plan|pretrain)\b([^`\n#]*)", text):
+            words = shlex.split(m[2].replace("[", " ").replace("]", " ").replace("...", " "))
+            if "--config" not in words[:-1]:
+                continue
+            path = words[words.index("--config") + 1]
+            if not re.fullmatch(r"configs/[a-z0-9_]+\.py(:[a-z0-9_]+,[a-z0-9_]+)?", path):
+                continue  # configs/recipe.py:MODEL,POD and the like
+            overrides = [w for w in words if w.startswith("--config.") and "=" in w and not re.search(r"[A-Z]{3}", w)]
+            found.append((m[1], path, overrides))
+    return found
+
+
+def test_every_config_the_docs_name_loads_with_its_overrides():
+    from memsearcher_jax.cli import _load, _pretrain_schema, _training_schema
+    from memsearcher_jax.config_utils import split_overrides
+
+    commands = _documented_commands()
+    assert {c for c, _, _ in commands} == {"train", "eval", "plan", "pretrain"}, commands
+    assert any(o for _, _, o in commands)  # overrides are among them
+    for command, path, words in commands:
+        args = type("Args", (), {"config": os.path.join(ROOT, path), "config_overrides": split_overrides(words)[1]})
+        cfg = _load(args, _pretrain_schema if command == "pretrain" else _training_schema)
+        assert cfg is not None, (command, path, words)
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "plan"])
+def test_a_misspelled_key_in_a_config_file_is_refused_naming_the_closest(command, tmp_path, capsys):
+    """`c.rl.group_szie = 8` in a config file was accepted and recorded (a misspelled --config.
+    override was refused): now one line naming the key and the one it most likely meant, exit 2,
+    before any work."""
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    path = _write_config(tmp_path / "mine.py", "c.rl.group_szie = 8", f"c.train.output_dir = {str(tmp_path / 'r')!r}")
+    extra = ["--model", DEFAULT_BASE] if command == "eval" else []
+    code, msg = _run(capsys, command, "--config", path, *extra)
+    assert code == 2, msg
+    assert "unknown config key rl.group_szie: did you mean rl.group_size?" in msg and path in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and "Traceback" not in msg
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_misplaced_or_misspelled_key_names_where_it_belongs():
+    from memsearcher_jax.config_rules import config_problems
+
+    cfg = _default()
+    cfg.train.group_size = 3             # a key of another section
+    cfg.optim.learnin_rate = 1e-3        # a misspelling
+    cfg.hardwre = ml_collections.ConfigDict({"hosts": 2})
+    problems = config_problems(cfg, files=False)  # a library user's config is held to the same keys
+    assert any("unknown config key train.group_size: did you mean rl.group_size?" in p for p in problems), problems
+    assert any("optim.learnin_rate: did you mean optim.learning_rate?" in p for p in problems), problems
+    assert any("unknown config key hardwre: did you mean hardware?" in p for p in problems), problems
+
+
+def test_a_misspelled_key_in_a_pretraining_config_file_is_refused(tmp_path, capsys):
+    base = os.path.join(ROOT, "configs", "base_v8.py")
+    path = _write_config(tmp_path / "base.py", "c.train.log_evry = 10",
+                         "c.train.output_dir = " + repr(str(tmp_path / "r")), base=base)
+    code, msg = _run(capsys, "pretrain", "--config", path)
+    assert code == 2 and "unknown config key train.log_evry: did you mean train.log_every?" in msg, msg
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "plan"])
+def test_a_config_file_missing_a_section_is_one_line(command, tmp_path, capsys):
+    """A config file without a whole section: a 48-line AttributeError; now one line naming it (issue 82, item 22)."""
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    path = _write_config(tmp_path / "mine.py", "del c['world']")
+    extra = ["--model", DEFAULT_BASE] if command == "eval" else []
+    code, msg = _run(capsys, command, "--config", path, *extra)
+    assert code == 2 and "the config has no world section" in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and "Traceback" not in msg
+
+
+def test_a_config_missing_a_key_a_rule_reads_names_it():
+    from memsearcher_jax.config_rules import config_problems
+
+    cfg = _default()
+    with cfg.unlocked():
+        del cfg.rl["batch_questions"]
+    problems = config_problems(cfg, files=False)
+    assert len(problems) == 1 and "the config has no rl.batch_questions" in problems[0], problems

@@ -200,6 +200,12 @@ def probe_checkpoint(cfg: ml_collections.ConfigDict, step: int = 0, n: int = 256
     return {"step": step, **report, "pairs": pair_report(model, vocab, builder, n, seed=seed + 97)}
 
 
+class PretrainInterrupted(UserInputError):
+    """Ctrl-C during pretraining: the message says what was kept and how to resume."""
+
+    exit_code = 130  # the shell's code for a run ended by SIGINT
+
+
 def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list[str] | None = None) -> dict:
     """Train (or resume) the reading base and export it; returns the summary dict."""
     validate_pretrain(cfg)
@@ -250,6 +256,14 @@ def run_pretrain(cfg: ml_collections.ConfigDict, resume: bool = True, argv: list
             if step % t.save_every == 0 or step == t.steps:
                 manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(trainer.params),
                                                            opt_state=ocp.args.StandardSave(trainer.opt_state)))
+    except KeyboardInterrupt:  # the checkpoint being written is finished and the log closed first
+        manager.wait_until_finished()
+        kept = manager.latest_step()
+        manager.close()
+        writer.close()
+        raise PretrainInterrupted(f"interrupted at step {step + 1}; "
+                                  f"{f'checkpoint {kept} kept' if kept is not None else 'no checkpoint yet'}; "
+                                  "resume with the same command") from None
     finally:  # an interrupted run stops its data workers at once
         prefetch.close()
     manager.wait_until_finished()

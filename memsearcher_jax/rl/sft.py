@@ -486,21 +486,23 @@ def sft_train(model, conversations: Sequence, config: SFTConfig, pad_id: int = 0
     bar = None
     if config.progress:
         bar = tqdm(total=config.steps, desc="sft", leave=False)
-    for step in range(config.steps):
-        if seconds is not None and step >= min_steps and time.perf_counter() - t0 >= seconds:
-            break
-        # The epochs as one stream: an epoch's last rows (fewer than a batch), or all of them when a
-        # batch holds more, open a batch the next epoch fills, so the first ceil(n / bs) steps see every row.
-        while pos + bs > len(order):
-            order, pos = np.concatenate([order[pos:], length_grouped_order(rows.lengths, bs, rng)]), 0
-        idx = order[pos:pos + bs]
-        pos += bs
-        stats = trainer.train_step(rows, idx)
-        stats["step"] = step
-        history.append(stats)
+    try:
+        for step in range(config.steps):
+            if seconds is not None and step >= min_steps and time.perf_counter() - t0 >= seconds:
+                break
+            # The epochs as one stream: an epoch's last rows (fewer than a batch), or all of them when a
+            # batch holds more, open a batch the next epoch fills, so the first ceil(n / bs) steps see every row.
+            while pos + bs > len(order):
+                order, pos = np.concatenate([order[pos:], length_grouped_order(rows.lengths, bs, rng)]), 0
+            idx = order[pos:pos + bs]
+            pos += bs
+            stats = trainer.train_step(rows, idx)
+            stats["step"] = step
+            history.append(stats)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", L=stats["length"])
+    finally:  # a Ctrl-C too: the bar is cleared, so the interrupt's message starts its own line
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", L=stats["length"])
-    if bar is not None:
-        bar.close()
+            bar.close()
     return trainer.model(), history
