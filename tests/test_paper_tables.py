@@ -173,7 +173,7 @@ def test_end_to_end_tiny_run_writes_every_table(tmp_path):
         assert r["grpo_minutes"] > 0 and os.path.isdir(out / w / "checkpoints")
     assert set(report["budgets"]) == {"16"}
     md = (out / "tables.md").read_text()
-    assert md.count("## Table") == 4 and "| memsearcher | warm start only |" in md
+    assert md.count("## Table") == 5 and "| memsearcher | warm start only |" in md  # Tables 1-5 (5: coverage)
 
 
 def test_an_unknown_workflow_is_refused_before_anything_trains(tmp_path):
