@@ -18,9 +18,9 @@ from memsearcher_jax.config_utils import (
     CONFIGS_DIR,
     ConfigError,
     load_config,
-    load_config_file,
-    schema_of,
+    pretrain_schema,
     split_overrides,
+    training_schema,
 )
 from memsearcher_jax.distributed import initialize_from_env
 from memsearcher_jax.errors import UserInputError
@@ -48,26 +48,13 @@ def _run_args(p: argparse.ArgumentParser, func):
     p.set_defaults(func=func)
 
 
-def _training_schema():
-    from memsearcher_jax.config_rules import training_schema
-
-    return training_schema()
-
-
-def _pretrain_schema():
-    """A pretraining config's keys: configs/base_v8.py's (the shipped base's config sets every one)."""
-    if not os.path.isfile(PRETRAIN_CONFIG):
-        return None
-    return schema_of(load_config_file(PRETRAIN_CONFIG), "configs/base_v8.py")
-
-
-def _load(args, schema=_training_schema) -> object:
+def _load(args, schema=training_schema) -> object:
     """The command's config: the file's own keys held against `schema()` (an unknown or misspelled
     key, a missing section: a ConfigError naming it), then the --config.* overrides."""
     return load_config(args.config, args.config_overrides, schema())
 
 
-def _resumable(job, schema=_training_schema):
+def _resumable(job, schema=training_schema):
     """A run command: the config, or with --print-config just its print."""
     def cmd(args) -> int:
         cfg = _load(args, schema)
@@ -96,7 +83,7 @@ def _pretrain(cfg, args):
     run_pretrain(cfg, resume=not args.fresh, argv=args.command_argv)
 
 
-cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain, _pretrain_schema)
+cmd_train, cmd_pretrain = _resumable(_train), _resumable(_pretrain, pretrain_schema)
 
 
 def _workflow_names() -> tuple[str, ...]:
@@ -107,8 +94,11 @@ def _workflow_names() -> tuple[str, ...]:
 
 def cmd_eval(args) -> int:
     from memsearcher_jax.jobs import run_eval
+    from memsearcher_jax.validation import check_writable
 
     cfg = _load(args)
+    if args.out:  # before any work: a read-only --out failed after the whole evaluation, its results lost
+        check_writable(args.out, f"--out {args.out}")
     run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
              out=args.out, workflow=args.workflow, objectives=args.objectives)
     return 0
@@ -116,7 +106,9 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     from memsearcher_jax.jobs import export_checkpoint
+    from memsearcher_jax.validation import check_writable
 
+    check_writable(args.out, f"--out {args.out}")  # before the checkpoint is read
     path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype, best=args.best,
                              adapters_only=args.adapters_only, overwrite=args.overwrite)
     print(f"wrote {'PEFT LoRA adapters' if args.adapters_only else 'Hugging Face model'} to {path}")

@@ -8,6 +8,9 @@ A key a lower module reads at run time keeps its rule there (the sampler's query
 tool's schema, the world's objectives, the hosts' split, the cache directory): `owners_reading`
 asks every such owner once, first, and each section's rules report its verdict in their place.
 
+What the config asks of this machine (the paths it reads and writes, the plan against the host's
+memory) is machine_rules', asked here with the rest; which keys a config may set, config_utils'.
+
 Every entry point asks these: a job (validation.check_training, jobs' eval), experiment.build_trainer,
 the benches and a library user, so none sees fewer rules than another. The typed readers (a
 config's sections -> the dataclasses `agent/` and `rl/` take) live here too: the last rule is that
@@ -17,7 +20,6 @@ checked config, and validation.py asks what only the built set-up and the output
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import importlib.util
 import math
@@ -27,17 +29,18 @@ from collections.abc import Callable
 import jax
 import ml_collections
 
-from memsearcher_jax import compile_stats
+from memsearcher_jax import compile_stats, planner
 from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.agent.prompts import HINT_MODES
 from memsearcher_jax.agent.tools import tool_spec
 from memsearcher_jax.agent.workflows import get_workflow, workflow_names
-from memsearcher_jax.config_utils import CONFIGS_DIR, Schema, load_config_file, schema_of, schema_problems
+from memsearcher_jax.config_utils import missing_keys, schema_problems, training_schema
 from memsearcher_jax.data.demos import EARLY_SEVERAL, EARLY_TWO_HOP, no_result_note_problem
 from memsearcher_jax.data.synthetic import check_objectives, parse_objectives_schedule
 from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.memory_estimates import lora_fields
+from memsearcher_jax.machine_rules import host_plan_problem, input_path_problems, writable_dir_problem
+from memsearcher_jax.memory_estimates import PlanError, lora_fields
 from memsearcher_jax.models.config import DTYPES, LORA_TARGETS
 from memsearcher_jax.planner import check_fits
 from memsearcher_jax.qa_metrics import compute_reward
@@ -68,22 +71,6 @@ COMPUTED_FIELDS = {AgentConfig: ("sampler_batch_size",), GRPOConfig: ("loss", "o
 KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token_ids", "multi_answer_prompt", "hint"),
                   "rl": ("reward_fn",),
                   "train": ("eval_questions", "eval_per_set", "compilation_cache_dir")}
-
-
-# The keys a config may set: configs/default.py's (it sets every key the jobs read), and these,
-# read only where a config sets them: model.vocab_size (the plan of a model.source='init' config,
-# memory_estimates) and a pod's hardware section (configs/recipe.py; planner, memory_estimates, launch/).
-OPTIONAL_KEYS = {"model": ("vocab_size",),
-                 "hardware": ("device_kind", "num_devices", "device_memory_gib", "hosts", "usable_fraction",
-                              "accelerator_type", "runtime_version", "nodes", "gpus_per_node")}
-
-
-@functools.lru_cache(maxsize=1)
-def training_schema() -> Schema | None:
-    """The keys of a training or evaluation config (configs/default.py's and OPTIONAL_KEYS); None
-    where the package has no configs/ beside it (installed without the repository)."""
-    path = os.path.join(CONFIGS_DIR, "default.py")
-    return schema_of(load_config_file(path), "configs/default.py", OPTIONAL_KEYS) if os.path.isfile(path) else None
 
 
 def typed(cls, cfg: ml_collections.ConfigDict, **computed):
@@ -295,20 +282,6 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files
     return problems
 
 
-def missing_keys(cfg: ml_collections.ConfigDict, schema: Schema | None) -> list[str]:
-    """The keys of `schema` (but OPTIONAL_KEYS) that `cfg` lacks, dotted."""
-    optional = {f"{s}.{k}" for s, keys in OPTIONAL_KEYS.items() for k in keys}
-
-    def has(dotted: str) -> bool:
-        node = cfg
-        for part in dotted.split("."):
-            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-                return False
-            node = node[part]
-        return True
-    return sorted(k for k in (schema.keys if schema else ()) if k not in optional and not has(k))
-
-
 def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     """TrainConfigError listing every problem `config_problems` finds (nothing when there are none)."""
     refuse(config_problems(cfg, training), "training config" if training else "evaluation config")
@@ -321,6 +294,10 @@ def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
     before anything compiles."""
     validate(cfg, training)
     if training:
+        backend = jax.default_backend()
+        if backend == "cpu" and (problem := host_plan_problem(planner.plan_memory(cfg), backend,
+                                                              planner.host_memory_bytes())):
+            raise PlanError(problem)
         check_fits(cfg)
 
 
@@ -421,6 +398,11 @@ def retrieval_and_data_problems(cfg: ml_collections.ConfigDict, training: bool =
         problems.append("data.train_path is required when world.enabled is false")
     if not training and not cfg.world.enabled and not cfg.data.eval_path:
         problems.append("data.eval_path (a directory of evaluation sets) is required when world.enabled is false")
+    # The synthetic world supplies every question: a data path beside it was ignored without a word.
+    problems += [f"data.{key}={cfg.data[key]} is never read: with world.enabled=true (the default) every question "
+                 f"comes from the synthetic world; set world.enabled=false to use your data (docs/usage.md, your "
+                 f"own model and data), or leave data.{key} empty" for key in ("train_path", "eval_path")
+                 if cfg.world.enabled and cfg.data[key]]
     return problems
 
 
@@ -436,6 +418,8 @@ def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[
     if cfg.sft.get("max_batch_tokens", 0) < 0:
         problems.append(f"sft.max_batch_tokens={cfg.sft.max_batch_tokens}: padded slots per SFT micro-batch, "
                         "expected >= 0 (0: no split)")
+    if training:
+        problems += sft_count_problems(cfg)
     if training and not cfg.world.enabled and cfg.sft.steps > 0:
         problems.append(f"sft.steps={cfg.sft.steps}: the warm start replays scripted demonstrations of the synthetic "
                         "world; with world.enabled=false set sft.steps=0 (start from an instruction-tuned model)")
@@ -445,6 +429,30 @@ def sft_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[
         problems.append(f"agent.workflow={workflow!r} has no recorder, so the warm start (sft.steps={cfg.sft.steps}) "
                         "cannot write the demonstrator's episodes in its format: give the workflow a `recorder` "
                         "(agent/workflows/base.py::ScriptRecorder) or set sft.steps=0")
+    return problems
+
+
+# The warm start's counts and their least values (SFTConfig's and the demonstrator's; sft.steps=-5
+# ran with no warm start and exit 0, the others ended in a ValueError once the warm start began).
+SFT_COUNTS = {"steps": 0, "batch_size": 1, "warmup": 0, "min_len": 2, "num_demos": 1}
+SFT_FLAWS = ("vague_query_rate", "wrong_answer_rate", "early_answer_rate")  # at most one flaw a demonstration
+
+
+def sft_count_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The warm start's counts, learning rate and shares of the demonstrations (its flaws, which
+    share the demonstrations and so sum to <= 1; the two-hop and ReAct shares), each named."""
+    s = cfg.sft
+    problems = [f"sft.{key} must be >= {low}{' (0: no warm start)' if key == 'steps' else ''}, got {s[key]}"
+                for key, low in SFT_COUNTS.items() if s[key] < low]
+    if not s.learning_rate > 0:
+        problems.append(f"sft.learning_rate must be > 0, got {s.learning_rate}")
+    shares = [k for k in (*SFT_FLAWS, "two_hop_early_rate", "react_share") if k in s]
+    problems += [f"sft.{k}={s[k]}: a share of the demonstrations, expected in [0, 1]" for k in shares
+                 if not 0 <= s[k] <= 1]
+    flaws = sum(s.get(k, 0.0) for k in SFT_FLAWS)
+    if flaws > 1 + 1e-9 and all(0 <= s.get(k, 0.0) <= 1 for k in SFT_FLAWS):
+        problems.append(f"{' + '.join(f'sft.{k}' for k in SFT_FLAWS)} = {flaws:.3g}: a demonstration has at most one "
+                        "flaw, so the shares must sum to <= 1")
     return problems
 
 
@@ -554,24 +562,6 @@ def setting_problems(cfg: ml_collections.ConfigDict, owners: OwnersReading, trai
     return problems
 
 
-def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
-    """The local files and directories the job reads exist: the model's source (unless 'init'), the
-    tokenizer, the data, the index. Evaluation (training=False) never reads data.train_path, so it
-    is not asked for."""
-    wanted = [("data.tokenizer_dir", cfg.data.tokenizer_dir, os.path.isdir)]
-    if not cfg.world.enabled:
-        wanted += [("data.train_path", cfg.data.train_path, os.path.exists)] if training else []
-        wanted += [("data.eval_path", cfg.data.eval_path, os.path.exists)]
-    if cfg.retrieval.kind == "index":
-        wanted += [("retrieval.index_dir", cfg.retrieval.index_dir, os.path.isdir)]
-    problems = []
-    if cfg.model.source != "init" and not os.path.isdir(os.path.expanduser(cfg.model.source)):
-        problems.append(f"model.source {cfg.model.source!r} is neither 'init' nor a local model directory")
-    return problems + [f"{key}={value}: no such {'directory' if exists is os.path.isdir else 'file or directory'}"
-                       for key, value, exists in wanted
-                       if value and "://" not in value and not exists(os.path.expanduser(value))]
-
-
 def cache_dir_problems(configured: str | None, owners: OwnersReading) -> list[str]:
     """The persistent compilation cache (train.compilation_cache_dir, or the environment's
     override; `owners.cache_dir` as compile_stats resolves it) must be a directory the job can
@@ -586,12 +576,5 @@ def cache_dir_problems(configured: str | None, owners: OwnersReading) -> list[st
              else f"train.compilation_cache_dir={configured if configured is not None else path}")
     fix = (f"point {'it' if env is not None else 'train.compilation_cache_dir'} at a directory, or set it to '' "
            "for no cache")
-    parent = path
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        where = "is a file" if parent == path else f"lies under the file {parent}"
-        return [f"{named}: {path} {where}, not a directory; {fix}"]
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return [f"{named}: {parent} is not writable; {fix}"]
-    return []
+    problem = writable_dir_problem(path, named, fix)
+    return [problem] if problem else []

@@ -12,6 +12,7 @@ import ast
 import contextlib
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import inspect
 import os
@@ -40,6 +41,7 @@ class Schema:
     keys: frozenset           # dotted names of values
     sections: frozenset       # dotted names of sections
     required: frozenset       # the reference's top-level sections: a config must have each
+    optional: frozenset = frozenset()  # dotted names of the keys a config may leave out
 
 
 def schema_of(reference: ml_collections.ConfigDict, name: str, optional: dict | None = None) -> Schema:
@@ -60,7 +62,44 @@ def schema_of(reference: ml_collections.ConfigDict, name: str, optional: dict | 
         sections.add(section)
         keys.update(f"{section}.{k}" for k in extra)
     required = {s for s in reference.keys() if isinstance(reference[s], ml_collections.ConfigDict)}
-    return Schema(name, frozenset(keys), frozenset(sections), frozenset(required))
+    optional_keys = {f"{section}.{k}" for section, extra in (optional or {}).items() for k in extra}
+    return Schema(name, frozenset(keys), frozenset(sections), frozenset(required), frozenset(optional_keys))
+
+
+# The keys a training or evaluation config may set: configs/default.py's (it sets every key the jobs
+# read), and these, read only where a config sets them: model.vocab_size (the plan of a
+# model.source='init' config, memory_estimates) and a pod's hardware section (configs/recipe.py;
+# planner, memory_estimates, launch/). A pretraining config: configs/base_v8.py's keys.
+OPTIONAL_KEYS = {"model": ("vocab_size",),
+                 "hardware": ("device_kind", "num_devices", "device_memory_gib", "hosts", "usable_fraction",
+                              "accelerator_type", "runtime_version", "nodes", "gpus_per_node")}
+
+
+@functools.lru_cache(maxsize=1)
+def training_schema() -> Schema | None:
+    """The keys of a training or evaluation config (configs/default.py's and OPTIONAL_KEYS); None
+    where the package has no configs/ beside it (installed without the repository)."""
+    path = os.path.join(CONFIGS_DIR, "default.py")
+    return schema_of(load_config_file(path), "configs/default.py", OPTIONAL_KEYS) if os.path.isfile(path) else None
+
+
+@functools.lru_cache(maxsize=1)
+def pretrain_schema() -> Schema | None:
+    """The keys of a pretraining config: configs/base_v8.py's (the shipped base's config sets every one)."""
+    path = os.path.join(CONFIGS_DIR, "base_v8.py")
+    return schema_of(load_config_file(path), "configs/base_v8.py") if os.path.isfile(path) else None
+
+
+def missing_keys(cfg: ml_collections.ConfigDict, schema: Schema | None) -> list[str]:
+    """The keys of `schema` (but its optional ones) that `cfg` lacks, dotted."""
+    def has(dotted: str) -> bool:
+        node = cfg
+        for part in dotted.split("."):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                return False
+            node = node[part]
+        return True
+    return sorted(k for k in (schema.keys if schema else ()) if k not in schema.optional and not has(k))
 
 
 def closest_key(dotted: str, schema: Schema) -> str | None:

@@ -2,13 +2,14 @@
 
     out = check_training(cfg, fresh)    # the one pass over a training run: config_rules.check_config
                                         # (every rule of the config: its values, settings, the files
-                                        # it names, the cache; then the plan), the output directory,
-                                        # a resumed run's record, the retriever
+                                        # it names, the cache; then the plan), the output directory
+                                        # (check_writable), a resumed run's record, the retriever
     check_setup(cfg, setup)             # against the built set-up: the model's tokenizer, the
                                         # episodes (episode_problems): what the config cannot tell
 Both run before any model is loaded, any warm start runs or the output directory is made.
 Evaluation asks config_rules.check_config(cfg, training=False) and check_retriever, then
-check_setup(..., training=False). Every rule of the config itself lives in config_rules.py.
+check_setup(..., training=False); the command line asks check_writable of `eval --out` and
+`export-hf --out`. Every rule of the config itself lives in config_rules.py.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from memsearcher_jax.agent.workflows import get_workflow
 from memsearcher_jax.config_rules import TrainConfigError, agent_config, check_config, refuse
 from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.experiment import Setup, demo_questions, eval_questions
-from memsearcher_jax.run_dir import check_output_dir, check_same_experiment, output_dir_path
+from memsearcher_jax.run_dir import check_output_dir, check_same_experiment, existing_parent, output_dir_path
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.
 LONGEST_QUESTIONS = 8
@@ -143,6 +144,18 @@ def check_retriever(cfg: ml_collections.ConfigDict) -> None:
             retriever.check_reachable()
 
 
+def check_writable(path: str, named: str) -> None:
+    """UserInputError naming `named` unless the job can make and write the output directory `path`
+    (a remote one is not asked): a PermissionError when the first file was written was a traceback,
+    and for `eval --out` it came after the whole evaluation, its results lost."""
+    if not path or "://" in path:
+        return
+    parent = existing_parent(os.path.abspath(os.path.expanduser(path)))
+    # A file there, or above it: the output checks' own refusal (check_output_dir, check_eval_out, ...).
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+        raise TrainConfigError(f"{named}: {parent} is not writable; give a directory this process can write")
+
+
 def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
     """Every check a training run can make before it builds anything, in order: the config
     (config_rules.check_config), its output directory (blank, a file, a directory of the user's, one in use;
@@ -152,6 +165,7 @@ def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
     check_config(cfg)
     out = output_dir_path(cfg.train.output_dir)
     check_output_dir(out, fresh=fresh)
+    check_writable(out, f"train.output_dir={cfg.train.output_dir}")
     if not fresh:
         check_same_experiment(cfg, out)
     check_retriever(cfg)

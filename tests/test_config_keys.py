@@ -128,9 +128,7 @@ def _run(capsys, *argv) -> tuple[int, str]:
 def test_every_shipped_config_sets_only_known_keys():
     """configs/default.py, the recipe and every pod recipe (its hardware section, model.vocab_size
     optional) against the training schema; configs/base_v8.py against the pretraining one."""
-    from memsearcher_jax.cli import _pretrain_schema
-    from memsearcher_jax.config_rules import training_schema
-    from memsearcher_jax.config_utils import load_config_module, schema_problems
+    from memsearcher_jax.config_utils import load_config_module, pretrain_schema, schema_problems, training_schema
 
     recipe = os.path.join(ROOT, "configs", "recipe.py")
     shipped = [DEFAULT, os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")]
@@ -138,7 +136,7 @@ def test_every_shipped_config_sets_only_known_keys():
     for path in shipped:
         assert schema_problems(load_config(path), training_schema()) == [], path
     assert "hardware.device_memory_gib" in training_schema().keys and "hardware" not in training_schema().required
-    assert schema_problems(load_config(os.path.join(ROOT, "configs", "base_v8.py")), _pretrain_schema()) == []
+    assert schema_problems(load_config(os.path.join(ROOT, "configs", "base_v8.py")), pretrain_schema()) == []
 
 
 def _documented_commands() -> list[tuple[str, str, list[str]]]:
@@ -164,15 +162,15 @@ def _documented_commands() -> list[tuple[str, str, list[str]]]:
 
 
 def test_every_config_the_docs_name_loads_with_its_overrides():
-    from memsearcher_jax.cli import _load, _pretrain_schema, _training_schema
-    from memsearcher_jax.config_utils import split_overrides
+    from memsearcher_jax.cli import _load
+    from memsearcher_jax.config_utils import pretrain_schema, split_overrides, training_schema
 
     commands = _documented_commands()
     assert {c for c, _, _ in commands} == {"train", "eval", "plan", "pretrain"}, commands
     assert any(o for _, _, o in commands)  # overrides are among them
     for command, path, words in commands:
         args = type("Args", (), {"config": os.path.join(ROOT, path), "config_overrides": split_overrides(words)[1]})
-        cfg = _load(args, _pretrain_schema if command == "pretrain" else _training_schema)
+        cfg = _load(args, pretrain_schema if command == "pretrain" else training_schema)
         assert cfg is not None, (command, path, words)
 
 

@@ -269,7 +269,9 @@ def test_cpu_host_memory_warning_names_the_peak_and_the_knobs():
 def test_the_training_check_logs_the_host_warning(capsys, monkeypatch):
     from memsearcher_jax import config_rules
     cfg = tiny_cfg(1, 4, 2)
-    monkeypatch.setattr(planner, "host_memory_bytes", lambda: 1024)
+    need = planner.plan_memory(cfg).total_bytes * 8  # the mesh's 8 CPU devices share the host
+    # Over the host, but within machine_rules.HOST_REFUSAL_FACTOR of it: a warning (further over: refused).
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: need // 2)
     config_rules.check_config(cfg)
     assert "over this host's" in capsys.readouterr().out
     config_rules.check_config(cfg, training=False)  # evaluation plans nothing

@@ -567,3 +567,202 @@ def test_the_hosts_rule_is_one_rule_reported_with_the_rest(monkeypatch):
     assert "rl.batch_questions=3 must be a multiple of the 2 hosts" in batch_split_problems(3, 2)[0]
     assert config_problems(cfg, training=False) == ["rl.max_refill must be >= 0, got -1"]
     assert batch_split_problems(4, 2) == [] and batch_split_problems(3, 1) == []
+
+
+# ----------------------------------------------------------------------------- issue 82, items 10, 12, 21, 22
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("key", ["data.eval_path", "data.train_path"])
+def test_a_data_path_the_synthetic_world_ignores_is_refused(key, training):
+    """With world.enabled=true (the default) every question comes from the synthetic world: a data
+    path was ignored without a word (eval with data.eval_path=/nope.jsonl reported the world's EM)."""
+    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.config_utils import load_config
+
+    problems = config_problems(load_config(DEFAULT, [(key, "/nope.jsonl")]), training, files=False)
+    assert len(problems) == 1 and problems[0].startswith(f"{key}=/nope.jsonl") and "world.enabled=false" in problems[0]
+    off = load_config(DEFAULT, [(key, "/nope.jsonl"), ("world.enabled", "false")])
+    assert not [p for p in config_problems(off, training, files=False) if "is never read" in p]
+
+
+def test_eval_of_a_data_path_the_world_ignores_is_refused_before_any_work(tmp_path, capsys):
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    worlds = tmp_path / "worlds"
+    code, msg = _run(capsys, "eval", "--model", DEFAULT_BASE, "--config", DEFAULT, f"--config.world.cache_dir={worlds}",
+                     "--config.data.eval_path=/nope.jsonl", "--limit", "2")
+    assert code == 2 and "data.eval_path=/nope.jsonl" in msg and "world.enabled=false" in msg, msg
+    assert len(msg.strip().splitlines()) == 1 and not worlds.exists()
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("sft.steps", "-5", "sft.steps must be >= 0 (0: no warm start), got -5"),
+    ("sft.batch_size", "0", "sft.batch_size must be >= 1, got 0"),
+    ("sft.warmup", "-1", "sft.warmup must be >= 0, got -1"),
+    ("sft.min_len", "1", "sft.min_len must be >= 2, got 1"),
+    ("sft.num_demos", "0", "sft.num_demos must be >= 1, got 0"),
+    ("sft.learning_rate", "0.0", "sft.learning_rate must be > 0, got 0.0"),
+    ("sft.vague_query_rate", "-0.1", "sft.vague_query_rate=-0.1: a share of the demonstrations, expected in [0, 1]"),
+    ("sft.two_hop_early_rate", "1.5", "sft.two_hop_early_rate=1.5: a share of the demonstrations, expected in [0, 1]"),
+    ("sft.react_share", "-1.0", "sft.react_share=-1.0: a share of the demonstrations, expected in [0, 1]"),
+    ("sft.early_answer_rate", "0.9", "sft.vague_query_rate + sft.wrong_answer_rate + sft.early_answer_rate = 1.05"),
+])
+def test_every_count_and_share_of_the_warm_start_is_checked_with_the_rest(key, value, named):
+    """sft.steps=-5 ran with no warm start and exit 0; the other counts and shares ended in a
+    ValueError traceback once the warm start began. Each is refused with the config's other problems."""
+    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.config_utils import load_config
+
+    problems = config_problems(load_config(DEFAULT, [(key, value)]), files=False)
+    assert [p for p in problems if named in p], problems
+    assert config_problems(load_config(DEFAULT, [(key, value)]), training=False, files=False) == []  # eval: no SFT
+
+
+def test_a_negative_warm_start_is_refused_before_any_work(tmp_path, capsys):
+    out, worlds = tmp_path / "run", tmp_path / "worlds"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, "--config.sft.steps=-5", f"--config.train.output_dir={out}",
+                     f"--config.world.cache_dir={worlds}")
+    assert code == 2 and "sft.steps must be >= 0" in msg and "Traceback" not in msg, msg
+    assert not out.exists() and not worlds.exists()
+
+
+def test_a_plan_far_over_the_host_is_refused_and_a_near_miss_warned(monkeypatch, capsys):
+    """On CPU the plan was held against the host's memory only as a warning: group_size 100,000,000
+    planned 500,000x the host, ran the warm start and evaluation, and GRPO then allocated until the
+    OOM killer ended it. Past machine_rules.HOST_REFUSAL_FACTOR times the host it is refused before
+    any work; between 90% of the host and that, the warning stays."""
+    from memsearcher_jax import config_rules, machine_rules, planner
+    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.errors import UserInputError
+
+    cfg = load_config(DEFAULT)
+    plan = planner.plan_memory(cfg)
+    need = plan.total_bytes  # one device
+    factor = machine_rules.HOST_REFUSAL_FACTOR
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: need // (factor + 1))
+    with pytest.raises(UserInputError, match=r"the memory plan's peak \(update\) is .* GiB, 9x this host's"):
+        config_rules.check_config(cfg)
+    assert "warning" not in capsys.readouterr().out
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: need // 2)  # the near miss: run, with the warning
+    config_rules.check_config(cfg)
+    assert "over this host's" in capsys.readouterr().out
+    monkeypatch.setattr(planner, "host_memory_bytes", lambda: need // (factor + 1))
+    config_rules.check_config(cfg, training=False)  # evaluation plans nothing
+    # Only on CPU, where the host's memory is the devices'; a configured capacity is check_fits' to refuse.
+    host = need // (factor + 1)
+    assert machine_rules.host_plan_problem(plan, "cpu", host) is not None
+    assert machine_rules.host_plan_problem(plan, "gpu", host) is None
+    assert machine_rules.host_plan_problem(plan, "cpu", None) is None
+    sized = planner.plan_memory(cfg, device_memory_gib=1024)
+    assert machine_rules.host_plan_problem(sized, "cpu", host) is None
+
+
+def test_a_group_of_a_hundred_million_is_refused_before_any_work(tmp_path, capsys):
+    out, worlds = tmp_path / "run", tmp_path / "worlds"
+    code, msg = _run(capsys, "train", "--config", DEFAULT, "--config.rl.group_size=100000000",
+                     f"--config.train.output_dir={out}", f"--config.world.cache_dir={worlds}")
+    assert code == 2 and "the memory plan's peak (rollout)" in msg and "this host's" in msg, msg
+    assert "rl.batch_questions x rl.group_size" in msg and "Traceback" not in msg
+    assert not out.exists() and not worlds.exists()
+
+
+def _deny(monkeypatch, path, mode):
+    """os.access says no to `mode` on `path` (tests run as root, where chmod stops nothing)."""
+    real, path = os.access, os.path.realpath(path)
+    monkeypatch.setattr(os, "access", lambda p, m, *a, **k: False if os.path.realpath(p) == path and m & mode
+                        else real(p, m, *a, **k))
+
+
+def test_a_world_cache_at_a_file_under_one_or_unwritable_is_named(tmp_path, capsys, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    out = tmp_path / "run"
+    for command in ("train", "eval"):
+        extra = ["--model", os.path.join(ROOT, "memsearcher_jax", "bases", "reading_v8")] if command == "eval" else \
+            [f"--config.train.output_dir={out}"]
+        for path, words in ((afile, "is a file"), (afile / "sub", f"lies under the file {afile}")):
+            code, msg = _run(capsys, command, "--config", DEFAULT, f"--config.world.cache_dir={path}", *extra)
+            assert code == 2 and f"world.cache_dir={path}" in msg and words in msg, msg
+            assert len(msg.strip().splitlines()) == 1 and not out.exists() and afile.read_text() == "mine"
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _deny(monkeypatch, ro, os.W_OK)
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.world.cache_dir={ro / 'worlds'}",
+                     f"--config.train.output_dir={out}")
+    assert code == 2 and f"world.cache_dir={ro / 'worlds'}: {ro} is not writable" in msg, msg
+    assert not out.exists()
+
+
+def test_a_world_cache_that_holds_worlds_may_be_read_only(tmp_path, monkeypatch):
+    """A shared cache of built worlds is read, not written: only an empty one must be writable."""
+    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.config_utils import load_config
+
+    cache = tmp_path / "worlds"
+    (cache / "world-0").mkdir(parents=True)
+    _deny(monkeypatch, cache, os.W_OK)
+    cfg = load_config(DEFAULT, [("world.cache_dir", str(cache)), ("train.compilation_cache_dir", "")])
+    assert not [p for p in config_problems(cfg) if "world.cache_dir" in p]
+
+
+def _real_data_config(tmp_path, key, value):
+    return ["--config.world.enabled=false", f"--config.{key}={value}", "--config.sft.steps=0",
+            f"--config.data.tokenizer_dir={os.path.join(ROOT, 'memsearcher_jax', 'bases', 'reading_v8')}",
+            f"--config.world.cache_dir={tmp_path / 'worlds'}"]
+
+
+@pytest.mark.parametrize("layout", ["file", "directory"])
+def test_an_unreadable_qa_file_is_named_before_any_work(layout, tmp_path, capsys, monkeypatch):
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    rows = [{"id": "0", "question": "Who?", "golden_answers": ["A"]}]
+    qa = tmp_path / "qa.jsonl" if layout == "file" else tmp_path / "data" / "bamboogle" / "test.jsonl"
+    _write_jsonl(qa, rows)
+    given = qa if layout == "file" else tmp_path / "data"
+    _deny(monkeypatch, qa, os.R_OK)
+    code, msg = _run(capsys, "eval", "--model", DEFAULT_BASE, "--config", DEFAULT,
+                     *_real_data_config(tmp_path, "data.eval_path", given))
+    assert code == 2 and f"data.eval_path={given}: {qa} is not readable" in msg and "Traceback" not in msg, msg
+    code, msg = _run(capsys, "train", "--config", DEFAULT, f"--config.train.output_dir={tmp_path / 'run'}",
+                     *_real_data_config(tmp_path, "data.train_path", qa), f"--config.data.eval_path={given}")
+    assert code == 2 and f"data.train_path={qa}: {qa} is not readable" in msg, msg
+    assert not (tmp_path / "run").exists() and not (tmp_path / "worlds").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes whatever chmod says")
+def test_unreadable_and_unwritable_paths_for_real(tmp_path, capsys):
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    qa = tmp_path / "qa.jsonl"
+    _write_jsonl(qa, [{"id": "0", "question": "Who?", "golden_answers": ["A"]}])
+    qa.chmod(0)
+    code, msg = _run(capsys, "eval", "--model", DEFAULT_BASE, "--config", DEFAULT,
+                     *_real_data_config(tmp_path, "data.eval_path", qa))
+    assert code == 2 and f"{qa} is not readable" in msg, msg
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    code, msg = _run(capsys, "eval", "--model", DEFAULT_BASE, "--config", DEFAULT, "--out", str(ro / "results"))
+    assert code == 2 and f"--out {ro / 'results'}: {ro} is not writable" in msg, msg
+
+
+@pytest.mark.parametrize("command", ["eval", "export-hf", "train"])
+def test_an_output_directory_that_cannot_be_written_is_refused_before_any_work(command, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """`eval --out` under a read-only directory failed only after the whole evaluation (its results
+    lost); `export-hf --out` and train.output_dir with a PermissionError traceback."""
+    from memsearcher_jax.bases import DEFAULT_BASE
+
+    ro, worlds = tmp_path / "ro", tmp_path / "worlds"
+    ro.mkdir()
+    _deny(monkeypatch, ro, os.W_OK)
+    target = ro / "out"
+    argv = {"eval": ["eval", "--model", DEFAULT_BASE, "--config", DEFAULT, "--out", str(target),
+                     f"--config.world.cache_dir={worlds}"],
+            "export-hf": ["export-hf", "--checkpoint", str(tmp_path / "run"), "--out", str(target)],
+            "train": ["train", "--config", DEFAULT, f"--config.train.output_dir={target}",
+                      f"--config.world.cache_dir={worlds}"]}[command]
+    code, msg = _run(capsys, *argv)
+    named = f"train.output_dir={target}" if command == "train" else f"--out {target}"
+    assert code == 2 and f"{named}: {ro} is not writable" in msg and "Traceback" not in msg, msg
+    assert not worlds.exists() and not target.exists()
