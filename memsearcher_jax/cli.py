@@ -283,10 +283,12 @@ def main(argv=None) -> int:
 
     argv None: the process's own command line (the console script). Then no Ctrl-C is lost
     (_ctrl_c_never_lost), and an interrupted command (exit 130) ends the process at once, after its
-    message: the interpreter's teardown, with JAX/XLA's threads still running, ended 12 of 13
-    Ctrl-C's during the warm start (3 of 3 during `pretrain`) in a segmentation fault (exit 139).
-    The jobs close what they write before the interrupt reaches here (pretrain its last checkpoint
-    and its log, GRPO its checkpoints), so nothing is left for the teardown to do."""
+    message, with no interpreter teardown: with threads still at work (Orbax's asynchronous
+    checkpoint writer: "cannot schedule new futures after shutdown" tracebacks after a Ctrl-C in
+    `pretrain`; XLA's own) it ended 12 of 13 Ctrl-C's during the warm start and 3 of 3 during
+    `pretrain` in a segmentation fault (exit 139) on the machine of issue 82. The jobs close what
+    they write before the interrupt reaches here (pretrain finishes its checkpoint and closes its
+    log, GRPO closes its checkpoints and metrics), so the teardown has nothing left to do."""
     if argv is not None:
         return _command(list(argv))
     with _ctrl_c_never_lost():
