@@ -12,6 +12,7 @@ import retrieval.corpus
 from retrieval.cli import main
 from retrieval.loading import load_retriever
 from tests.assets import minilm_encoder_dir
+from tests.file_trees import snapshot as _tree
 
 
 def _run(capsys, *argv) -> tuple[int, str]:
@@ -29,18 +30,6 @@ def _corpus(tmp_path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     return str(path)
-
-
-def _tree(root) -> dict:
-    """Every file under root with its bytes, and every directory (what must survive unchanged)."""
-    found = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = b""
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                found[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
-    return found
 
 
 def _type_args(kind: str) -> list[str]:

@@ -32,18 +32,6 @@ FULL = ("--config.sft.steps=1", "--config.train.save_every=1", "--config.train.e
         "--config.train.eval_questions=2", "--config.train.log_samples_every=1")
 
 
-def _files(root) -> dict:
-    """Every file under root with its contents, and every directory (what must survive)."""
-    found = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = b""
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                found[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
-    return found
-
-
 def _mine(tmp_path, name, text):
     """A file of the user's, outside any run (what a link in a run's directory may point at)."""
     path = tmp_path / "mine" / name

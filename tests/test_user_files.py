@@ -17,6 +17,7 @@ from memsearcher_jax import jobs, warm_start
 from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.cli import main
 from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER
+from tests.file_trees import snapshot as _files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -28,18 +29,6 @@ def _run(capsys, *argv) -> tuple[int, str]:
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out + captured.err
-
-
-def _files(root) -> dict:
-    """Every file under root with its contents, and every directory (what must survive)."""
-    found = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = b""
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                found[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
-    return found
 
 
 def _no_work(monkeypatch):
