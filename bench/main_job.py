@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from memsearcher_jax.config_utils import split_overrides
+from memsearcher_jax.run_dir import write_json
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -93,8 +94,7 @@ def main(argv=None) -> int:
              "new_seconds": round(new["seconds"], 1), "slower": round(new["seconds"] / old["seconds"] - 1, 4),
              "old_em_before_after": [100 * old["em_before"], 100 * old["em_after"]],
              "new_em_before_after": [100 * new["em_before"], 100 * new["em_after"]]}
-    with open(os.path.join(out, "main_job.json"), "w", encoding="utf-8") as f:
-        json.dump(table, f, indent=1)
+    write_json(os.path.join(out, "main_job.json"), table, indent=1)  # a link there is replaced, not followed
     print("\n| job | commit | seconds | held-out EM before | after | time / baseline |")
     print("|---|---|---:|---:|---:|---:|")
     for name, r, c in (("baseline", old, commit[:10]), ("current", new, current[:16])):

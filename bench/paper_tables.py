@@ -71,7 +71,14 @@ from memsearcher_jax.jobs import restore_policy, train_job
 from memsearcher_jax.models import from_pretrained, save_pretrained
 from memsearcher_jax.rft import rft_control
 from memsearcher_jax.rl.evaluation import COVERAGE_KEYS
-from memsearcher_jax.run_dir import STAGING_PREFIX, existing_parent, prepare_output_dir
+from memsearcher_jax.run_dir import (
+    STAGING_PREFIX,
+    existing_parent,
+    prepare_output_dir,
+    replaced,
+    write_json,
+    write_text,
+)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.paper_targets import target_lines  # noqa: E402
@@ -198,10 +205,7 @@ def run_phase(path: str, compute, log=print):
         return result
     result = compute()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, path)
+    write_json(path, result, indent=1)  # whole or not at all; a link at path is replaced, never written through
     return result
 
 
@@ -596,10 +600,7 @@ def check_settings(out: str, settings: dict) -> None:
             raise UserInputError(f"--out {out} is not empty and holds no settings.json: these tables would reuse or "
                                  "mix with what is there; choose an empty or new --out")
         os.makedirs(out, exist_ok=True)
-        tmp = path + ".tmp"  # a kill mid-write leaves no half file for the rerun to fail on
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(settings, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, settings, indent=1)  # a kill mid-write leaves no half file for the rerun to fail on
         return
     try:
         with open(path, encoding="utf-8") as f:
@@ -685,13 +686,11 @@ def main(argv=None) -> int:
     if len(seeds) > 1:
         combined = {"seeds": seeds, "by_seed": reports, **provenance(base, argv, seeds[0])}
         combined.pop("seed")
-        with open(os.path.join(os.path.abspath(args.out), "results.json"), "w", encoding="utf-8") as f:
-            json.dump(combined, f, indent=1)
+        write_json(os.path.join(os.path.abspath(args.out), "results.json"), combined, indent=1)
         mean = seed_mean_report(reports)
         text = "\n".join([seeds_table1(reports), "", "The papers' claims on the mean over these seeds "
                           "(bench/paper_targets.py):", "", *target_lines(mean, table2_objectives(mean))])
-        with open(os.path.join(os.path.abspath(args.out), "table1_seeds.md"), "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_text(os.path.join(os.path.abspath(args.out), "table1_seeds.md"), text + "\n")
         print("\n" + text, flush=True)
     return 0
 
@@ -819,15 +818,14 @@ def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -
 
 def write_report(report: dict, out: str) -> None:
     """results.json, tables.md and the by-turn PNG (rewritten after every workflow)."""
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(out, "tables.md"), "w", encoding="utf-8") as f:
-        f.write(tables_markdown(report))
+    # Every file rewritten whole through run_dir.replaced: a link in OUT is replaced, never written through.
+    write_json(os.path.join(out, "results.json"), report, indent=1)
+    write_text(os.path.join(out, "tables.md"), tables_markdown(report))
     n = table2_objectives(report)
-    plot_prompt_tokens_by_turn({w: _get(r, "grpo", n, "prompt_tokens_by_turn") or []
-                                for w, r in report["workflows"].items()},
-                               os.path.join(out, "prompt_tokens_by_turn.png"),
-                               title=f"prompt tokens per act call by turn ({n} objectives)")
+    by_turn = {w: _get(r, "grpo", n, "prompt_tokens_by_turn") or [] for w, r in report["workflows"].items()}
+    if any(by_turn.values()):  # no rows, no plot (and no empty file)
+        with replaced(os.path.join(out, "prompt_tokens_by_turn.png")) as tmp:
+            plot_prompt_tokens_by_turn(by_turn, tmp, title=f"prompt tokens per act call by turn ({n} objectives)")
 
 
 if __name__ == "__main__":

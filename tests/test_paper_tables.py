@@ -78,9 +78,32 @@ def test_report_files_round_trip(tmp_path):
     assert "2026-11-24" in md and "`python bench/paper_tables.py --quick`" in md
     assert md.count("## Table") == 4 and "| memsearcher | GRPO | 80.0 |" in md
     assert (tmp_path / "prompt_tokens_by_turn.png").stat().st_size > 1000
+
     assert "Trained on 2 objectives;" in md
     mixed = pt.tables_markdown({**report, "train_mix": "1,2,3,4"})
     assert "GRPO trained on 1, 2, 3, 4 objectives in equal shares;" in mixed
+
+
+def test_report_files_replace_links_instead_of_writing_through_them(tmp_path):
+    """A results.json, tables.md, plot or phase file in OUT that links to a user's file: the report is
+    written beside it and renamed over the link; the user's file keeps its bytes (issue 82, item 4)."""
+    out, mine = tmp_path / "out", tmp_path / "mine"
+    out.mkdir(), mine.mkdir()
+    names = ("results.json", "tables.md", "prompt_tokens_by_turn.png")
+    for name in names:
+        (mine / name).write_text(f"my {name}\n")
+        os.symlink(mine / name, out / name)
+    phase = pt.phase_path(str(out), "memsearcher", "grpo@1")
+    os.makedirs(os.path.dirname(phase))
+    os.symlink(mine / "nowhere.json", phase)  # run_phase reads a phase that exists: a dangling link is new to it
+    report = {"date": "2026-12-07", "command": "c", "train_objectives": 2, "objectives": [1, 2], "eval_questions": 2,
+              "quick": True, "budget_training": False, "workflows": RESULTS, "budgets": {}}
+    pt.write_report(report, str(out))
+    assert pt.run_phase(phase, lambda: {"em": 0.5}, log=lambda *a, **k: None) == {"em": 0.5}
+    for name in names:
+        assert (mine / name).read_text() == f"my {name}\n" and not os.path.islink(out / name)
+    assert json.load(open(out / "results.json"))["date"] == "2026-12-07"
+    assert not os.path.islink(phase) and not (mine / "nowhere.json").exists()
 
 
 def test_workflow_config_gives_room_for_the_objectives():
