@@ -249,16 +249,35 @@ def _send_sigint_again() -> None:
     timer.start()
 
 
+# Inside Orbax (a checkpoint being written or waited for) a Ctrl-C is put off until it returns, for at
+# most this many re-sends (50 ms apart: a minute): raised there, it broke the save's finalisation and
+# the step was lost, with Orbax's traceback in the log.
+_ORBAX_DEFERRALS = 1200
+_deferred = [0]
+
+
+def _inside(frame, codes) -> str | None:
+    """Why a KeyboardInterrupt must not be raised in `frame`'s stack: "lost" (a gc callback or a
+    __del__, where Python prints and drops it), "orbax" (a checkpoint in progress), else None."""
+    while frame is not None:
+        if frame.f_code in codes or frame.f_code.co_name == "__del__":
+            return "lost"
+        if f"{os.sep}orbax{os.sep}" in frame.f_code.co_filename:
+            return "orbax"
+        frame = frame.f_back
+    return None
+
+
 def _on_sigint(signum, frame) -> None:
     """Python's own SIGINT handler (raise KeyboardInterrupt), except while a gc callback or a
     __del__ runs: an exception raised there is printed as "Exception ignored" and lost, and the run
-    went on (a Ctrl-C during start-up landed in JAX's _xla_gc_callback). There the signal comes again."""
-    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
-    while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
-            _send_sigint_again()
-            return
-        frame = frame.f_back
+    went on (a Ctrl-C during start-up landed in JAX's _xla_gc_callback). There the signal comes again;
+    so it does inside Orbax, for at most _ORBAX_DEFERRALS re-sends."""
+    where = _inside(frame, {getattr(cb, "__code__", None) for cb in gc.callbacks})
+    if where == "lost" or (where == "orbax" and _deferred[0] < _ORBAX_DEFERRALS):
+        _deferred[0] += where == "orbax"
+        _send_sigint_again()
+        return
     raise KeyboardInterrupt
 
 

@@ -135,3 +135,21 @@ def test_the_handler_is_installed_only_where_python_s_own_is(monkeypatch):
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_inside_orbax_comes_again_after_it_returns(monkeypatch):
+    """A Ctrl-C that lands while Orbax writes or waits for a checkpoint broke the save (the step was lost,
+    Orbax's traceback printed): the handler sends it again, up to its bound, then raises."""
+    resent = []
+    monkeypatch.setattr(cli, "_send_sigint_again", lambda: resent.append(True))
+    monkeypatch.setattr(cli, "_deferred", [0])
+    inside = {"cli": cli, "signal": signal, "sys": sys}
+    code = compile("def wait_until_finished():\n    cli._on_sigint(signal.SIGINT, sys._getframe())\n",
+                   os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "checkpoint_manager.py"), "exec")
+    exec(code, inside)
+    inside["wait_until_finished"]()
+    assert resent == [True]
+    monkeypatch.setattr(cli, "_deferred", [cli._ORBAX_DEFERRALS])
+    with pytest.raises(KeyboardInterrupt):  # bounded: a save that never returns does not swallow Ctrl-C
+        inside["wait_until_finished"]()
+
