@@ -50,8 +50,14 @@ def _run_args(p: argparse.ArgumentParser, func):
 
 def _load(args, schema=training_schema) -> object:
     """The command's config: the file's own keys held against `schema()` (an unknown or misspelled
-    key, a missing section: a ConfigError naming it), then the --config.* overrides."""
-    return load_config(args.config, args.config_overrides, schema())
+    key, a missing section: a ConfigError naming it), then the --config.* overrides. A training or
+    evaluation config is the typed settings', built once here (settings.load_settings): every key,
+    the file's or its default; `pretrain` reads configs/base_v8.py's keys as they are."""
+    if schema is not training_schema:
+        return load_config(args.config, args.config_overrides, schema())
+    from memsearcher_jax.settings import load_settings  # light: no JAX
+
+    return load_settings(args.config, args.config_overrides).to_config()
 
 
 def _resumable(job, schema=training_schema):

@@ -56,6 +56,7 @@ from memsearcher_jax.run_dir import (
     starts_over,
     write_json,
 )
+from memsearcher_jax.settings import with_defaults
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.validation import check_retriever, check_setup, check_training
 from memsearcher_jax.warm_start import prepare_warm_start, warm_start
@@ -151,6 +152,7 @@ class RunInterrupted(UserInputError):
 def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
     curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
+    cfg = with_defaults(cfg)  # the run's settings, once: every key, the config's or its default (settings/)
     out = check_training(cfg, fresh=not resume)
     # An earlier attempt with other settings and no checkpoint (it stopped early): nothing to resume.
     changed = starts_over(cfg, out) if resume else []
@@ -372,7 +374,7 @@ def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, mode
     objectives: questions asked at once (overrides world.objectives; EM and F1 are then per objective)."""
     if bool(model_dir) == bool(checkpoint):
         raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
-    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    cfg = with_defaults(cfg)  # a copy with every key, the config's or its default (settings/)
     if model_dir:
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")

@@ -68,7 +68,7 @@ def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[l
 
 def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
     """`sft.name_swap_rate`: the share of demonstrations whose world names are swapped for unused
-    names of a reading vocabulary (in [0, 1]: config_rules.setting_problems checks it up front).
+    names of a reading vocabulary (in [0, 1]: settings.SFTSettings.problems checks it up front).
     Refuses a rate above 0 without a reading vocabulary or a world."""
     rate = cfg.sft.get("name_swap_rate", 0.0)
     if rate and (setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir)):
@@ -81,7 +81,7 @@ def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
 def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
     """`sft.steps`, or with `sft.passes` > 0 the steps that many passes over the `rows` take: equal
     passes are what workflows with one row per episode (react) and one per turn (memsearcher) can share."""
-    passes = cfg.sft.get("passes", 0.0)  # >= 0: config_rules.setting_problems
+    passes = cfg.sft.get("passes", 0.0)  # >= 0: settings.SFTSettings.problems
     return cfg.sft.steps if not passes else max(1, math.ceil(passes * rows / cfg.sft.batch_size))
 
 
@@ -96,7 +96,7 @@ class WarmStartSettings:
 def warm_start_settings(cfg: ml_collections.ConfigDict, setup: Setup) -> WarmStartSettings:
     """The warm start's keys (sft.*) that need the set-up, each read and refused by name once:
     sft.name_swap_rate and sft.tie_embedding_rows against the model's vocabulary and the world,
-    then the demonstrator's. Their ranges (and sft.passes) are config_rules.setting_problems'."""
+    then the demonstrator's. Their ranges (and sft.passes) are settings.SFTSettings.problems'."""
     rate, tie_rows = name_swap_rate(cfg, setup), tie_embedding_rows(cfg, setup)
     return WarmStartSettings(demo=demo_config(cfg), name_swap_rate=rate, tie_rows=tie_rows)
 
