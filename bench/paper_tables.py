@@ -794,7 +794,7 @@ def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -
             validate(eval_config(cfg, n), training=False)
     check_settings(out, {**settings_of(base, args), "eval_questions": eval_q})
     report = {"date": time.strftime("%Y-%m-%d"), **provenance(base, argv, seed),
-              "train_objectives": args.train_objectives, "train_mix": str(base.world.get("objectives_mix", "")),
+              "train_objectives": args.train_objectives, "train_mix": str(base.world.objectives_mix),
               "objectives": list(objectives), "eval_questions": eval_q,
               "quick": args.quick, "budget_training": args.budget_training, "workflows": {}, "budgets": {},
               "reading_probe": reading_limit(base.model.source)}

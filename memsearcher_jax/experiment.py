@@ -118,7 +118,7 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
                                    else ({}, {}))
     stop_ids, retriever = stop_token_ids(cfg, tokenizer), build_retriever(cfg, world_paths)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
-                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer, hint=cfg.agent.get("hint", "none"))
+                            stop_ids=stop_ids, tool=tool, multi_answer=multi_answer, hint=cfg.agent.hint)
     return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever,
                  train_questions=train_q, eval_questions=[row for rows in eval_sets.values() for row in rows],
                  tokenizer_dir=tok_dir, world=world_paths, eval_sets=eval_sets, missing_eval_sets=missing_sets)
@@ -173,12 +173,12 @@ def demo_config(cfg: ml_collections.ConfigDict) -> DemoConfig:
     """The demonstrator's settings: its deliberate flaws at the `sft.*_rate` settings, and turns
     enough for the objectives its questions ask (`sft.demo_objectives`)."""
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
-                                     "early_two_hop", "early_several", "react_share", "no_result_note") if k in cfg.sft}
+                                     "early_two_hop", "early_several", "react_share", "no_result_note")}
     # A script of N objectives needs up to 2N + 2 turns (a search per hop and a recovery search); the
     # demonstrations may show more objectives than the training episodes ask (sft.demo_objectives).
     turns = max(4, cfg.agent.max_turns, 2 * max(demo_objective_counts(cfg)) + 2)
-    per_question = cfg.agent.get("turns_per_question", 0)
-    if per_question or cfg.agent.get("hint", "none") != "none":
+    per_question = cfg.agent.turns_per_question
+    if per_question or cfg.agent.hint != "none":
         # A turn budget per count, or a hint that states it: each demo gets its episode's own budget
         # (AgentConfig.episode_turns), so the warm start shows the turns left the rollouts will show.
         turns = max(4, cfg.agent.max_turns)
@@ -291,14 +291,13 @@ def question_schedule(cfg: ml_collections.ConfigDict, setup: Setup) -> QuestionS
     """`world.objectives_schedule` as the trainer's QuestionSchedule: each stage's pool the world's
     training questions joined at its counts in equal shares (as world.objectives_mix joins them);
     None when it is '' (the trainer then takes setup.train_questions throughout)."""
-    stages = parse_objectives_schedule(cfg.world.get("objectives_schedule", ""))
+    stages = parse_objectives_schedule(cfg.world.objectives_schedule)
     if not stages or setup.world is None:
         return None
     rows = read_jsonl(setup.world.train)
     return QuestionSchedule(pools=tuple(mix_objectives(rows, counts, seed=cfg.world.seed) for _, counts in stages),
                             starts=tuple(step for step, _ in stages), counts=tuple(c for _, c in stages),
-                            advance_em=float(cfg.world.get("schedule_advance_em", 0.0)),
-                            window=int(cfg.world.get("schedule_window", 5)))
+                            advance_em=float(cfg.world.schedule_advance_em), window=int(cfg.world.schedule_window))
 
 
 # ----------------------------------------------------------------------------- evaluation (rl/evaluation.py runs it)

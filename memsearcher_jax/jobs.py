@@ -169,7 +169,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
         record_config(cfg, out)
     log(f"output dir {out}")
     # Before anything compiles: a second run of the job loads its programs instead of compiling them.
-    cache_dir = compile_stats.enable_persistent_cache(cfg.train.get("compilation_cache_dir", None))
+    cache_dir = compile_stats.enable_persistent_cache(cfg.train.compilation_cache_dir)
     job_start = compile_stats.snapshot()
     log(f"compilation cache: {cache_dir or 'off'}")
     log(f"{len(setup.train_questions)} train / {len(setup.eval_questions)} held-out questions")

@@ -20,6 +20,7 @@ import ml_collections
 
 from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.settings import HardwareSettings, typed_section
 
 GIB = 1024 ** 3
 REAL_PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b")
@@ -67,8 +68,8 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
     if m.source != "init":
         raise PlanError(f"cannot plan model.source={m.source!r}: it is not a local model dir with config.json and "
                         f"model.preset={m.preset!r} is not a released Qwen2.5 preset {REAL_PRESETS}")
-    vocab = vocab_size or m.get("vocab_size", None)
-    if not vocab and cfg.get("world", None) is not None and cfg.world.enabled:
+    vocab = vocab_size or typed_section(cfg, "model").vocab_size
+    if not vocab and cfg.world.enabled:
         vocab = _WORLD_VOCAB
     if not vocab:
         raise PlanError("model.source='init' needs the vocabulary size: set model.vocab_size in the config "
@@ -80,13 +81,8 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
 
 
 def lora_fields(cfg) -> dict:
-    """model.lora_* as ModelConfig fields (absent keys: full fine-tuning), as the trainer reads them."""
-    m = cfg.model
-    targets = m.get("lora_targets", ("q", "k", "v", "o", "gate", "up", "down"))
-    if isinstance(targets, str):
-        targets = [t.strip() for t in targets.split(",") if t.strip()]
-    return dict(lora_rank=int(m.get("lora_rank", 0)), lora_alpha=float(m.get("lora_alpha", 16.0)),
-                lora_targets=tuple(targets))
+    """model.lora_* as ModelConfig fields, as the trainer reads them (settings.ModelSettings.lora_fields)."""
+    return typed_section(cfg, "model").lora_fields()
 
 
 def _preset_from_name(path: str) -> str | None:
@@ -145,7 +141,7 @@ def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
 def _workflow(cfg):
     from memsearcher_jax.agent.workflows import get_workflow  # light: no JAX
 
-    return get_workflow(cfg.agent.get("workflow", "memsearcher"))
+    return get_workflow(cfg.agent.workflow)
 
 
 def prompt_tokens(cfg) -> int:
@@ -165,8 +161,8 @@ def conversation_tokens(cfg) -> int:
 def row_bound_problem(cfg) -> str | None:
     """The learner refuses a conversation over rl.max_seq_len mid-training (grpo.pack_rows): say so
     before any work when the config's longest row is over it."""
-    limit, longest = cfg.rl.get("max_seq_len", None), conversation_tokens(cfg)
-    if limit is None or longest <= int(limit):
+    limit, longest = cfg.rl.max_seq_len, conversation_tokens(cfg)
+    if longest <= int(limit):
         return None
     return (f"rl.max_seq_len={limit} is below the longest conversation this agent config can make ({longest} tokens: "
             "prompt + acts, observations and second calls; memory_estimates.conversation_tokens); raise it, or lower "
@@ -177,8 +173,8 @@ def hosts_and_local_devices(cfg) -> tuple[int, int]:
     """(hosts, devices per host) from the hardware section (one host when it names none)."""
     mesh = mesh_shape(cfg)
     n_dev = math.prod(mesh)
-    hw = cfg.get("hardware", None)
-    hosts = int(hw.get("hosts", 1) or 1) if hw is not None else 1
+    hw = typed_section(cfg, "hardware")
+    hosts = int(hw.hosts or 1) if hw is not None else 1
     if hosts < 1 or n_dev % hosts:
         raise PlanError(f"the mesh's {n_dev} devices do not split evenly over hardware.hosts={hosts}")
     per_host = n_dev // hosts
@@ -212,7 +208,7 @@ class SamplerCall:
 def sampler_rows(cfg, hosts: int) -> int:
     """The most rows one sampler call takes: one host's B*G / hosts, or sampler.batch_size if smaller."""
     host_rows = int(cfg.rl.batch_questions) // hosts * int(cfg.rl.group_size)
-    return min(int(cfg.sampler.get("batch_size", 0) or host_rows), host_rows)
+    return min(int(cfg.sampler.batch_size or host_rows), host_rows)
 
 
 def turn_loop_buckets(cfg, hosts: int):
@@ -259,13 +255,13 @@ def sampler_calls(cfg) -> list[SamplerCall]:
 
 
 def capacity_bytes(cfg, device_memory_gib: float | None) -> int | None:
-    hw = cfg.get("hardware", None)
-    gib = device_memory_gib if device_memory_gib is not None else (hw.get("device_memory_gib", None) if hw else None)
+    hw = typed_section(cfg, "hardware")
+    gib = device_memory_gib if device_memory_gib is not None else (hw.device_memory_gib if hw else None)
     if gib is None:
         return None
     # XLA needs room for its own buffers, and on GPU the allocator is capped by
     # XLA_PYTHON_CLIENT_MEM_FRACTION: plan against the usable fraction only.
-    frac = float(hw.get("usable_fraction", 0.9)) if hw else 0.9
+    frac = float(hw.usable_fraction) if hw else HardwareSettings().usable_fraction
     return int(float(gib) * GIB * frac)
 
 
@@ -415,7 +411,7 @@ def rollout_rows(cfg, sz: Sizing) -> tuple[SamplerCall, list[PlanRow]]:
     return call, [
         PlanRow("KV cache", "rollout", kv_b,
                 f"{call.batch} rows ({call.rows} live) x (T {call.suffix} + N {call.new}) slots + "
-                f"one {call.prefix}-slot prefix, {cfg.sampler.get('cache_dtype', 'bfloat16')}, {on}"),
+                f"one {call.prefix}-slot prefix, {cfg.sampler.cache_dtype}, {on}"),
         PlanRow("prefill activations", "rollout", prefill_b,
                 f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "
                 f"{h_note} heads, {blk} queries, {call.prefix + call.suffix}] scores, one MLP"),
@@ -447,7 +443,7 @@ def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     seq = bucket(longest, cfg.rl.min_seq_len, steps_per_octave=4)
     # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
     # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
-    chunk = int(cfg.rl.get("logits_chunk", 0) or 0)
+    chunk = int(cfg.rl.logits_chunk or 0)
     positions = min(chunk, seq) if chunk > 0 else seq
 
     def logits_bytes(rows: int, copies: int) -> int:  # f32, vocabulary split over tp

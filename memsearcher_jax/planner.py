@@ -61,6 +61,7 @@ from memsearcher_jax.memory_estimates import (
     turn_loop_buckets,
     weight_elements,
 )
+from memsearcher_jax.settings import typed_section
 
 # The planner's face: the plan and its verdict (here), and the shapes it plans for that callers
 # name as the planner's (memory_estimates, which sizes every row).
@@ -127,21 +128,21 @@ def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None 
     the persistent rows, then each phase's rows, in the order the table prints them."""
     mesh = mesh_shape(cfg)
     n_dev = math.prod(mesh)
-    hw = cfg.get("hardware", None)
-    if hw is not None and hw.get("num_devices", None) and int(hw.num_devices) != n_dev:
+    hw = typed_section(cfg, "hardware")
+    if hw is not None and hw.num_devices and int(hw.num_devices) != n_dev:
         raise PlanError(f"mesh data={mesh[0]} x fsdp={mesh[1]} x tp={mesh[2]} = {n_dev} devices, but "
                         f"hardware.num_devices is {hw.num_devices}")
     if problem := row_bound_problem(cfg):  # a row the learner would refuse mid-training
         raise PlanError(problem)
     mc = model_config_for_plan(cfg, vocab_size)
     sz = Sizing(mc=mc, mesh=mesh, pbytes=ITEMSIZE[mc.param_dtype], abytes=ITEMSIZE[mc.dtype],
-                 cbytes=ITEMSIZE[str(cfg.sampler.get("cache_dtype", "bfloat16"))])
+                 cbytes=ITEMSIZE[str(cfg.sampler.cache_dtype)])
     w = weight_elements(mc, mesh)
     call, rollout = rollout_rows(cfg, sz)
-    reference = float(cfg.rl.get("kl_coef", 0.001)) != 0  # kl_coef 0: the learner keeps no reference
+    reference = float(cfg.rl.kl_coef) != 0  # kl_coef 0: the learner keeps no reference
     rows = persistent_rows(sz, w, reference) + rollout + training_rows(cfg, sz, w) + [refresh_row(sz, w)]
     name = cfg.model.preset if str(cfg.model.preset) in REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
-    kind = (hw.get("device_kind", None) if hw else None) or "device"
+    kind = (hw.device_kind if hw else None) or "device"
     return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),
                       device_kind=str(kind), model_name=str(name), sampler_call=call)
 

@@ -42,7 +42,7 @@ def sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = 
     return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
                      warmup=min(cfg.sft.warmup, steps) if warmup is None else warmup, seed=cfg.train.seed,
                      max_len=cfg.agent.max_context_tokens, min_len=cfg.sft.min_len,
-                     max_batch_tokens=cfg.sft.get("max_batch_tokens", 0))
+                     max_batch_tokens=cfg.sft.max_batch_tokens)
 
 
 def tie_embedding_rows(cfg: ml_collections.ConfigDict, setup: Setup) -> bool:
@@ -70,7 +70,7 @@ def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
     """`sft.name_swap_rate`: the share of demonstrations whose world names are swapped for unused
     names of a reading vocabulary (in [0, 1]: settings.SFTSettings.problems checks it up front).
     Refuses a rate above 0 without a reading vocabulary or a world."""
-    rate = cfg.sft.get("name_swap_rate", 0.0)
+    rate = cfg.sft.name_swap_rate
     if rate and (setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir)):
         raise UserInputError(f"sft.name_swap_rate={rate} swaps the synthetic world's names for unused names of a "
                              f"reading vocabulary; {setup.tokenizer_dir} has no reading_vocab.json or the world is "
@@ -81,7 +81,7 @@ def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
 def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
     """`sft.steps`, or with `sft.passes` > 0 the steps that many passes over the `rows` take: equal
     passes are what workflows with one row per episode (react) and one per turn (memsearcher) can share."""
-    passes = cfg.sft.get("passes", 0.0)  # >= 0: settings.SFTSettings.problems
+    passes = cfg.sft.passes  # >= 0: settings.SFTSettings.problems
     return cfg.sft.steps if not passes else max(1, math.ceil(passes * rows / cfg.sft.batch_size))
 
 

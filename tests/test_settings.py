@@ -3,6 +3,7 @@ config's values unchanged through them, the reference page they generate, and no
 default)` fallback left to give a run another value than its config."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import json
@@ -149,3 +150,68 @@ def test_each_sections_rules_and_the_cross_section_ones_still_name_their_keys():
     for key in [*wrong, "rl.old_logprobs='sampler'"]:
         assert sum(p.startswith(key) for p in problems) == 1, (key, problems)
     assert len(problems) == len(wrong) + 1, problems
+
+
+# ----------------------------------------------------------------------------- no fallback defaults
+
+SECTION_NAMES = frozenset(SECTIONS)
+CONFIG_NAMES = frozenset({"cfg", "config", "c", "base"})
+
+
+def _name(node) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def fallbacks(source: str) -> list[str]:
+    """`.get(...)` reads of a config section that would give a value the config does not hold:
+    `cfg.rl.get(...)`, `cfg[section].get(...)`, `cfg.get("hardware")`, and `.get` on a name bound
+    to a section in the same function (`hw = cfg.hardware; hw.get(...)`)."""
+    tree, found = ast.parse(source), []
+    scopes = [(tree, set())] + [(f, _section_names(f)) for f in ast.walk(tree)
+                                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope, bound in scopes:
+        for n in ast.walk(scope):
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"):
+                continue
+            recv = n.func.value
+            if (_name(recv) in SECTION_NAMES or _section_get(n) or isinstance(recv, ast.Name) and recv.id in bound
+                    or isinstance(recv, ast.Subscript) and _name(recv.value) in CONFIG_NAMES):
+                found.append(f"{n.lineno}: {ast.unparse(n)}")
+    return sorted(set(found), key=lambda hit: int(hit.split(":")[0]))
+
+
+def _section_names(func) -> set[str]:
+    """Names a function binds to a config section (`w = cfg.world`, `hw = cfg.get("hardware")`, `s = cfg[k]`)."""
+    def is_section(value) -> bool:
+        return (_name(value) in SECTION_NAMES or _section_get(value)
+                or isinstance(value, ast.Subscript) and _name(value.value) in CONFIG_NAMES)
+    return {t.id for n in ast.walk(func) if isinstance(n, ast.Assign) and is_section(n.value) for t in n.targets
+            if isinstance(t, ast.Name)}
+
+
+def _section_get(node) -> bool:
+    """`x.get("<section>", ...)`: a section read that may be absent."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value in SECTION_NAMES)
+
+
+def test_the_fallback_finder_finds_each_kind():
+    source = ("def f(cfg, section):\n    a = cfg.rl.get('old_logprobs', 'recompute')\n"
+              "    hw = cfg.get('hardware', None)\n    b = hw.get('hosts', 1)\n    w = cfg.world\n"
+              "    d = w.get('schedule_window', 5)\n"
+              "    e = cfg[section].get('x', 'auto')\n    ok = {'a': 1}.get('a')\n    return cfg.rl.old_logprobs\n")
+    assert [line.split(":")[0] for line in fallbacks(source)] == ["2", "3", "4", "6", "7"]
+
+
+def test_no_config_key_has_a_fallback_default_in_the_library_or_the_benches():
+    """Every value a run reads is its config's (the settings fill what a file leaves out): no
+    `cfg.section.get(key, default)` in memsearcher_jax/ (pretrain/ reads its own config) or bench/."""
+    found = {}
+    for top in ("memsearcher_jax", "bench"):
+        for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
+            if os.path.join("memsearcher_jax", "pretrain") in dirpath:
+                continue
+            for n in names:
+                if n.endswith(".py") and (hits := fallbacks(open(os.path.join(dirpath, n), encoding="utf-8").read())):
+                    found[os.path.relpath(os.path.join(dirpath, n), ROOT)] = hits
+    assert not found, found
