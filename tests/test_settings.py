@@ -49,6 +49,18 @@ def test_every_key_has_a_type_and_a_doc_line():
     assert count == len(schema().keys)  # every key a config may set is a field
 
 
+def test_the_reference_page_is_current_and_lists_every_key():
+    """docs/config.md is what `python -m memsearcher_jax.settings.reference` writes now."""
+    from memsearcher_jax.settings.reference import PAGE, main, reference_page
+
+    text = reference_page()
+    with open(PAGE, encoding="utf-8") as f:
+        assert f.read() == text, "docs/config.md is stale: run python -m memsearcher_jax.settings.reference"
+    assert all(f"| `{key}` |" in text for key in schema().keys)
+    assert main(["--check"]) == 0
+    assert "| `agent.max_context_tokens` | `int` | `16384` | `1024` |" in text  # default, then the CPU job's
+
+
 # ----------------------------------------------------------------------------- a config through the settings
 
 def test_every_shipped_config_keeps_every_value_through_the_settings():
