@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sampler import measure_machine  # noqa: E402  (bench/sampler.py)
 
 from memsearcher_jax.models import ModelConfig, Qwen2  # noqa: E402
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, RowBatch  # noqa: E402
+from memsearcher_jax.rl.batching import RowBatch  # noqa: E402
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner  # noqa: E402
 from memsearcher_jax.rl.learner import OptimConfig  # noqa: E402
 
 

@@ -78,7 +78,8 @@ from learner import forward_flops  # noqa: E402  (bench/learner.py: the learner 
 from sampler import floor_seconds, measure_machine, small_config  # noqa: E402  (bench/sampler.py)
 
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained  # noqa: E402
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, RowBatch, micro_batch_loss  # noqa: E402
+from memsearcher_jax.rl.batching import RowBatch  # noqa: E402
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, micro_batch_loss  # noqa: E402
 from memsearcher_jax.rl.learner import OptimConfig  # noqa: E402
 from memsearcher_jax.rl.losses import LossConfig  # noqa: E402
 from memsearcher_jax.sampling import BucketConfig, Sampler  # noqa: E402

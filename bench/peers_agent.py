@@ -8,7 +8,7 @@ row a context of 64-100 tokens and a response of gamma(1.5, 60) tokens (mean ~90
 the whole row kept within 400 tokens; 128 rows (--quick: 24), lengths 70-400, mean 173. The loss
 mask is the whole response; one advantage per row.
 
-Ours: the rows as `rl.grpo.pack_rows` lays them out (right-padded to the quarter-octave bucket of
+Ours: the rows as `rl.batching.pack_rows` lays them out (right-padded to the quarter-octave bucket of
 the longest), through `GRPOLearner.train_on_rows` with rl.pack_rows on: conversations first-fit
 into packed rows, --micro packed rows a micro-batch. Tunix, as its GRPO learner feeds its
 trainer: prompts left-padded to the rollout's max_prompt_length and completions right-padded to
@@ -25,7 +25,8 @@ import jax
 import numpy as np
 from learner import forward_flops  # bench/learner.py
 
-from memsearcher_jax.rl.grpo import GRPOLearner, RowBatch, micro_batch_loss
+from memsearcher_jax.rl.batching import RowBatch
+from memsearcher_jax.rl.grpo import GRPOLearner, micro_batch_loss
 from memsearcher_jax.sampling.buckets import bucket
 
 ROWS, ROWS_QUICK = 128, 24

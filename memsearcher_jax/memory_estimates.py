@@ -159,7 +159,7 @@ def conversation_tokens(cfg) -> int:
 
 
 def row_bound_problem(cfg) -> str | None:
-    """The learner refuses a conversation over rl.max_seq_len mid-training (grpo.pack_rows): say so
+    """The learner refuses a conversation over rl.max_seq_len mid-training (batching.pack_rows): say so
     before any work when the config's longest row is over it."""
     limit, longest = cfg.rl.max_seq_len, conversation_tokens(cfg)
     if longest <= int(limit):
@@ -436,8 +436,8 @@ def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     from memsearcher_jax.sampling.buckets import bucket
 
     mc, mesh, abytes = sz.mc, sz.mesh, sz.abytes
-    # A training row is one conversation, padded as grpo.pack_rows pads it (quarter octaves). With
-    # rl.pack_rows the learner packs several into rows never wider than this (GRPOLearner.row_width
+    # A training row is one conversation, padded as batching.pack_rows pads it (quarter octaves). With
+    # rl.pack_rows the learner packs several into rows never wider than this (RowLayout.row_width
     # caps them at it), micro_batch_size / logprob_batch_size rows a call: the same shapes bound.
     longest = conversation_tokens(cfg)
     seq = bucket(longest, cfg.rl.min_seq_len, steps_per_octave=4)

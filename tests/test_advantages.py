@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages, zero_variance_fraction
+from memsearcher_jax.rl.advantages import group_advantages, zero_variance_fraction
+from memsearcher_jax.rl.batching import broadcast_to_rows
 
 
 def reference_advantages(rewards, group_ids, eps=1e-6):

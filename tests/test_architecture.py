@@ -261,7 +261,7 @@ def code_ref_problems(text: str, root: str = ROOT) -> list[str]:
 
 
 def test_the_reference_checker_catches_a_missing_name():
-    text = ("`memsearcher_jax/rl/trainer.py::Trainer.train_step` `memsearcher_jax/rl/grpo.py:pack_rows` "
+    text = ("`memsearcher_jax/rl/trainer.py::Trainer.train_step` `memsearcher_jax/rl/batching.py:pack_rows` "
             "`memsearcher_jax/models/config.py::ModelConfig.PRESETS` `retrieval/base.py` "
             "`tests/test_architecture.py::test_layers_point_one_way` `tests/test_architecture.py::test_nothing` "
             "`memsearcher_jax/rl/trainer.py::Trainer.no_such_step` `memsearcher_jax/rl/grpo.py:no_such_fn` "

@@ -87,7 +87,8 @@ def test_the_update_compiles_once_whatever_the_number_of_micro_batches(packed):
     from flax import nnx
 
     from memsearcher_jax.models import ModelConfig, Qwen2
-    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, RowBatch
+    from memsearcher_jax.rl.batching import RowBatch
+    from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
 
     def rows(n, s=16, seed=0):
         rng = np.random.default_rng(seed)
@@ -144,7 +145,7 @@ def test_prefill_layouts_of_the_turn_loop_take_one_prefix_shape():
     # programs at GRPO steps 9-29 (2026-11-24): batch 16, suffix 128 and 512, lone prompts with no
     # prefix at all.
     from memsearcher_jax.sampling.buckets import BucketConfig
-    from memsearcher_jax.sampling.packing import layout_prefill
+    from memsearcher_jax.sampling.prefill_layout import layout_prefill
 
     bk = BucketConfig.for_turn_loop(64)
     rng = np.random.default_rng(0)

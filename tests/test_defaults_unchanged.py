@@ -21,7 +21,8 @@ from memsearcher_jax.data.synthetic import join_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
 from memsearcher_jax.jsonl import read_jsonl
-from memsearcher_jax.rl.grpo import pack_rows, trajectory_advantages
+from memsearcher_jax.rl.batching import pack_rows
+from memsearcher_jax.rl.grpo import trajectory_advantages
 from memsearcher_jax.rl.losses import aggregation_weights
 from memsearcher_jax.rl.trainer import batch_for_step
 from retrieval.bm25 import BM25Retriever

@@ -13,15 +13,8 @@ from flax import nnx
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.grpo import (
-    GRPOConfig,
-    GRPOLearner,
-    OptimConfig,
-    minibatch_row_indices,
-    pack_rows,
-    score_trajectories,
-    trajectory_advantages,
-)
+from memsearcher_jax.rl.batching import minibatch_row_indices, pack_rows
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, score_trajectories, trajectory_advantages
 from memsearcher_jax.rl.losses import LossConfig, aggregation_weights
 from retrieval.base import Hit
 from tests.reference import token_logprobs
@@ -145,7 +138,8 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
     # longest row, gradients summed over them, equal the gradient of the weighted loss over the whole
     # batch at full width, the weights being those of the rows split in order (so microbatch_token_mean
     # keeps its meaning). For token_mean and trajectory_mean that is the one-batch gradient itself.
-    from memsearcher_jax.rl.grpo import RowBatch, micro_batch_loss
+    from memsearcher_jax.rl.batching import RowBatch
+    from memsearcher_jax.rl.grpo import micro_batch_loss
 
     cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
     n, s, mbs = 8, 40, 2
@@ -201,7 +195,7 @@ def test_logprobs_in_chunks_of_like_length_equal_the_full_width_pass():
 
 
 def test_loss_windows_cover_every_loss_position_with_few_shapes():
-    from memsearcher_jax.rl.grpo import loss_windows
+    from memsearcher_jax.rl.batching import loss_windows
 
     mask = np.zeros((4, 40), np.float32)
     mask[0, 30:35] = 1          # a late response: 30 + 16 > 40, so its window ends at 39 too
@@ -224,7 +218,7 @@ def test_loss_windows_cover_every_loss_position_with_few_shapes():
 
 
 def _toy_rows(n=6, s=16, vocab=64, seed=0):
-    from memsearcher_jax.rl.grpo import RowBatch
+    from memsearcher_jax.rl.batching import RowBatch
 
     rng = np.random.default_rng(seed)
     tokens, attention, mask = _random_rows(rng, n, s, vocab)
@@ -358,7 +352,7 @@ def _window_rows():
     observation hole. One log-prob chunk per row gives row 0 a log-prob window 8 wide; in a
     micro-batch with row 1 its loss window is 32 wide, mostly outside its mask and its log-prob
     window (where old and reference log-probs are 0)."""
-    from memsearcher_jax.rl.grpo import RowBatch
+    from memsearcher_jax.rl.batching import RowBatch
 
     rng = np.random.default_rng(5)
     n, s = 2, 40

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
+from memsearcher_jax.rl.advantages import group_advantages
+from memsearcher_jax.rl.batching import broadcast_to_rows
 from memsearcher_jax.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,

@@ -13,16 +13,8 @@ import pytest
 from flax import nnx
 
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.grpo import (
-    GRPOConfig,
-    GRPOLearner,
-    OptimConfig,
-    RowBatch,
-    first_fit,
-    pack_segments,
-    packed_targets,
-    real_lengths,
-)
+from memsearcher_jax.rl.batching import RowBatch, first_fit, pack_segments, packed_targets, real_lengths
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
 from memsearcher_jax.rl.losses import LossConfig, tis_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,7 +213,7 @@ def test_sampler_old_logprobs_fall_back_on_a_gap_in_a_later_minibatch_only():
     """A mismatch confined to the rows of the second mini-batch (a dtype, kernel or sharding
     difference on some rows): the fallback is decided on every row before the first update, and
     logprob_gap_max is the step's true maximum, not the first mini-batch's."""
-    from memsearcher_jax.rl.grpo import minibatch_row_indices
+    from memsearcher_jax.rl.batching import minibatch_row_indices
 
     rows = _rows([16, 9, 12, 5, 14, 7, 11, 13], 16)
     opts = {"optim": OptimConfig(learning_rate=1e-2), "loss": LossConfig(kl_coef=0.0)}

@@ -9,7 +9,7 @@ from flax import nnx
 
 from memsearcher_jax.models import from_pretrained, make_mesh
 from memsearcher_jax.sampling import BucketConfig, Sampler, filter_mask, find_stop, generate, normalize_stops
-from memsearcher_jax.sampling.packing import layout_prefill
+from memsearcher_jax.sampling.prefill_layout import layout_prefill
 from tests.hf_fixtures import make_hf_qwen2
 from tests.reference import full_logprobs, row_log_probs
 

@@ -19,7 +19,7 @@ from memsearcher_jax.sampling import (
     stop_hits,
     token_logprobs,
 )
-from memsearcher_jax.sampling.packing import layout_prefill, pack_suffixes
+from memsearcher_jax.sampling.prefill_layout import layout_prefill, pack_suffixes
 from memsearcher_jax.sampling.stopping import NO_TOKEN
 
 

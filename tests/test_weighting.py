@@ -16,7 +16,8 @@ from flax import nnx
 
 from memsearcher_jax.agent.trajectory import Conversation, Trajectory
 from memsearcher_jax.models import ModelConfig, Qwen2
-from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, pack_rows, trajectory_advantages
+from memsearcher_jax.rl.batching import pack_rows
+from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig, trajectory_advantages
 from memsearcher_jax.rl.losses import (
     AGGREGATIONS,
     WHOLE_TRAJECTORY_AGGREGATIONS,

@@ -10,7 +10,8 @@ from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.agent.workflows import get_workflow, recorded_workflows, workflow_names
 from memsearcher_jax.agent.workflows.base import observation_cap
 from memsearcher_jax.agent.workflows.fold import Fold, FoldRecorder, fold_context, fold_cost
-from memsearcher_jax.rl.grpo import pack_rows, score_trajectories
+from memsearcher_jax.rl.batching import pack_rows
+from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from tests.test_workflows import Docs, ScriptSampler, _assert_mask_is_generated, b, search, tok  # noqa: F401
 

@@ -19,7 +19,8 @@ from memsearcher_jax.agent.workflows.summary import (
     summary_context,
     summary_cost,
 )
-from memsearcher_jax.rl.grpo import pack_rows, score_trajectories
+from memsearcher_jax.rl.batching import pack_rows
+from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from tests.test_workflows import ANSWER, Docs, Q, ScriptSampler, _assert_mask_is_generated, b, search, tok  # noqa: F401
 

@@ -20,7 +20,8 @@ from memsearcher_jax.agent.workflows.memory_ops import (
     parse_operations,
     render_bank,
 )
-from memsearcher_jax.rl.grpo import pack_rows, score_trajectories, trajectory_advantages
+from memsearcher_jax.rl.batching import pack_rows
+from memsearcher_jax.rl.grpo import score_trajectories, trajectory_advantages
 from retrieval.base import Hit
 
 

@@ -2,14 +2,16 @@
 
 A group is the G trajectories sampled for one question. Each trajectory has one scalar
 reward; its advantage is the group-normalised reward, and every conversation (row) of the
-trajectory gets that same scalar on every loss-masked token: no per-turn baseline, no discount.
+trajectory gets that same scalar on every loss-masked token: no per-turn baseline, no discount
+(the placement on rows is `rl/batching.py:broadcast_to_rows`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 
-def _as_1d(name: str, x) -> np.ndarray:
+def as_1d(name: str, x) -> np.ndarray:
+    """x as a 1-D array; a ValueError naming `name` otherwise."""
     a = np.asarray(x)
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
@@ -27,8 +29,8 @@ def _group_spans(r: np.ndarray, g: np.ndarray):
 
 
 def _rewards_and_groups(rewards, group_ids) -> tuple[np.ndarray, np.ndarray]:
-    r = _as_1d("rewards", rewards).astype(np.float64)
-    g = _as_1d("group_ids", group_ids)
+    r = as_1d("rewards", rewards).astype(np.float64)
+    g = as_1d("group_ids", group_ids)
     if r.shape != g.shape:
         raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same length")
     return r, g
@@ -60,35 +62,6 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
     flat = (lo == hi) & ~single
     adv[flat[inv]] = 0.0
     return adv.astype(np.float32)
-
-
-def broadcast_to_rows(traj_advantages, row_traj_ids, traj_ids=None) -> np.ndarray:
-    """Give every row (conversation) its trajectory's advantage.
-
-    traj_advantages: [N]; row_traj_ids: [R].
-    With `traj_ids` None, row_traj_ids are positions 0..N-1 into traj_advantages; otherwise
-    traj_ids [N] labels traj_advantages and row_traj_ids holds those labels.
-    Returns [R] float32.
-    """
-    adv = _as_1d("traj_advantages", traj_advantages)
-    rows = _as_1d("row_traj_ids", row_traj_ids)
-    if traj_ids is None:
-        if rows.size and (not np.issubdtype(rows.dtype, np.integer) or rows.min() < 0 or rows.max() >= adv.size):
-            raise ValueError(
-                f"row_traj_ids must be integer positions in [0, {adv.size}) when traj_ids is None, "
-                f"got dtype {rows.dtype} range [{rows.min()}, {rows.max()}]"
-            )
-        return adv[rows.astype(np.int64)].astype(np.float32)
-    labels = _as_1d("traj_ids", traj_ids)
-    if labels.shape != adv.shape:
-        raise ValueError(f"traj_ids {labels.shape} must match traj_advantages {adv.shape}")
-    index = {lab: i for i, lab in enumerate(labels.tolist())}
-    if len(index) != labels.size:
-        raise ValueError("traj_ids must be unique")
-    missing = [t for t in rows.tolist() if t not in index]
-    if missing:
-        raise ValueError(f"row_traj_ids has ids not in traj_ids: {missing[:5]}")
-    return adv[np.array([index[t] for t in rows.tolist()], np.int64)].astype(np.float32)
 
 
 def zero_variance_fraction(rewards, group_ids) -> float:

@@ -3,16 +3,18 @@
 The step itself (rollout, filtering, this file's pieces, the sampler's new weights) is
 `rl/trainer.py::Trainer.train_step`; this file is what it calls between rollout and sampler:
 
-    trajectories --rewards--> R_i --group_advantages--> A_i --broadcast--> every conversation row
-    rows --pack--> [R, S] token arrays --trainer log-probs--> old / ref log-probs
+    trajectories --rewards--> R_i --group_advantages--> A_i
+    (rl/batching.py: A_i on every conversation row, rows --pack--> [R, S] token arrays)
+    rows --trainer log-probs--> old / ref log-probs
     rows --shuffle, split into `optimizer_steps` mini-batches--> for each one holding a loss token:
         aggregation weights over the mini-batch (exact global token mean by default)
         --micro-batches of rows of like length, gradients summed--> / denominator --AdamW--> params
 
-The per-token loss, aggregation weights and metric sums are pure functions in `rl/losses.py`.
-`GRPOLearner` holds the params, the frozen reference, the optimizer state and the jitted
-programs, and its host-side `train_on_rows` splits the rows into mini-batches, pads them into
-micro-batches, weighs them, runs the updates and reduces their metrics.
+The rows, their packing, the mini-batch indices and the micro-batch blocks are the learner's
+host-side batching, all in `rl/batching.py`; the per-token loss, aggregation weights and metric
+sums are pure functions in `rl/losses.py`. `GRPOLearner` holds the params, the frozen reference,
+the optimizer state and the jitted programs; its `train_on_rows` takes the rows' log-probs, runs
+one update per mini-batch (blocks laid out by its base `batching.RowLayout`) and reduces their metrics.
 """
 from __future__ import annotations
 
@@ -25,20 +27,27 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
-from memsearcher_jax import compile_stats, distributed
+from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import Trajectory
-from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
-from memsearcher_jax.rl.advantages import broadcast_to_rows, group_advantages
+from memsearcher_jax.rl.advantages import group_advantages
+from memsearcher_jax.rl.batching import (
+    RowBatch,
+    RowLayout,
+    fit_block,
+    loss_windows,
+    minibatch_row_indices,
+    packed_targets,
+    real_lengths,
+    to_host,
+)
 from memsearcher_jax.rl.learner import Learner, OptimConfig, apply_update, make_optimizer, merge_params
 from memsearcher_jax.rl.losses import (
     AUX_METRIC_KEYS,
     WHOLE_TRAJECTORY_AGGREGATIONS,
     LossConfig,
-    aggregation_weights,
     combine_metric_sums,
     empty_metric_sums,
     masked_aux_sums,
@@ -46,48 +55,9 @@ from memsearcher_jax.rl.losses import (
     tis_weights,
     weighted_loss_sum,
 )
-from memsearcher_jax.rl.packing import (
-    Packing,
-    block_rows,
-    first_fit,
-    fit_block,
-    loss_windows,
-    pack_segments,
-    packed_targets,
-    real_lengths,
-)
-from memsearcher_jax.sampling.buckets import bucket
 from memsearcher_jax.sampling.distributions import token_logprobs
 
-# ----------------------------------------------------------------------------- rows
-
-@dataclasses.dataclass
-class RowBatch:
-    """Packed conversation rows, right-padded. All arrays numpy, [R, S] unless noted.
-
-    tokens: prompt + response ids; attention: 1 on real tokens; loss_mask: 1 on generated
-    response tokens (position j holds token j, predicted from positions < j);
-    sampler_logp: the sampler's log-prob of token j (0 elsewhere); advantages, traj_ids,
-    group_ids, turns, is_final: [R].
-    """
-
-    tokens: np.ndarray
-    attention: np.ndarray
-    loss_mask: np.ndarray
-    sampler_logp: np.ndarray
-    advantages: np.ndarray
-    traj_ids: np.ndarray
-    group_ids: np.ndarray
-    turns: np.ndarray
-    is_final: np.ndarray
-
-    @property
-    def num_rows(self) -> int:
-        return self.tokens.shape[0]
-
-    def take(self, idx: np.ndarray) -> RowBatch:
-        return RowBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
-
+# ----------------------------------------------------------------------------- rewards and advantages
 
 def score_trajectories(trajs: Sequence[Trajectory], reward_fn: Callable = compute_reward) -> list[RewardResult]:
     """Each trajectory's reward from its final conversation: reward_fn(blocks, ended_with_eos,
@@ -95,52 +65,8 @@ def score_trajectories(trajs: Sequence[Trajectory], reward_fn: Callable = comput
     return [reward_fn(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
 
 
-def pack_rows(trajs: Sequence[Trajectory], traj_advantages: np.ndarray, pad_id: int,
-              min_len: int = 64, max_len: int | None = None) -> RowBatch:
-    """One row per conversation; every conversation of trajectory i carries A_i. No trajectories:
-    no rows (what a host whose groups were all filtered adds to the gathered rows)."""
-    convs = [c for t in trajs for c in t.conversations]
-    lengths = [len(c.prompt_ids) + len(c.response_ids) for c in convs]
-    # Quarter octaves: a power of two could double the work.
-    s = bucket(max(lengths, default=0), min_len, steps_per_octave=4)
-    if max_len is not None and max(lengths, default=0) > max_len:
-        raise ValueError(f"a conversation has {max(lengths)} tokens, over the trainer's max_len {max_len}")
-    if max_len is not None:
-        s = min(s, max_len)
-    r = len(convs)
-    tokens = np.full((r, s), pad_id, np.int32)
-    attention = np.zeros((r, s), np.int32)
-    loss_mask = np.zeros((r, s), np.float32)
-    sampler_logp = np.zeros((r, s), np.float32)
-    for i, c in enumerate(convs):
-        p, n = len(c.prompt_ids), len(c.response_ids)
-        tokens[i, :p + n] = c.prompt_ids + c.response_ids
-        attention[i, :p + n] = 1
-        loss_mask[i, p:p + n] = c.loss_mask
-        sampler_logp[i, p:p + n] = c.sampler_logprobs
-    traj_ids = np.array([c.traj_id for c in convs], np.int64)
-    ordered_ids = np.array([t.traj_id for t in trajs], np.int64)
-    adv = broadcast_to_rows(traj_advantages, traj_ids, ordered_ids).astype(np.float32)
-    return RowBatch(tokens=tokens, attention=attention, loss_mask=loss_mask, sampler_logp=sampler_logp,
-                    advantages=adv, traj_ids=traj_ids,
-                    group_ids=np.array([c.group_id for c in convs], np.int64),
-                    turns=np.array([c.turn for c in convs], np.int64),
-                    is_final=np.array([c.is_final for c in convs], bool))
-
-
 def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> np.ndarray:
     return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
-
-
-def gather_rows(rows: RowBatch, pad_id: int) -> RowBatch:
-    """Every host's packed rows, in process order, on every host (a collective).
-
-    The sequence length becomes the longest host's bucket, which is the bucket one process
-    packing all the trajectories picks (buckets grow with the length); the extra columns are
-    padding exactly as pack_rows writes it. So the result equals the single-process RowBatch.
-    """
-    fields = {f.name: getattr(rows, f.name) for f in dataclasses.fields(RowBatch)}
-    return RowBatch(**distributed.allgather_rows(fields, pad_values={"tokens": pad_id}))
 
 
 # ----------------------------------------------------------------------------- the loss through the model (traced)
@@ -205,7 +131,6 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, attention: jax.Array, l
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, ent], axis=1)
 
 
-# ----------------------------------------------------------------------------- packed rows (host side)
 def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=None, logits_chunk: int = 0):
     """sum(weights * per-token loss) for one micro-batch, plus masked metric sums. frozen: a
     LoRA model's base (params are then its adapters); logits_chunk: see token_logprobs_and_entropy.
@@ -227,35 +152,7 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=No
     return weighted_loss_sum(loss, mb["weights"]), sums
 
 
-def minibatch_row_indices(traj_ids: np.ndarray, optimizer_steps: int, rng: np.random.Generator,
-                          shuffle: bool = True, whole_trajectories: bool = False) -> list[np.ndarray]:
-    """Split rows [R] into `optimizer_steps` mini-batches (row indices), shuffled unless told not to.
-    With fewer rows (or trajectories) than optimizer_steps some are empty; the learner skips those.
-
-    whole_trajectories: keep every trajectory's rows in one mini-batch (shuffling trajectories,
-    not rows). `trajectory_mean` needs it: a trajectory split over two optimizer steps would
-    weigh 1 in each, bringing back the bias toward long trajectories the mode exists to remove.
-    """
-    traj_ids = np.asarray(traj_ids)
-    if not whole_trajectories:
-        order = rng.permutation(len(traj_ids)) if shuffle else np.arange(len(traj_ids))
-        return np.array_split(order, optimizer_steps)
-    units = np.unique(traj_ids)
-    if shuffle:
-        units = units[rng.permutation(len(units))]
-    rows_of = {u: np.flatnonzero(traj_ids == u) for u in units}
-    return [np.concatenate([rows_of[u] for u in part]) if len(part) else np.zeros((0,), np.int64)
-            for part in np.array_split(units, optimizer_steps)]
-
-
 # ----------------------------------------------------------------------------- learner
-
-def _to_host(x: jax.Array) -> np.ndarray:
-    """Fetch a (possibly multi-host sharded) array to every host."""
-    if jax.process_count() > 1 and not x.is_fully_addressable:
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
@@ -282,7 +179,7 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.old_logprobs_max_gap must be > 0, got {self.old_logprobs_max_gap}")
 
 
-class GRPOLearner(Learner):
+class GRPOLearner(RowLayout, Learner):
     """Holds params, the frozen reference, the optimizer state, and the jitted programs.
 
     LoRA (the model's config.lora_rank > 0): params are the adapters, the optimizer state
@@ -335,26 +232,6 @@ class GRPOLearner(Learner):
         self._logprobs = logprobs
         self._zero_sums, self._accumulate, self._update = zero_sums, accumulate, update
 
-    def _put(self, x: np.ndarray, batch_axis: int):
-        if self.mesh is None or self.mesh.size == 1:
-            return jnp.asarray(x)
-        spec = [None] * x.ndim
-        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if x.shape[batch_axis] % n == 0:
-            spec[batch_axis] = BATCH
-        return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
-
-    def row_width(self, lengths: np.ndarray, columns: int) -> int:
-        """Columns one call gives rows of these real lengths: the longest's whole-octave bucket
-        (from min_seq_len), never wider than the packed rows' own `columns` (pack_rows' bucket of
-        the step's longest row, what the planner sizes) nor max_seq_len. Coarse on purpose: the
-        calls below the longest take a handful of widths a whole run shares."""
-        cfg = self.config
-        return min(bucket(int(lengths.max()), cfg.min_seq_len), cfg.max_seq_len, columns)
-
-    def _batch_shards(self) -> int:
-        return 1 if self.mesh is None or self.mesh.size == 1 else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-
     def compute_logprobs(self, params, rows: RowBatch) -> np.ndarray:
         """Trainer log-probs [R, S] of exactly the sampled ids at the positions the loss reads (each
         row's window over its loss_mask, see loss_windows; 0 outside them), in chunks of
@@ -372,23 +249,9 @@ class GRPOLearner(Learner):
             # Zero rows pad the last chunk so one program serves every chunk of this width.
             tok, att, mask = (fit_block(a[idx], bs, width) for a in (rows.tokens, rows.attention, rows.loss_mask))
             at = loss_windows(mask, width, self.config.min_seq_len)
-            lp = _to_host(self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0), self._put(at, 0)))
+            lp = to_host(self._logprobs(params, self.frozen, self._put(tok, 0), self._put(att, 0), self._put(at, 0)))
             out[idx[:, None], at[:len(idx)]] = lp[:len(idx)]
         return out
-
-    def _pack(self, arrays: dict[str, np.ndarray], lengths: np.ndarray) -> tuple[dict[str, np.ndarray], Packing]:
-        """Conversations' per-token arrays -> packed rows as wide as the longest one's bucket (never
-        wider than the unpacked rows the planner sizes), and the packing."""
-        if (arrays["loss_mask"][:, 0] != 0).any():
-            raise ValueError("loss_mask marks position 0, which no earlier token predicts")
-        packing = first_fit(lengths, self.row_width(lengths, arrays["tokens"].shape[1]))
-        return pack_segments(arrays, packing), packing
-
-    def _packed_block(self, packed: dict[str, np.ndarray], part: np.ndarray, cap: int) -> dict[str, np.ndarray]:
-        """Packed rows `part` as one call's block of block_rows rows (the spare ones padding)."""
-        rows = block_rows(len(part), cap, self._batch_shards())
-        return {k: fit_block(a[part] + 1, rows) - 1 if k == "segments" else fit_block(a[part], rows)
-                for k, a in packed.items()}
 
     def _packed_logprobs(self, params, rows: RowBatch) -> np.ndarray:
         """compute_logprobs over packed rows: every conversation first-fit into rows of one width,
@@ -400,76 +263,13 @@ class GRPOLearner(Learner):
             part = np.arange(i, min(i + bs, packing.num_rows))
             block = self._packed_block(packed, part, bs)
             at = packed_targets(block["loss_mask"], packing.width, self.config.min_seq_len)
-            lp = _to_host(self._logprobs(params, self.frozen, self._put(block["tokens"], 0), None, self._put(at, 0),
+            lp = to_host(self._logprobs(params, self.frozen, self._put(block["tokens"], 0), None, self._put(at, 0),
                                          self._put(block["positions"], 0), self._put(block["segments"], 0)))
             lp_packed[part[:, None], at[:len(part)]] = lp[:len(part)]
         conv, within, row, slot = packing.slots()
         out = np.zeros(rows.tokens.shape, np.float32)
         out[conv, within] = lp_packed[row, slot]
         return np.where(rows.loss_mask != 0, out, 0.0).astype(np.float32)
-
-    def _length_blocks(self, micro: dict, lengths: np.ndarray, columns: int):
-        """Unpacked micro-batches: rows of like length together, each block as wide as its longest row."""
-        mbs = self.config.micro_batch_size
-        order = np.argsort(lengths, kind="stable")
-        for m in range(0, len(order), mbs):
-            part = order[m:m + mbs]
-            width = self.row_width(lengths[part], columns)
-            yield {k: fit_block(a[part], mbs, width) if a.ndim == 2 else fit_block(a[part], mbs)
-                   for k, a in micro.items()}, width
-
-    def _packed_blocks(self, micro: dict, lengths: np.ndarray):
-        """Packed micro-batches: the mini-batch's conversations first-fit into rows, micro_batch_size
-        rows a block. The advantage goes on every token of its conversation."""
-        mbs = self.config.micro_batch_size
-        arrays = {k: a for k, a in micro.items() if a.ndim == 2 and k != "attention"}
-        arrays["advantages"] = np.broadcast_to(micro["advantages"][:, None], micro["tokens"].shape)
-        packed, packing = self._pack(arrays, lengths)
-        for i in range(0, packing.num_rows, mbs):
-            yield self._packed_block(packed, np.arange(i, min(i + mbs, packing.num_rows)), mbs), packing.width
-
-    def update_slots(self, lengths: np.ndarray, columns: int) -> tuple[int, int]:
-        """Slots (rows x width, spare rows included) the update computes over one mini-batch of
-        conversations of these real lengths: (unpacked, packed). The padding metrics' denominators."""
-        mbs = self.config.micro_batch_size
-        order = np.sort(lengths)
-        unpacked = sum(mbs * self.row_width(order[i:i + mbs], columns) for i in range(0, len(order), mbs))
-        width = self.row_width(lengths, columns)
-        n = first_fit(lengths, width).num_rows
-        packed = width * sum(block_rows(min(mbs, n - i), mbs, self._batch_shards()) for i in range(0, n, mbs))
-        return unpacked, packed
-
-    def _micro_batches(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis) -> tuple[list, float]:
-        """One mini-batch (row indices idx, non-empty) as micro-batches of [micro_batch_size, width]
-        device arrays (zero rows pad the last: weight 0, so they add nothing), and its loss denominator.
-
-        The aggregation weights are those of the rows split in order (row j in micro-batch
-        j // micro_batch_size: what microbatch_token_mean normalises by); the gradient is then a
-        weighted sum over tokens, so the rows may be regrouped for computing: rows of like length
-        share a micro-batch, and each micro-batch is only as wide as its longest row; with
-        rl.pack_rows, conversations share packed rows (`_packed_blocks`; the last block only as
-        many rows as block_rows gives). ref_logp None: no reference log-probs (kl_coef 0)."""
-        cfg = self.config
-        n_micro = math.ceil(len(idx) / cfg.micro_batch_size)
-        weights, denom = aggregation_weights(cfg.loss.aggregation, rows.loss_mask[idx], rows.traj_ids[idx],
-                                             np.arange(len(idx)) // cfg.micro_batch_size, n_micro)
-        micro = {"tokens": rows.tokens[idx], "attention": rows.attention[idx], "loss_mask": rows.loss_mask[idx],
-                 "weights": weights, "advantages": rows.advantages[idx], "old_logp": old_logp[idx],
-                 **({"ref_logp": ref_logp[idx]} if ref_logp is not None else {}),
-                 **({"tis": tis[idx]} if tis is not None else {})}
-        lengths = real_lengths(micro["attention"])
-        if cfg.pack_rows:
-            blocks, targets = self._packed_blocks(micro, lengths), packed_targets
-        else:
-            blocks, targets = self._length_blocks(micro, lengths, rows.tokens.shape[1]), loss_windows
-        out = []
-        for block, width in blocks:
-            # The per-token arrays only at the positions the loss reads (the head runs on those alone).
-            at = targets(block["loss_mask"], width, cfg.min_seq_len)
-            block = {k: np.take_along_axis(a, at, axis=1) if a.ndim == 2 and k not in _ROW_KEYS else a
-                     for k, a in block.items()}
-            out.append({k: self._put(a, 0) for k, a in dict(block, targets_at=at).items()})
-        return out, denom
 
     def _minibatch_sums(self, rows: RowBatch, idx: np.ndarray, old_logp, ref_logp, tis):
         """One mini-batch's summed gradients, loss and metric sums (not yet applied), and its denominator."""
@@ -570,19 +370,6 @@ class GRPOLearner(Learner):
         part = rows.take(rest)
         gap = np.abs(self.compute_logprobs(self.params, part) - part.sampler_logp)[part.loss_mask > 0]
         return float(gap.max()) if np.isfinite(gap).all() else float("inf")
-
-    def _padding_metrics(self, rows: RowBatch, minibatches: list[np.ndarray]) -> dict:
-        """The share of the update's slots that hold no token, unpacked and packed (whichever runs)."""
-        lengths = real_lengths(rows.attention)
-        slots = np.array([self.update_slots(lengths[idx], rows.tokens.shape[1]) for idx in minibatches]).reshape(-1, 2)
-        real = float(sum(lengths[idx].sum() for idx in minibatches))
-        if real == 0:
-            return {"pad_frac_unpacked": 0.0, "pad_frac_packed": 0.0}
-        unpacked, packed = (float(x) for x in slots.sum(axis=0))
-        return {"pad_frac_unpacked": 1.0 - real / unpacked, "pad_frac_packed": 1.0 - real / packed}
-
-
-_ROW_KEYS = ("tokens", "attention", "positions", "segments")  # whole rows: the trunk reads every slot
 
 
 def _gap_from_ratios(sums: dict) -> float:

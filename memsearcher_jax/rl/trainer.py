@@ -1,7 +1,7 @@
 """The GRPO training loop: rollouts, updates, checkpoints, metrics. Built by `experiment.build_trainer`.
 
-The math of one step lives in `rl/grpo.py` and the turn loop in `agent/rollout.py`; this file
-runs them: for each step
+The math of one step lives in `rl/grpo.py` (its rows and batches in `rl/batching.py`) and the turn
+loop in `agent/rollout.py`; this file runs them: for each step
     questions -> AgentRunner (sampler + retriever) -> rewards -> rows -> GRPOLearner update
     -> the sampler gets the new weights
 with metrics to TensorBoard + JSONL, a progress bar, and atomic Orbax checkpoints that a
@@ -35,8 +35,9 @@ from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models import CausalLM
 from memsearcher_jax.qa_metrics import compute_reward
 from memsearcher_jax.rl.advantages import groups_with_spread
+from memsearcher_jax.rl.batching import gather_rows, pack_rows
 from memsearcher_jax.rl.checkpoints import BEST_DIR, CHECKPOINTS_DIR
-from memsearcher_jax.rl.grpo import GRPOLearner, gather_rows, pack_rows, score_trajectories
+from memsearcher_jax.rl.grpo import GRPOLearner, score_trajectories
 from memsearcher_jax.rl.hosts import check_search_errors
 from memsearcher_jax.rl.information import information_advantages, merge_info
 from memsearcher_jax.rl.metrics import LOG_DIR, MetricsWriter, rollout_metrics, sample_records

@@ -11,7 +11,7 @@ Cache layout, per call and layer:
 
 Positions are per row (RoPE) and independent of slots, so padding gaps are harmless.
 The suffixes are prefilled on a packed grid, not one row each: distinct suffixes only,
-several short ones to a grid row (packing.py), each attending to the prefix and to itself;
+several short ones to a grid row (prefill_layout.py), each attending to the prefix and to itself;
 then each row's K/V is gathered into its left-padded slots. A ragged batch (the agent's
 50-300-token turns) so costs about its real tokens, not rows x the longest.
 The decode loop is a `lax.while_loop` that stops when every row is done or the largest
@@ -48,7 +48,7 @@ from memsearcher_jax.models.sharding import ShardingConfig, named_sharding
 from memsearcher_jax.sampling.buckets import BucketConfig
 from memsearcher_jax.sampling.distributions import sample_from_logits, token_logprobs
 from memsearcher_jax.sampling.layers import LayerMath, fuse_qkv, layout_layer, layout_params
-from memsearcher_jax.sampling.packing import layout_prefill
+from memsearcher_jax.sampling.prefill_layout import layout_prefill
 from memsearcher_jax.sampling.stopping import NO_TOKEN, normalize_stops, pack_stops, push_window, stop_hits
 
 FINISH_REASONS = ("stop", "length")
