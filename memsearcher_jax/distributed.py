@@ -169,21 +169,31 @@ def local_mesh(tp: int):
     return make_mesh(1, len(devices) // tp, tp, devices=devices)
 
 
-def learner_and_sampler_meshes(data: int, fsdp: int, tp: int):
+def learner_and_sampler_meshes(data: int, fsdp: int, tp: int, sampler_devices: int = 0):
     """(learner mesh, sampler mesh) for a data x fsdp x tp mesh. One process: that mesh for both
     (None on one device). Several: the learner spans every device of every host (global_mesh),
-    each host samples on its own (local_mesh)."""
+    each host samples on its own (local_mesh). sampler_devices > 0 (one process): the learner on
+    the first data x fsdp x tp devices, the sampler on the last sampler_devices (tp of them split
+    each layer, the rest the rows), so neither waits for the other's devices (rl/async_rollout.py)."""
     import jax
 
+    from memsearcher_jax.errors import UserInputError
     from memsearcher_jax.models import make_mesh
 
+    n_dev, devices = data * fsdp * tp, jax.devices()
+    if sampler_devices and jax.process_count() > 1:
+        raise UserInputError(f"sampler.devices={sampler_devices}: a sampler on devices of its own is built for one "
+                             "host; on several hosts each samples on its own devices already: set sampler.devices=0")
+    if sampler_devices and n_dev + sampler_devices > len(devices):
+        raise UserInputError(f"sampler.devices={sampler_devices} beside mesh.data x mesh.fsdp x mesh.tp = {n_dev} "
+                             f"learner devices needs {n_dev + sampler_devices} devices; this process has "
+                             f"{len(devices)}: lower one of them")
     if jax.process_count() > 1:
         return global_mesh(data, fsdp, tp), local_mesh(tp)
-    n_dev = data * fsdp * tp
-    if n_dev > 1:
-        mesh = make_mesh(data, fsdp, tp, devices=jax.devices()[:n_dev])
-        return mesh, mesh
-    return None, None
+    mesh = make_mesh(data, fsdp, tp, devices=devices[:n_dev]) if n_dev > 1 else None
+    if sampler_devices:
+        return mesh, make_mesh(sampler_devices // tp, 1, tp, devices=devices[-sampler_devices:])
+    return mesh, mesh
 
 
 def to_local_arrays(tree: Any, mesh) -> Any:

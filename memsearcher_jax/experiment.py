@@ -226,8 +226,8 @@ def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_b
 
 
 def learner_and_sampler_meshes(cfg: ml_collections.ConfigDict):
-    """(learner mesh, sampler mesh) of cfg.mesh (distributed.learner_and_sampler_meshes)."""
-    return distributed.learner_and_sampler_meshes(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp)
+    """(learner mesh, sampler mesh) of cfg.mesh and sampler.devices (distributed.learner_and_sampler_meshes)."""
+    return distributed.learner_and_sampler_meshes(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, cfg.sampler.devices)
 
 
 def sampling_mesh(cfg: ml_collections.ConfigDict):

@@ -87,6 +87,9 @@ class Trajectory:
     # Per opened turn: (conversation, start, end) of the context that turn's act prompt carries from
     # earlier turns (`Workflow.carried_span`); read it back with `carried_ids`.
     carried: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    # The version of the weights that sampled it: the learner's step count when they were made (the
+    # trainer sets it; a rollout ahead of the learner, rl.max_staleness > 0, samples with older ones).
+    policy_version: int = 0
 
     @property
     def final(self) -> Conversation:

@@ -1,4 +1,5 @@
-"""Checks one saved item of a checkpoint step before Orbax restores it.
+"""The training loop's checkpoints (`CheckpointedLoop`: save, resume, the best params), and the
+checks of one saved item of a checkpoint step before Orbax restores it.
 
 A restore that fails part-way (a data file cut short by a full disk or a half copy, a missing
 one, an array of another shape) raises from one of Orbax's concurrent reads and leaves the
@@ -9,6 +10,7 @@ value, synchronously, so a damaged checkpoint is refused before any restore star
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -17,13 +19,16 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
+from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.rl import async_rollout
+
 # Where the training loop keeps its checkpoints in its output directory (run_dir.py's list of a
 # run's files reads these): every train.save_every steps, and the best eval/em so far.
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
 # The items a step holds: what the loop saves, and what Orbax adds for a best_fn manager (the
 # metrics it ranks the step by).
-STEP_ITEMS = ("params", "opt_state", "meta", "metrics")
+STEP_ITEMS = ("params", "opt_state", "meta", "metrics", async_rollout.BEHAVIOUR_ITEM)
 
 
 def leaf_shapes(tree) -> dict[str, tuple]:
@@ -97,3 +102,71 @@ def item_problem(step_dir: str, name: str, tree) -> str | None:
     # concurrent reads, which fail and leave the same pending coroutines a restore would.
     problem = data_problem(item_dir) or shape_problem(item_dir, tree)
     return f"{name}/: {problem}" if problem else None
+
+
+class CheckpointedLoop:
+    """The GRPO trainer's (`rl/trainer.py::Trainer`) atomic Orbax checkpoints, which a resumed run
+    continues from exactly: params, optimizer state, step and the schedule's stage (the data
+    position and the seeds follow from the step); with rl.max_staleness > 0 also the older weights
+    its queued rollouts sample with (rl/async_rollout.py), so they are regenerated alike."""
+
+    @property
+    def checkpoints(self):
+        if self._ckpt is None:
+            opts = ocp.CheckpointManagerOptions(max_to_keep=self.loop.keep, enable_async_checkpointing=True)
+            self._ckpt = ocp.CheckpointManager(self.out_dir / CHECKPOINTS_DIR, options=opts)
+        return self._ckpt
+
+    @property
+    def best(self):
+        """best/: the params with the highest eval/em so far (Orbax keeps one, by best_fn)."""
+        if self._best is None:
+            opts = ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["eval/em"], best_mode="max")
+            self._best = ocp.CheckpointManager(self.out_dir / BEST_DIR, options=opts)
+        return self._best
+
+    def close(self) -> None:
+        """Finish pending saves and stop the managers' threads (left to exit, they print asyncio errors)."""
+        async_rollout.stop(self)
+        for manager in (m for m in (self._ckpt, self._best) if m is not None):
+            manager.close()
+        self._ckpt = self._best = None
+
+    def save(self, block: bool = False):
+        # The data position and the step's seeds follow from step and seed (batch_for_step, _step_seed).
+        meta = {"step": self.step, "skipped_steps": self.learner.skipped_steps,
+                "skipped_updates": self.skipped_updates, "seed": self.loop.seed,
+                "model_config": dataclasses.asdict(self.learner.model().config), **self.schedule.state(), **self.meta}
+        behaviour, behaviour_meta = async_rollout.checkpoint_items(self)  # K > 0: the queued rollouts' weights
+        # Params, optimizer state and metadata are separate items: export restores params alone.
+        self.checkpoints.save(self.step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(self.learner.params), opt_state=ocp.args.StandardSave(self.learner.opt_state),
+            meta=ocp.args.JsonSave({**meta, **behaviour_meta}), **behaviour), force=True)
+        if block:
+            self.checkpoints.wait_until_finished()
+
+    def maybe_resume(self) -> bool:
+        latest = self.checkpoints.latest_step()
+        if latest is None:
+            return False
+        abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+        try:
+            restored = self.checkpoints.restore(latest, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract(self.learner.params)),
+                opt_state=ocp.args.StandardRestore(abstract(self.learner.opt_state)), meta=ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged file
+            where = f"{self.checkpoints.directory}/{latest}"
+            raise UserInputError(f"cannot resume: the checkpoint of step {latest} ({where}) cannot be read "
+                                 f"({type(e).__name__}); it is truncated or incomplete. Remove {where} to resume "
+                                 "from the step before, or start over with --fresh") from None
+        self.learner.params = restored["params"]
+        self.learner.opt_state = restored["opt_state"]
+        self.learner.skipped_steps = int(restored["meta"]["skipped_steps"])
+        self.skipped_updates = int(restored["meta"].get("skipped_updates", 0))  # absent before it was recorded
+        self.step = int(restored["meta"]["step"])
+        self.schedule.restore(restored["meta"])
+        self.sampler.update_params(self._sampling_model())
+        if self.pipelined:
+            self.restored_versions = async_rollout.restore_versions(self, latest, restored["meta"])
+        return True
+

@@ -292,7 +292,7 @@ class GRPOLearner(RowLayout, Learner):
         ref_logp = self.compute_logprobs(self.ref_params, rows) if cfg.loss.kl_coef != 0 else None
         return old_logp, ref_logp
 
-    def train_on_rows(self, rows: RowBatch, rng: np.random.Generator) -> dict:
+    def train_on_rows(self, rows: RowBatch, rng: np.random.Generator, stale: bool = False) -> dict:
         """Old/ref log-probs, then one update per mini-batch of the shuffled rows that holds a loss token.
 
         A mini-batch with no loss token (no rows: more optimizer_steps than rows, or than
@@ -304,7 +304,10 @@ class GRPOLearner(RowLayout, Learner):
         rl.old_logprobs="sampler": the first mini-batch's loss pass runs the weights the sampler
         ran, so its ratios exp(trainer - sampler) measure the gap on its tokens for free; the other
         rows' gap takes a forward pass over them (`_gap_outside`), before the first update. Above
-        old_logprobs_max_gap on any row the old log-probs are recomputed and that mini-batch redone."""
+        old_logprobs_max_gap on any row the old log-probs are recomputed and that mini-batch redone.
+        stale (rows sampled by older weights, rl.max_staleness > 0): the sampler's log-probs are the
+        behaviour policy's, which the ratio and clip are taken against; the gap is then the policy's
+        drift since, not a mismatch: it is logged (the first mini-batch's, free), nothing is recomputed."""
         cfg = self.config
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
         old_logp, ref_logp = self._old_and_ref_logprobs(rows)
@@ -322,7 +325,9 @@ class GRPOLearner(RowLayout, Learner):
         metrics.update(ratio_max_first=1.0, ratio_min_first=1.0)
         for i, idx in enumerate(minibatches):
             acc, denom = self._minibatch_sums(rows, idx, old_logp, ref_logp, tis)
-            if cfg.old_logprobs == "sampler" and i == 0:
+            if stale and i == 0:
+                sampler_gap = _gap_from_ratios(acc[2])
+            elif cfg.old_logprobs == "sampler" and i == 0:
                 t1 = time.perf_counter()
                 sampler_gap = max(_gap_from_ratios(acc[2]), self._gap_outside(rows, idx))
                 if sampler_gap > cfg.old_logprobs_max_gap:

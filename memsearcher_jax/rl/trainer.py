@@ -18,7 +18,9 @@ same tokens as one process.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 
@@ -31,12 +33,13 @@ from tqdm.auto import tqdm
 
 from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models import CausalLM
 from memsearcher_jax.qa_metrics import compute_reward
+from memsearcher_jax.rl import async_rollout
 from memsearcher_jax.rl.advantages import groups_with_spread
+from memsearcher_jax.rl.async_rollout import Collected
 from memsearcher_jax.rl.batching import gather_rows, pack_rows
-from memsearcher_jax.rl.checkpoints import BEST_DIR, CHECKPOINTS_DIR
+from memsearcher_jax.rl.checkpoints import CheckpointedLoop
 from memsearcher_jax.rl.grpo import GRPOLearner, score_trajectories
 from memsearcher_jax.rl.hosts import check_search_errors
 from memsearcher_jax.rl.information import information_advantages, merge_info
@@ -63,11 +66,12 @@ class LoopConfig:
     max_refill: int = 0                 # refill rounds of fresh questions per step (zero_std)
     info_signal: str = "off"            # "log" | "reward": per-question information signal (rl/information.py)
     info_coef: float = 0.0              # "reward": weight of its group-normalised bonus in the advantage
+    max_staleness: int = 0              # K > 0: steps t+1..t+K rolled out while step t learns (rl/async_rollout.py)
 
 
 # ----------------------------------------------------------------------------- the loop
 
-class Trainer:
+class Trainer(CheckpointedLoop):
     """Runs (or resumes) GRPO: `train()`. Built from a config by `experiment.build_trainer`.
 
     learner: the GRPOLearner (its mesh is `mesh`); runner: the turn loop over `runner.sampler`,
@@ -93,36 +97,20 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.step = 0
         self.skipped_updates = 0  # steps whose update was skipped: nothing to learn (train_step)
+        # Rollouts ahead of the learner (K > 0; set True to force the path at K = 0): the thread, the
+        # older weights its first rollouts need (a resumed run's) and the step it stops before.
+        self.pipelined, self.pipeline, self.restored_versions, self.end_step = loop.max_staleness > 0, None, [], None
         self._ckpt = self._best = None
         self._last_samples: list = []
 
     def _sampling_model(self) -> CausalLM:
         return sampling_model(self.learner, self.mesh, self.sampler_mesh, self.loop.sampling_dtype)
 
-    # --- checkpoints ---
-    @property
-    def checkpoints(self):
-        if self._ckpt is None:
-            opts = ocp.CheckpointManagerOptions(max_to_keep=self.loop.keep, enable_async_checkpointing=True)
-            self._ckpt = ocp.CheckpointManager(self.out_dir / CHECKPOINTS_DIR, options=opts)
-        return self._ckpt
-
-    @property
-    def best(self):
-        """best/: the params with the highest eval/em so far (Orbax keeps one, by best_fn)."""
-        if self._best is None:
-            opts = ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["eval/em"], best_mode="max")
-            self._best = ocp.CheckpointManager(self.out_dir / BEST_DIR, options=opts)
-        return self._best
-
-    def close(self) -> None:
-        """Finish pending saves and stop the managers' threads (left to exit, they print asyncio errors)."""
-        for manager in (m for m in (self._ckpt, self._best) if m is not None):
-            manager.close()
-        self._ckpt = self._best = None
-
     def _evaluate(self, metrics: dict) -> None:
-        got = self.evaluate(self.sampler)
+        with self.pipeline.sampler_held() if self.pipeline is not None else contextlib.nullcontext():
+            if self.pipeline is not None:  # the sampler holds an older version: evaluate the learner's
+                self.sampler.update_params(self._sampling_model())
+            got = self.evaluate(self.sampler)
         metrics.update({f"eval/{k}": v for k, v in got.items() if isinstance(v, (int, float))})
         meta = {"step": self.step, "model_config": dataclasses.asdict(self.learner.model().config), **self.meta}
         self.best.save(self.step, args=ocp.args.Composite(params=ocp.args.StandardSave(self.learner.params),
@@ -130,59 +118,24 @@ class Trainer:
                        metrics={"eval/em": float(got["em"])})
         self.best.wait_until_finished()
 
-    def save(self, block: bool = False):
-        # The data position and the step's seeds follow from step and seed (batch_for_step, _step_seed).
-        meta = {"step": self.step, "skipped_steps": self.learner.skipped_steps,
-                "skipped_updates": self.skipped_updates, "seed": self.loop.seed,
-                "model_config": dataclasses.asdict(self.learner.model().config), **self.schedule.state(), **self.meta}
-        # Params, optimizer state and metadata are separate items: export restores params alone.
-        self.checkpoints.save(self.step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(self.learner.params), opt_state=ocp.args.StandardSave(self.learner.opt_state),
-            meta=ocp.args.JsonSave(meta)), force=True)
-        if block:
-            self.checkpoints.wait_until_finished()
-
-    def maybe_resume(self) -> bool:
-        latest = self.checkpoints.latest_step()
-        if latest is None:
-            return False
-        abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-        try:
-            restored = self.checkpoints.restore(latest, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract(self.learner.params)),
-                opt_state=ocp.args.StandardRestore(abstract(self.learner.opt_state)), meta=ocp.args.JsonRestore()))
-        except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged file
-            where = f"{self.checkpoints.directory}/{latest}"
-            raise UserInputError(f"cannot resume: the checkpoint of step {latest} ({where}) cannot be read "
-                                 f"({type(e).__name__}); it is truncated or incomplete. Remove {where} to resume "
-                                 "from the step before, or start over with --fresh") from None
-        self.learner.params = restored["params"]
-        self.learner.opt_state = restored["opt_state"]
-        self.learner.skipped_steps = int(restored["meta"]["skipped_steps"])
-        self.skipped_updates = int(restored["meta"].get("skipped_updates", 0))  # absent before it was recorded
-        self.step = int(restored["meta"]["step"])
-        self.schedule.restore(restored["meta"])
-        self.sampler.update_params(self._sampling_model())
-        return True
-
     # --- one step ---
-    def _rollout(self, refill: int = 0):
-        """Roll out this host's slice of the step's questions (refill > 0: the refill round's
-        fresh questions) and score them. Returns (trajectories, reward results, #questions)."""
+    def _rollout(self, step: int, pool: list[dict], refill: int = 0):
+        """Roll out this host's slice of step `step`'s questions from `pool` (refill > 0: the refill
+        round's fresh questions) and score them. Returns (trajectories, reward results, #questions)."""
         loop = self.loop
         seed = loop.seed if refill == 0 else loop.seed + 7919 * refill
-        questions, _ = batch_for_step(self.schedule.questions, self.step, loop.batch_questions, seed)
+        questions, _ = batch_for_step(pool, step, loop.batch_questions, seed)
         # This host's contiguous slice (all of it on one host): a group's G samples stay
         # together, so rewards and advantages need nothing from the other hosts.
         first_q = jax.process_index() * (len(questions) // self.num_hosts) + refill * loop.batch_questions
         questions = distributed.host_shard(questions, jax.process_index(), self.num_hosts)
         # Global ids: group ids for the advantages, trajectory ids for the rows and the seeds.
-        trajs = self.runner.run(questions, group_size=loop.group_size, seed=_step_seed(loop.seed, self.step),
-                                first_group_id=self.step * loop.batch_questions + first_q,
+        trajs = self.runner.run(questions, group_size=loop.group_size, seed=_step_seed(loop.seed, step),
+                                first_group_id=step * loop.batch_questions + first_q,
                                 first_traj_id=first_q * loop.group_size)
         return trajs, score_trajectories(trajs, self.reward_fn), len(questions)
 
-    def _keep_groups_with_spread(self, trajs, results, n_groups: int):
+    def _keep_groups_with_spread(self, trajs, results, n_groups: int, step: int, pool: list[dict]):
         """Dynamic sampling (filter_groups="zero_std"): drop groups whose rewards all tie and refill
         from fresh questions, up to max_refill rounds. Returns (kept, their results, #dropped, #refills)."""
         want = n_groups * self.loop.group_size
@@ -191,21 +144,36 @@ class Trainer:
         dropped, refills = n_groups - len(kept) // self.loop.group_size, 0
         while len(kept) < want and refills < self.loop.max_refill:
             refills += 1
-            more, more_results, _ = self._rollout(refills)
+            more, more_results, _ = self._rollout(step, pool, refills)
             kept += [(t, r) for t, r, k in zip(more, more_results, spread(more, more_results)) if k]
         return [t for t, _ in kept[:want]], [r for _, r in kept[:want]], dropped, refills
 
-    def _update(self, trajs, results) -> tuple[int, dict]:
-        """Advantages, rows (gathered over hosts), the updates, the sampler's new weights -> (#rows, metrics)."""
+    def _collect(self, step: int, version: int, pool: list[dict]) -> Collected:
+        """Step `step`'s rollout (on the sampler's weights, `version`), scored, zero_std's filter applied."""
+        t0 = time.perf_counter()
+        self.runner.stats = type(self.runner.stats)()
+        trajs, results, n_groups = self._rollout(step, pool)
+        kept, kept_results, dropped, refills = trajs, results, 0, 0
+        if self.loop.filter_groups == "zero_std":
+            kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups, step, pool)
+        for t in trajs + kept:
+            t.policy_version = version
+        return Collected(step, version, trajs, results, kept, kept_results, dropped, refills, self.runner.stats,
+                         time.perf_counter() - t0)
+
+    def _update(self, trajs, results, stale: bool = False) -> tuple[int, dict]:
+        """Advantages, rows (gathered over hosts), the updates, the sampler's new weights -> (#rows, metrics).
+        stale: sampled by older weights than the learner's (rl/async_rollout.py), which refreshes the sampler."""
         grpo, (adv, info) = self.learner.config, information_advantages(self, trajs, results)
         rows = pack_rows(trajs, adv, self.pad_id, min_len=grpo.min_seq_len, max_len=grpo.max_seq_len)
         if self.num_hosts > 1:
             rows = gather_rows(rows, self.pad_id)
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
-        update = self.learner.train_on_rows(rows, np.random.default_rng([self.loop.seed, self.step, 1]))
+        update = self.learner.train_on_rows(rows, np.random.default_rng([self.loop.seed, self.step, 1]), stale=stale)
         update["time_update"] = time.perf_counter() - t0 - update["time_logprobs"]
         update["compiles_update"] = (compile_stats.snapshot() - c0).programs - update["compiles_logprobs"]
-        self.sampler.update_params(self._sampling_model())
+        if not self.pipelined:
+            self.sampler.update_params(self._sampling_model())
         return rows.num_rows, merge_info(update, info)
 
     def _any_host_kept(self, kept: list) -> bool:
@@ -216,45 +184,49 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One GRPO step: rollout (under zero_std, dynamic sampling), then the update. Under zero_std a step
-        whose groups all tie has nothing to learn (all advantages 0), so its update is skipped and counted."""
-        loop = self.loop
+        whose groups all tie has nothing to learn (all advantages 0), so its update is skipped and counted.
+        Pipelined (rl.max_staleness > 0): the rollout was made ahead, by rl/async_rollout.py's thread."""
         t0, c0 = time.perf_counter(), compile_stats.snapshot()
-        self.runner.stats = type(self.runner.stats)()
-        trajs, results, n_groups = self._rollout()
-        kept, kept_results, dropped, refills = trajs, results, 0, 0
-        if loop.filter_groups == "zero_std":
-            kept, kept_results, dropped, refills = self._keep_groups_with_spread(trajs, results, n_groups)
-        t_rollout = time.perf_counter() - t0
+        got, ahead = (async_rollout.take(self) if self.pipelined
+                      else (self._collect(self.step, self.step, self.schedule.questions), {}))
+        trajs, results, stats = got.trajs, got.results, got.stats
         # A step that mostly read "search failed" is not trained on: decided on every host's counts.
-        check_search_errors(self.runner.stats, self.num_hosts)
+        check_search_errors(stats, self.num_hosts)
         # Multi-host: a host that kept no group still joins the others' update (its collectives),
         # with no rows, so the update is the one a single process makes on the kept groups alone.
-        update_any = self._any_host_kept(kept)
+        update_any = self._any_host_kept(got.kept)
         no_update = {"time_logprobs": 0.0, "time_update": 0.0, "compiles_logprobs": 0, "compiles_update": 0}
-        num_rows, update = self._update(kept, kept_results) if update_any else (0, no_update)
+        stale = got.version < self.step
+        num_rows, update = self._update(got.kept, got.kept_results, stale) if update_any else (0, no_update)
         skip = {} if update_any else {"skipped_update_reason": "every group's rewards tie"}
         self.skipped_updates += 0 if update_any else 1
+        if self.pipelined:
+            ahead.update(async_rollout.staleness_metrics(got.kept, self.step))
         self.step += 1
-        stats = self.runner.stats
+        if self.pipelined:  # the thread may start the rollout this version admits
+            async_rollout.publish(self, updated=update_any)
         # Multi-host: rollout metrics are this host's trajectories; "rows" and the update's are global.
         metrics = rollout_metrics(trajs, results, num_rows)
-        metrics.update(filtered_groups=dropped, refill_rounds=refills, skipped_update=int(not update_any), **skip,
-                       **update)
+        metrics.update(filtered_groups=got.dropped, refill_rounds=got.refills, skipped_update=int(not update_any),
+                       **skip, **update, **ahead)
         if self.loop.log_samples_every and self.step % self.loop.log_samples_every == 0:
             self._last_samples = sample_records(trajs, results, self.runner.builder.decode, self.loop.samples_per_log)
         metrics.update({
             "skipped_steps_total": self.learner.skipped_steps, "skipped_updates_total": self.skipped_updates,
-            "time_rollout": t_rollout, "time_sampling": stats.sampler_seconds,
+            "time_rollout": got.seconds, "time_sampling": stats.sampler_seconds,
             "time_retrieval": stats.retrieval_seconds, "search_errors": stats.search_errors,
             "tokens_per_second": stats.generated_tokens / max(stats.sampler_seconds, 1e-9),
         })
         metrics.update(compile_stats.step_compiles(compile_stats.snapshot() - c0, update["compiles_logprobs"],
                                      update["compiles_update"]))
+        if self.pipelined:
+            metrics["time_step"] = time.perf_counter() - t0
         return metrics
 
     def train(self, steps: int | None = None) -> list[dict]:
         steps = self.loop.steps if steps is None else steps
         self.maybe_resume()
+        self.end_step = steps  # a pipeline rolls out no step past the last
         lead = jax.process_index() == 0  # one host writes the logs and draws the bar
         writer = (MetricsWriter(str(self.out_dir / LOG_DIR), resume_step=self.step,
                                 wandb_project=self.loop.wandb_project, run_name=self.out_dir.name) if lead else None)
@@ -281,6 +253,7 @@ class Trainer:
                 if self.step % self.loop.save_every == 0 or self.step == steps:
                     self.save()
         finally:
+            async_rollout.stop(self, wait=sys.exc_info()[0] is None)  # an interrupted run does not wait
             bar.close()
             if writer is not None:
                 writer.close()
