@@ -77,12 +77,17 @@ class SamplerSettings(Section):
     cache_dtype: str = setting("bfloat16", "the KV cache's dtype (and the sampler's compute dtype)")
     batch_size: int = setting(0, "rows per sampler call (0: every live row in one call); bounds the KV cache")
     prefill_query_block: int = setting(512, "prefill attention: queries per block (0: all at once)")
+    devices: int = setting(0, "devices that decode on their own: the sampler on the last sampler.devices devices "
+                              "(a multiple of mesh.tp), the learner on the mesh's before them (0: both share the "
+                              "mesh's devices)")
 
     def problems(self, training: bool = True) -> list[str]:
         from memsearcher_jax.sampling.sampler import check_query_block  # the sampler loads JAX
 
+        problems = [] if self.devices >= 0 else [f"sampler.devices must be >= 0 (0: the learner's devices), got "
+                                                 f"{self.devices}"]
         try:
             check_query_block(self.prefill_query_block)
         except ValueError as e:
-            return [f"sampler.{e}"]
-        return []
+            problems.append(f"sampler.{e}")
+        return problems

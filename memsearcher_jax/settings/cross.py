@@ -21,6 +21,9 @@ def cross_section_problems(s, training: bool = True) -> list[str]:
         problems.append(f"rl.old_logprobs='sampler' needs the sampler to run the trainer's dtype, but "
                         f"sampler.cache_dtype={s.sampler.cache_dtype!r} and model.dtype={s.model.dtype!r}; "
                         "set them equal or rl.old_logprobs='recompute'")
+    if s.sampler.devices > 0 and s.sampler.devices % s.mesh.tp:
+        problems.append(f"sampler.devices={s.sampler.devices} must be a multiple of mesh.tp={s.mesh.tp}: the sampler "
+                        "splits each layer over tp devices as the learner does")
     return problems + data_problems(s, training) + objectives_problems(s) + warm_start_problems(s, training)
 
 

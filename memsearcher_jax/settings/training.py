@@ -132,6 +132,9 @@ class RLSettings(Section):
                                              "rollout's own (needs sampler.cache_dtype = model.dtype)")
     old_logprobs_max_gap: float = setting(0.01, 'old_logprobs="sampler": the largest |trainer - sampler| log-prob of '
                                                 "a sampled token a step accepts, else it recomputes")
+    max_staleness: int = setting(0, "K > 0: steps t+1..t+K are rolled out with older weights while step t learns, "
+                                    'each trajectory at most K steps stale (needs old_logprobs="sampler"; '
+                                    "rl/async_rollout.py); 0: rollout, then update, in turn")
     info_signal: str = setting("off", '"log": score log p(gold | each turn\'s carried context) after the rollout '
                                       '(info/* metrics); "reward": also shape the advantage (rl/information.py)')
     info_coef: float = setting(0.0, 'info_signal="reward": weight of the group-normalised information gain')
@@ -154,6 +157,13 @@ class RLSettings(Section):
             problems.append(f"rl.max_refill must be >= 0, got {self.max_refill}")
         if self.old_logprobs not in ("recompute", "sampler"):
             problems.append(f"rl.old_logprobs must be 'recompute' or 'sampler', got {self.old_logprobs!r}")
+        if self.max_staleness < 0:
+            problems.append(f"rl.max_staleness must be >= 0 (0: no rollout ahead of the learner), got "
+                            f"{self.max_staleness}")
+        elif self.max_staleness > 0 and self.old_logprobs != "sampler":
+            # The ratio and clip must be taken against the policy that sampled, K versions back.
+            problems.append(f"rl.max_staleness={self.max_staleness} needs rl.old_logprobs='sampler' (the ratio and "
+                            f"clip against the weights that sampled), got {self.old_logprobs!r}")
         try:
             load_reward_fn(self.reward_fn)
         except TrainConfigError as e:
