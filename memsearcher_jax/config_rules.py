@@ -26,7 +26,7 @@ import ml_collections
 from memsearcher_jax import compile_stats, planner
 from memsearcher_jax.agent.config import AgentConfig
 from memsearcher_jax.config_utils import missing_keys, schema_problems
-from memsearcher_jax.distributed import batch_split_problems
+from memsearcher_jax.distributed import batch_split_problems, staleness_host_problems
 from memsearcher_jax.machine_rules import host_plan_problem, input_path_problems, writable_dir_problem
 from memsearcher_jax.memory_estimates import PlanError
 from memsearcher_jax.planner import check_fits
@@ -120,7 +120,7 @@ class OwnersReading:
     """What the job's hosts and this machine make of the keys that depend on them: a problem list
     per key (empty: accepted). The sections' own owners (the sampler's query block, the tool's
     schema, the world's objectives, LoRA) are asked by the sections' `problems()`."""
-    batch_split: list[str]    # rl.batch_questions over this job's hosts (distributed.py)
+    batch_split: list[str]    # rl.batch_questions (and rl.max_staleness) over this job's hosts (distributed.py)
     cache_dir: str | None     # the compilation cache's directory (compile_stats), None: not asked or refused
     cache_dir_problems: list[str]
 
@@ -130,6 +130,7 @@ def owners_reading(cfg: ml_collections.ConfigDict, training: bool = True, files:
     asks nothing of the hosts; files=False nothing of this machine's cache directory."""
     batch_split = (batch_split_problems(cfg.rl.batch_questions, jax.process_count())
                    if training and cfg.rl.batch_questions >= 1 else [])
+    batch_split += staleness_host_problems(cfg.rl.max_staleness, jax.process_count()) if training else []
     cache_dir, cache_problems = None, []
     if files and training:
         try:

@@ -121,6 +121,15 @@ def batch_split_problems(batch_questions: int, hosts: int) -> list[str]:
     return []
 
 
+def staleness_host_problems(max_staleness: int, hosts: int) -> list[str]:
+    """rl.max_staleness > 0 on several hosts: not built (the rollout thread would refresh the
+    sampler's host-local weights, a collective, beside the learner's own collectives)."""
+    if hosts > 1 and max_staleness > 0:
+        return [f"rl.max_staleness={max_staleness} (rollouts ahead of the learner) is built for one host; this job "
+                f"has {hosts}: set rl.max_staleness=0"]
+    return []
+
+
 def host_shard(items: Sequence[T], process_index: int, process_count: int) -> list[T]:
     """This host's contiguous slice of a global batch (equal sizes; the batch must divide).
 

@@ -240,7 +240,7 @@ def test_sampler_on_devices_of_its_own_trains_what_shared_devices_train(tmp_path
 def test_its_keys_rules_name_the_key_and_what_is_expected():
     from memsearcher_jax.config_rules import config_problems
     from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.distributed import learner_and_sampler_meshes
+    from memsearcher_jax.distributed import learner_and_sampler_meshes, staleness_host_problems
     from memsearcher_jax.errors import UserInputError
 
     def problems(*overrides):
@@ -253,6 +253,7 @@ def test_its_keys_rules_name_the_key_and_what_is_expected():
     assert any("sampler.devices must be >= 0" in p for p in problems(("sampler.devices", "-1")))
     assert any("sampler.devices=3 must be a multiple of mesh.tp=2" in p
                for p in problems(("sampler.devices", "3"), ("mesh.tp", "2")))
+    assert staleness_host_problems(1, 2) and not staleness_host_problems(0, 2) and not staleness_host_problems(1, 1)
     with pytest.raises(UserInputError, match=r"sampler.devices=2 beside .* = 8 learner devices needs 10 devices"):
         learner_and_sampler_meshes(2, 2, 2, 2)  # the test process has 8
     learner, sampler = learner_and_sampler_meshes(2, 1, 2, 4)
