@@ -82,7 +82,7 @@ from memsearcher_jax.run_dir import (  # noqa: E402
     replaced,
     write_text,
 )
-from memsearcher_jax.settings import Settings  # noqa: E402
+from memsearcher_jax.settings import SECTIONS, typed_section  # noqa: E402
 
 MEMORY_WORKFLOWS = ("memsearcher", "memory_ops")
 MODELS = ("warm_start", "grpo")
@@ -106,8 +106,10 @@ def run_config(run: str, workflow: str):
     if workflow not in settings.get("workflow_configs", {}):
         raise UserInputError(f"--workflows {workflow}: {path} holds no such workflow; it has "
                              f"{', '.join(settings.get('workflow_configs', {})) or 'none'}")
-    # A config recorded before a key existed gets that key at its default.
-    cfg = Settings.from_config(ml_collections.ConfigDict(settings["workflow_configs"][workflow])).to_config()
+    recorded = ml_collections.ConfigDict(settings["workflow_configs"][workflow])
+    # A config recorded before a key existed gets that key at its default, in each section it records.
+    cfg = ml_collections.ConfigDict({name: typed_section(recorded, name).to_dict() if name in SECTIONS
+                                     else recorded[name] for name in recorded})
     cfg.train.output_dir = os.path.join(run, workflow)
     return cfg
 

@@ -116,6 +116,20 @@ def test_a_key_a_file_leaves_out_takes_its_default_and_can_be_overridden(tmp_pat
         _load(bad)
 
 
+def test_a_bench_run_recorded_before_a_key_existed_reads_it_at_its_default(tmp_path):
+    """bench/episode_report.py replays a paper_tables run from its settings.json: a section it records
+    without a key added since (agent.hint, world.objectives_schedule) gets the key at its default,
+    which the readers, with no `.get` fallback left, need; a section it does not record stays out."""
+    from tests.bench_loader import load_bench
+
+    recorded = load_config(DEFAULT).to_dict()
+    del recorded["agent"]["hint"], recorded["world"]["objectives_schedule"], recorded["mesh"]
+    (tmp_path / "settings.json").write_text(json.dumps({"workflow_configs": {"memsearcher": recorded}}, default=list))
+    cfg = load_bench("episode_report").run_config(str(tmp_path), "memsearcher")
+    assert cfg.agent.hint == "none" and cfg.world.objectives_schedule == "" and "mesh" not in cfg
+    assert cfg.agent.max_turns == load_config(DEFAULT).agent.max_turns  # what it records stays
+
+
 def test_an_unknown_key_is_refused_naming_the_closest_and_a_missing_section_named():
     cfg = load_config(DEFAULT)
     cfg.rl.group_szie = 8
