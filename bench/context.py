@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.config_utils import split_overrides
 
 
 def tokens_processed(traj) -> int:
@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     from memsearcher_jax.jobs import restore_policy
     from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.rl.grpo import score_trajectories
+    from memsearcher_jax.settings import load_settings
     from memsearcher_jax.warm_start import warm_start
 
     ws = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
@@ -81,8 +82,7 @@ def main(argv=None) -> int:
     if not (args.model or args.checkpoint) and os.path.exists(ws) and not cached:
         ap.error(f"--out: {ws} exists but holds no cached warm start (config.json); the warm start would write model "
                  "files there: give another --out")
-    cfg = load_config(args.config, overrides)
-    cfg.train.output_dir = args.out
+    cfg = load_settings(args.config, overrides).with_values({"train.output_dir": args.out})  # built once
     setup = build_setup(cfg)
     if args.model:
         policy = from_pretrained(args.model)
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     else:
         # Not the old "warmstart" dir: a model cached there was taught the MemSearcher format only.
         ws_dir = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
-        cfg.sft.react_share = args.react_share
+        cfg = cfg.with_values({"sft.react_share": args.react_share})
         policy = from_pretrained(warm_start(cfg, setup, ws_dir))
     sampler = build_sampler(cfg, policy, sampling_mesh(cfg))  # only a sampler: no learner is needed
     questions = setup.eval_questions[: args.questions]

@@ -51,8 +51,6 @@ import os
 import re
 import sys
 
-import ml_collections
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.paper_tables import eval_config  # noqa: E402
@@ -82,7 +80,7 @@ from memsearcher_jax.run_dir import (  # noqa: E402
     replaced,
     write_text,
 )
-from memsearcher_jax.settings import SECTIONS, typed_section  # noqa: E402
+from memsearcher_jax.settings import SECTIONS, Settings  # noqa: E402
 
 MEMORY_WORKFLOWS = ("memsearcher", "memory_ops")
 MODELS = ("warm_start", "grpo")
@@ -106,12 +104,12 @@ def run_config(run: str, workflow: str):
     if workflow not in settings.get("workflow_configs", {}):
         raise UserInputError(f"--workflows {workflow}: {path} holds no such workflow; it has "
                              f"{', '.join(settings.get('workflow_configs', {})) or 'none'}")
-    recorded = ml_collections.ConfigDict(settings["workflow_configs"][workflow])
-    # A config recorded before a key existed gets that key at its default, in each section it records.
-    cfg = ml_collections.ConfigDict({name: typed_section(recorded, name).to_dict() if name in SECTIONS
-                                     else recorded[name] for name in recorded})
-    cfg.train.output_dir = os.path.join(run, workflow)
-    return cfg
+    recorded = settings["workflow_configs"][workflow]
+    # The report's settings, built once: a config recorded before a key existed gets that key at its
+    # default, a section it does not record (a partial record) the section's defaults.
+    s = Settings(**{name: SECTIONS[name].from_section(section) for name, section in recorded.items()
+                    if name in SECTIONS and section is not None})
+    return s.with_values({"train.output_dir": os.path.join(run, workflow)})
 
 
 def report_name(workflow: str, model: str, objectives: int, sampled: bool, seed: int) -> str:
@@ -269,7 +267,7 @@ def summarize(eps: list[dict]) -> dict:
     }
 
 
-def run_episodes(cfg, setup_n, sampler, args) -> tuple[list[dict], list, list, str]:
+def run_episodes(cfg: Settings, setup_n, sampler, args) -> tuple[list[dict], list, list, str]:
     """(questions, trajectories, their RewardResults, the mode in words) for one model."""
     if args.sampled:
         # GRPO's rollouts: the training turn loop, the training questions, and the trainer's reward.
@@ -320,7 +318,7 @@ def check_out(out: str, run: str) -> None:
     check_marked_out(out, MARKER, WRITER, hint=hint if older else "")
 
 
-def check_models(cfg, workflow: str, models: list[str]) -> None:
+def check_models(cfg: Settings, workflow: str, models: list[str]) -> None:
     """Each model the report runs is in the workflow's run directory (paper_tables trains the
     workflows it is given: RUN may hold some only), before any is loaded."""
     run_dir = cfg.train.output_dir

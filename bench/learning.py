@@ -18,12 +18,13 @@ import os
 import sys
 import time
 
-from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.config_utils import split_overrides
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.experiment import build_setup
 from memsearcher_jax.jobs import held_out_em, train_job
 from memsearcher_jax.rft import rft_control
 from memsearcher_jax.run_dir import existing_parent
+from memsearcher_jax.settings import load_settings
 from memsearcher_jax.warm_start import extra_sft
 
 
@@ -99,10 +100,8 @@ def run_seeds(args, overrides) -> list[tuple]:
     GRPO minutes, job minutes) each."""
     rows = []
     for seed in seed_range(args):
-        cfg = load_config(args.config, overrides)
-        cfg.train.seed = seed
-        cfg.world.seed = seed
-        cfg.train.output_dir = os.path.join(args.out, f"seed{seed}")
+        cfg = load_settings(args.config, overrides).with_values(  # this seed's settings, built once
+            {"train.seed": seed, "world.seed": seed, "train.output_dir": os.path.join(args.out, f"seed{seed}")})
         t0 = time.perf_counter()
         summary = train_job(cfg, resume=False)
         minutes = (time.perf_counter() - t0) / 60

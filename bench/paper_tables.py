@@ -48,10 +48,10 @@ import sys
 import time
 
 import jax
-import ml_collections
 
 from memsearcher_jax.agent.config import episode_turns
 from memsearcher_jax.agent.workflows import workflow_names
+from memsearcher_jax.config_rules import settings_of as settings_of_config  # paper_tables has a settings_of
 from memsearcher_jax.config_utils import load_config, split_overrides
 from memsearcher_jax.curves import plot_prompt_tokens_by_turn, read_metrics
 from memsearcher_jax.errors import UserInputError
@@ -73,12 +73,14 @@ from memsearcher_jax.rft import rft_control
 from memsearcher_jax.rl.evaluation import COVERAGE_KEYS
 from memsearcher_jax.run_dir import (
     STAGING_PREFIX,
+    config_record,
     existing_parent,
     prepare_output_dir,
     replaced,
     write_json,
     write_text,
 )
+from memsearcher_jax.settings import Settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.paper_targets import target_lines  # noqa: E402
@@ -131,34 +133,34 @@ READING_THRESHOLD = 0.95  # the base's reading probe at or above this reads a co
 
 # ----------------------------------------------------------------------------- configs
 
-def workflow_config(base: ml_collections.ConfigDict, workflow: str, out_dir: str, train_objectives: int,
-                    memory_budget: int | None = None) -> ml_collections.ConfigDict:
+def workflow_config(base: Settings, workflow: str, out_dir: str, train_objectives: int,
+                    memory_budget: int | None = None) -> Settings:
     """base with this workflow, its own output dir, N training objectives, turns for them and
     CONTEXT_ROOM tokens per call and per conversation."""
-    cfg = ml_collections.ConfigDict(base.to_dict())
-    cfg.agent.workflow = workflow
-    cfg.world.objectives = train_objectives
+    cfg = base.with_values({"agent.workflow": workflow, "world.objectives": train_objectives})
     if not cfg.sft.demo_objectives and train_objectives > 1:
         # The warm start shows 1 to max(4, N) questions at once in equal shares: single questions (an
         # instruct LLM, MEM1's start, answers those already: a base shown only pairs answers every
         # question with two answers, EM 0 at 1), and more than the training count, so that the
         # format and the habit of searching every question reach the counts evaluated.
-        cfg.sft.demo_objectives = ",".join(str(k) for k in range(1, max(4, train_objectives) + 1))
+        cfg = cfg.with_values({"sft.demo_objectives": ",".join(str(k) for k in range(1, max(4, train_objectives) + 1))})
     # Turns and memory cover the largest demonstration too (4 objectives: 9 turns, ~70 tokens of
     # facts), so that the warm start never shows an episode the workflow would cut short.
     most = max(train_objectives, *demo_objective_counts(cfg), *train_objective_counts(cfg))
-    if cfg.agent.turns_per_question:  # a budget per count (AgentConfig.episode_turns): max_turns is one question's
-        cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(1))
+    agent = cfg.agent
+    if agent.turns_per_question:  # a budget per count (AgentConfig.episode_turns): max_turns is one question's
+        max_turns = max(agent.max_turns, turns_for(1))
     else:
-        cfg.agent.max_turns = max(cfg.agent.max_turns, turns_for(most) - 1, turns_for(train_objectives))
-    cfg.agent.max_context_tokens = max(cfg.agent.max_context_tokens, CONTEXT_ROOM)
-    cfg.agent.max_response_tokens = max(cfg.agent.max_response_tokens, CONTEXT_ROOM)
-    cfg.train.output_dir = out_dir
-    cfg.train.eval_questions = 0  # the bench evaluates itself, at every objective count
-    cfg.train.eval_every = 0
-    cfg.agent.memory_budget = (memory_budget if memory_budget is not None
-                               else max(cfg.agent.memory_budget, MEMORY_PER_OBJECTIVE * most))
-    return cfg
+        max_turns = max(agent.max_turns, turns_for(most) - 1, turns_for(train_objectives))
+    return cfg.with_values({
+        "agent.max_turns": max_turns,
+        "agent.max_context_tokens": max(agent.max_context_tokens, CONTEXT_ROOM),
+        "agent.max_response_tokens": max(agent.max_response_tokens, CONTEXT_ROOM),
+        "train.output_dir": out_dir,
+        "train.eval_questions": 0,  # the bench evaluates itself, at every objective count
+        "train.eval_every": 0,
+        "agent.memory_budget": (memory_budget if memory_budget is not None
+                                else max(agent.memory_budget, MEMORY_PER_OBJECTIVE * most))})
 
 
 def turns_for(objectives: int) -> int:
@@ -175,17 +177,16 @@ def turns_for(objectives: int) -> int:
 MEMORY_PER_OBJECTIVE = 32
 
 
-def eval_config(cfg: ml_collections.ConfigDict, objectives: int, memory_budget: int | None = None):
+def eval_config(cfg: Settings, objectives: int, memory_budget: int | None = None) -> Settings:
     """The evaluation at N objectives: N-objective questions, turns for them (one more than
     training's 2N+2) and a memory budget of at least MEMORY_PER_OBJECTIVE x N tokens (Table 4
     passes its own budget)."""
-    out = ml_collections.ConfigDict(cfg.to_dict())
-    out.world.objectives = objectives
+    changes = {"world.objectives": objectives,
+               "agent.memory_budget": (memory_budget if memory_budget is not None
+                                       else max(cfg.agent.memory_budget, MEMORY_PER_OBJECTIVE * objectives))}
     if not cfg.agent.turns_per_question:  # else each question after the first adds its turns to eval_max_turns
-        out.agent.eval_max_turns = max(cfg.agent.eval_max_turns, turns_for(objectives) + 1)
-    out.agent.memory_budget = (memory_budget if memory_budget is not None
-                               else max(cfg.agent.memory_budget, MEMORY_PER_OBJECTIVE * objectives))
-    return out
+        changes["agent.eval_max_turns"] = max(cfg.agent.eval_max_turns, turns_for(objectives) + 1)
+    return cfg.with_values(changes)
 
 
 # ----------------------------------------------------------------------------- phases (resumable)
@@ -214,7 +215,7 @@ class ModelEvaluator:
     or GRPO-trained ("grpo") model of one workflow run at n objectives. Each model is loaded on
     first use, so a rerun whose evaluations are all done loads nothing."""
 
-    def __init__(self, cfg, eval_questions: int):
+    def __init__(self, cfg: Settings, eval_questions: int):
         self.cfg, self.eval_questions, self.samplers, self.setup = cfg, eval_questions, {}, None
 
     def sampler(self, which: str):
@@ -240,7 +241,7 @@ class ModelEvaluator:
                 "prompt_tokens_by_turn": got["prompt_tokens_by_turn"], "questions": len(got["results"])}
 
 
-def timed_train(cfg) -> dict:
+def timed_train(cfg: Settings) -> dict:
     """train_job (resuming whatever an earlier, killed run left), this call's wall time, and the
     GRPO steps' own time (rollout + log-probs + update) summed over every logged step: unlike the
     job's wall time it includes the steps of a stretch that was killed before a resume."""
@@ -252,7 +253,7 @@ def timed_train(cfg) -> dict:
     return {**summary, "job_seconds": time.perf_counter() - t0, "grpo_step_seconds": step_seconds}
 
 
-def timed_rft(cfg, grpo_seconds: float) -> dict:
+def timed_rft(cfg: Settings, grpo_seconds: float) -> dict:
     """The RFT control (memsearcher_jax/rft.py) from the warm start, for at least GRPO's time; the
     model is saved in OUT/<workflow>/rft/ (a HF directory) for the evaluations."""
     setup = build_setup(cfg)
@@ -264,7 +265,7 @@ def timed_rft(cfg, grpo_seconds: float) -> dict:
     return got.summary()
 
 
-def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, name: str | None = None,
+def run_workflow(cfg: Settings, objectives, out: str, evaluator, warm_objectives=None, name: str | None = None,
                  rft: bool = False) -> dict:
     """Warm start + GRPO by the default job, then the held-out evaluations of both models; every
     phase is read back from OUT/phases/<name>/ when an earlier run finished it, and an
@@ -292,7 +293,7 @@ def run_workflow(cfg, objectives, out: str, evaluator, warm_objectives=None, nam
     return result
 
 
-def budget_sweep(cfg, budgets, out: str, eval_questions: int, train_each: bool, evaluator=None) -> dict:
+def budget_sweep(cfg: Settings, budgets, out: str, eval_questions: int, train_each: bool, evaluator=None) -> dict:
     """memsearcher EM at each memory budget: the trained model evaluated at each (default), or
     (train_each) a run trained at each budget; each budget is a phase of its own."""
     n = cfg.world.objectives
@@ -581,14 +582,15 @@ def release_memory() -> None:
     gc.collect()
 
 
-def settings_of(base: ml_collections.ConfigDict, args) -> dict:
+def settings_of(base: Settings, args) -> dict:
     """What every phase's result depends on: a rerun into the same --out must have the same. Each
     workflow's own config is recorded too (every workflow, since a rerun may add some): what
     workflow_config derives from the base (turns, context room, the warm start's objective mix)
     changes with the code, and a warm start or checkpoint made under other rules must not be reused."""
     return json.loads(json.dumps({
-        "config": base.to_dict(), "train_objectives": args.train_objectives, "budget_training": args.budget_training,
-        "workflow_configs": {w: workflow_config(base, w, w, args.train_objectives).to_dict() for w in WORKFLOWS}}))
+        "config": config_record(base), "train_objectives": args.train_objectives,
+        "budget_training": args.budget_training,
+        "workflow_configs": {w: config_record(workflow_config(base, w, w, args.train_objectives)) for w in WORKFLOWS}}))
 
 
 def check_settings(out: str, settings: dict) -> None:
@@ -627,7 +629,7 @@ def first_difference(a, b, where: str = "") -> str | None:
     return None if a == b else f"{where.rstrip('.')}: {a!r} -> {b!r}"
 
 
-def provenance(base: ml_collections.ConfigDict, argv, seed: int) -> dict:
+def provenance(base: Settings, argv, seed: int) -> dict:
     """What a results.json must say about where it came from: the seed, the base model, the git
     commit (and whether the tree had uncommitted changes) and the command."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -678,8 +680,9 @@ def main(argv=None) -> int:
         raise UserInputError(f"--seeds {args.seeds!r}: expected comma-separated whole numbers >= 0 (e.g. 0,1,2)")
     reports = {}
     for seed in seeds:
-        base = load_config(args.config, overrides)
-        base.world.seed = base.train.seed = seed
+        # The bench's settings, built once (the config file's keys refused as a job refuses them).
+        base = settings_of_config(load_config(args.config, overrides)).with_values(
+            {"world.seed": seed, "train.seed": seed})
         # One seed: OUT itself (as before seeds existed); several: OUT/seed<S>/ each.
         out = os.path.abspath(args.out) if len(seeds) == 1 else os.path.join(os.path.abspath(args.out), f"seed{seed}")
         reports[seed] = run_seed(base, args, argv, seed, out)
@@ -775,7 +778,7 @@ def seed_mean_report(reports: dict) -> dict:
     return out
 
 
-def run_seed(base: ml_collections.ConfigDict, args, argv, seed: int, out: str) -> dict:
+def run_seed(base: Settings, args, argv, seed: int, out: str) -> dict:
     """Every table for one seed, into `out` (resumable: see the module docstring)."""
     workflows = [w for w in args.workflows.split(",") if w]
     unknown = [w for w in workflows if w not in workflow_names()]

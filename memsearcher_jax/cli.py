@@ -51,31 +51,31 @@ def _run_args(p: argparse.ArgumentParser, func):
 def _load(args, schema=training_schema) -> object:
     """The command's config: the file's own keys held against `schema()` (an unknown or misspelled
     key, a missing section: a ConfigError naming it), then the --config.* overrides. A training or
-    evaluation config is the typed settings', built once here (settings.load_settings): every key,
-    the file's or its default; `pretrain` reads configs/base_v8.py's keys as they are."""
+    evaluation config is the typed Settings, built once here (settings.load_settings) and handed down:
+    every key, the file's or its default; `pretrain` reads configs/base_v8.py's keys as they are."""
     if schema is not training_schema:
         return load_config(args.config, args.config_overrides, schema())
     from memsearcher_jax.settings import load_settings  # light: no JAX
 
-    return load_settings(args.config, args.config_overrides).to_config()
+    return load_settings(args.config, args.config_overrides)
 
 
 def _resumable(job, schema=training_schema):
     """A run command: the config, or with --print-config just its print."""
     def cmd(args) -> int:
         cfg = _load(args, schema)
-        if args.print_config:
-            print(cfg)
+        if args.print_config:  # printed as the ConfigDict a file gives (the settings' every key)
+            print(cfg.to_config() if hasattr(cfg, "to_config") else cfg)
         else:
             job(cfg, args)
         return 0
     return cmd
 
 
-def _train(cfg, args):
+def _train(settings, args):
     from memsearcher_jax.jobs import train_job
 
-    train_job(cfg, resume=not args.fresh)
+    train_job(settings, resume=not args.fresh)
 
 
 def _pretrain(cfg, args):
@@ -102,10 +102,10 @@ def cmd_eval(args) -> int:
     from memsearcher_jax.jobs import run_eval
     from memsearcher_jax.validation import check_writable
 
-    cfg = _load(args)
+    settings = _load(args)
     if args.out:  # before any work: a read-only --out failed after the whole evaluation, its results lost
         check_writable(args.out, f"--out {args.out}")
-    run_eval(cfg, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
+    run_eval(settings, checkpoint=args.checkpoint, model_dir=args.model, split=args.split, limit=args.limit,
              out=args.out, workflow=args.workflow, objectives=args.objectives)
     return 0
 
@@ -144,11 +144,11 @@ def cmd_plan(args) -> int:
     from memsearcher_jax.config_rules import config_problems, refuse
     from memsearcher_jax.planner import main as plan_main
 
-    cfg = _load(args)
+    settings = _load(args)
     # The rules `train` asks, before the table: a plan of a config training would refuse is no
     # answer. Not the files: the plan is often made away from the pod that holds the data.
-    refuse(config_problems(cfg, files=False))
-    return plan_main(cfg, args)
+    refuse(config_problems(settings, files=False))
+    return plan_main(settings, args)
 
 
 def _add_pretrain(sub) -> None:

@@ -1,8 +1,9 @@
 """A config's checks, in one pass: what the config alone can tell, each problem naming its key.
 
-    problems = config_problems(cfg, training)   # every problem, in one list (training=False: evaluation)
-    validate(cfg, training)                     # TrainConfigError listing them all; nothing when none
-    check_config(cfg, training)                 # validate, then (training) whether the plan fits its devices
+    s = settings_of(cfg, training)              # an entry point's Settings (a library user's ConfigDict, once)
+    problems = config_problems(s, training)     # every problem, in one list (training=False: evaluation)
+    validate(s, training)                       # TrainConfigError listing them all; nothing when none
+    check_config(s, training)                   # validate, then (training) whether the plan fits its devices
 
 Each section's own rules are its typed settings' `problems()` (memsearcher_jax/settings/), the
 rules between sections settings/cross.py's; asked here with what the hosts and the machine tell
@@ -36,6 +37,7 @@ from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig
 from memsearcher_jax.sampling.sampler import check_query_block
 from memsearcher_jax.settings import (  # the readers' and rules' old home: their names stay importable here
+    SamplerSettings,
     Settings,
     TrainConfigError,
     auto_flag as auto_flag,
@@ -65,34 +67,38 @@ KEYS_READ_HERE = {"agent": ("eval_max_turns", "tool", "tool_schema", "stop_token
                   "train": ("eval_questions", "eval_per_set", "compilation_cache_dir")}
 
 
-def typed(cls, cfg: ml_collections.ConfigDict, **computed):
+def typed(cls, s: Settings, **computed):
     """cls(...) with every field not in `computed` read from the key of the same name in its
-    config sections (SECTIONS_OF[cls]); TrainConfigError naming a key the config lacks."""
+    settings' sections (SECTIONS_OF[cls]); TrainConfigError naming a field no section has."""
     values = {}
     for f in dataclasses.fields(cls):
         if f.name in computed:
             continue
-        section = next((s for s in SECTIONS_OF[cls] if f.name in cfg[s]), None)
+        section = next((sec for sec in SECTIONS_OF[cls] if f.name in _keys(s[sec])), None)
         if section is None:
-            raise TrainConfigError(f"the config has no {' or '.join(f'{s}.{f.name}' for s in SECTIONS_OF[cls])} "
+            raise TrainConfigError(f"the config has no {' or '.join(f'{sec}.{f.name}' for sec in SECTIONS_OF[cls])} "
                                    f"({cls.__name__}.{f.name}); start from configs/default.py, which has every key")
-        values[f.name] = cfg[section][f.name]
+        values[f.name] = s[section][f.name]
     return cls(**values, **computed)
 
 
-def agent_config(cfg: ml_collections.ConfigDict) -> AgentConfig:
+def _keys(section) -> set[str]:
+    return {f.name for f in dataclasses.fields(section)}
+
+
+def agent_config(s: Settings) -> AgentConfig:
     # Rows per sampler call live with the sampler's settings (the planner reads them there).
-    return typed(AgentConfig, cfg, sampler_batch_size=int(cfg.sampler.batch_size))
+    return typed(AgentConfig, s, sampler_batch_size=int(s.sampler.batch_size))
 
 
-def grpo_config(cfg: ml_collections.ConfigDict) -> GRPOConfig:
+def grpo_config(s: Settings) -> GRPOConfig:
     # The cosine schedule's length: every optimizer step of the run. later_rates belong to
     # pretraining phases (memsearcher_jax/pretrain/), not to GRPO.
-    optim = typed(OptimConfig, cfg, total_steps=cfg.train.steps * cfg.rl.optimizer_steps, later_rates=())
+    optim = typed(OptimConfig, s, total_steps=s.train.steps * s.rl.optimizer_steps, later_rates=())
     # The learner scores tokens under the distribution the rollouts sampled from. Greedy (0) is refused
     # for training (settings/cross.py); an evaluation config that sets it never trains.
-    temperature = cfg.agent.temperature if cfg.agent.temperature > 0 else 1.0
-    return typed(GRPOConfig, cfg, loss=typed(LossConfig, cfg, temperature=temperature), optim=optim)
+    temperature = s.agent.temperature if s.agent.temperature > 0 else 1.0
+    return typed(GRPOConfig, s, loss=typed(LossConfig, s, temperature=temperature), optim=optim)
 
 
 def output_path(path: str) -> str:
@@ -100,15 +106,15 @@ def output_path(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
-def loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
+def loop_config(s: Settings) -> LoopConfig:
     # Weights move to the sampler in the model's compute dtype.
-    return typed(LoopConfig, cfg, output_dir=output_path(cfg.train.output_dir), sampling_dtype=cfg.model.dtype)
+    return typed(LoopConfig, s, output_dir=output_path(s.train.output_dir), sampling_dtype=s.model.dtype)
 
 
-def prefill_query_block(cfg: ml_collections.ConfigDict) -> int:
+def prefill_query_block(sampler: SamplerSettings) -> int:
     """sampler.prefill_query_block; TrainConfigError naming the key unless an integer >= 0."""
     try:
-        return check_query_block(cfg.sampler.prefill_query_block)
+        return check_query_block(sampler.prefill_query_block)
     except ValueError as e:
         raise TrainConfigError(f"sampler.{e}") from None
 
@@ -125,16 +131,16 @@ class OwnersReading:
     cache_dir_problems: list[str]
 
 
-def owners_reading(cfg: ml_collections.ConfigDict, training: bool = True, files: bool = True) -> OwnersReading:
+def owners_reading(s: Settings, training: bool = True, files: bool = True) -> OwnersReading:
     """The hosts' split of the questions and the cache directory, each asked once. training=False
     asks nothing of the hosts; files=False nothing of this machine's cache directory."""
-    batch_split = (batch_split_problems(cfg.rl.batch_questions, jax.process_count())
-                   if training and cfg.rl.batch_questions >= 1 else [])
-    batch_split += staleness_host_problems(cfg.rl.max_staleness, jax.process_count()) if training else []
+    batch_split = (batch_split_problems(s.rl.batch_questions, jax.process_count())
+                   if training and s.rl.batch_questions >= 1 else [])
+    batch_split += staleness_host_problems(s.rl.max_staleness, jax.process_count()) if training else []
     cache_dir, cache_problems = None, []
     if files and training:
         try:
-            cache_dir = compile_stats.resolve_cache_dir(cfg.train.compilation_cache_dir)
+            cache_dir = compile_stats.resolve_cache_dir(s.train.compilation_cache_dir)
         except ValueError as e:  # a blank directory (it would become a directory named " ")
             cache_problems = [str(e)]
     return OwnersReading(batch_split=batch_split, cache_dir=cache_dir, cache_dir_problems=cache_problems)
@@ -150,7 +156,8 @@ def refuse(problems: list[str], what: str = "training config") -> None:
         raise TrainConfigError(f"invalid {what}:\n  - " + "\n  - ".join(problems))
 
 
-def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files: bool = True) -> list[str]:
+def config_problems(cfg: Settings | ml_collections.ConfigDict, training: bool = True,
+                    files: bool = True) -> list[str]:
     """Every problem the config alone can tell, each naming its key, in one list: its values (the
     typed settings' rules, settings.Settings.problems, and the split of the questions over the hosts;
     when they are sane, the typed dataclasses' own checks), the files it reads (input_path_problems)
@@ -158,14 +165,17 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files
     for no training data, no groups and no warm start. files=False asks for the values alone, not
     this machine's files: `memsearcher-jax plan` sizes a pod's run on a machine that holds none of
     its data. First of all, its keys: an unknown key, a missing section or a missing key is refused
-    on its own (a config below the entry point has every key: Settings.from_config(...).to_config())."""
-    if problems := schema_problems(cfg, schema()):
-        return problems  # the rules below read every section by name
-    if missing := missing_keys(cfg, schema()):
-        return [f"the config has no {', '.join(missing[:6])}{' (and more)' if len(missing) > 6 else ''}: a config "
-                "file starts from configs/default.py's get_config(), which has every key, and changes what it needs"]
+    on its own (Settings, built at the entry point, have every key: those checks are the file's)."""
+    if not isinstance(cfg, Settings):
+        if problems := schema_problems(cfg, schema()):
+            return problems  # the rules below read every section by name
+        if missing := missing_keys(cfg, schema()):
+            return [f"the config has no {', '.join(missing[:6])}{' (and more)' if len(missing) > 6 else ''}: a "
+                    "config file starts from configs/default.py's get_config(), which has every key, and changes "
+                    "what it needs"]
+        cfg = Settings.from_config(cfg)
     owners = owners_reading(cfg, training, files)
-    problems = (Settings.from_config(cfg).problems(training) + owners.batch_split) or typed_problems(cfg)
+    problems = (cfg.problems(training) + owners.batch_split) or typed_problems(cfg)
     if files:
         problems += input_path_problems(cfg, training)
         if training:
@@ -173,31 +183,41 @@ def config_problems(cfg: ml_collections.ConfigDict, training: bool = True, files
     return problems
 
 
-def validate(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+def validate(cfg: Settings | ml_collections.ConfigDict, training: bool = True) -> None:
     """TrainConfigError listing every problem `config_problems` finds (nothing when there are none)."""
     refuse(config_problems(cfg, training), "training config" if training else "evaluation config")
 
 
-def check_config(cfg: ml_collections.ConfigDict, training: bool = True) -> None:
+def settings_of(cfg: Settings | ml_collections.ConfigDict, training: bool = True) -> Settings:
+    """An entry point's settings, built once: Settings as they are; a library user's ConfigDict with
+    each key it leaves out at its default. A key the schema refuses (unknown, or a missing section)
+    is a TrainConfigError naming it, as validate words it."""
+    if isinstance(cfg, Settings):
+        return cfg
+    refuse(schema_problems(cfg, schema()), "training config" if training else "evaluation config")
+    return Settings.from_config(cfg)
+
+
+def check_config(s: Settings, training: bool = True) -> None:
     """The one pass over a config before any work: every problem of it, reported together
     (validate); then what needs sane values to be asked: whether training fits its devices
     (planner.check_fits, PlanError with the table; on CPU a warning against the host's memory),
     before anything compiles."""
-    validate(cfg, training)
+    validate(s, training)
     if training:
         backend = jax.default_backend()
-        if backend == "cpu" and (problem := host_plan_problem(planner.plan_memory(cfg), backend,
+        if backend == "cpu" and (problem := host_plan_problem(planner.plan_memory(s), backend,
                                                               planner.host_memory_bytes())):
             raise PlanError(problem)
-        check_fits(cfg)
+        check_fits(s)
 
 
-def typed_problems(cfg: ml_collections.ConfigDict) -> list[str]:
+def typed_problems(s: Settings) -> list[str]:
     """The typed dataclasses' own checks (asked once the rest passed: they assume sane values)."""
     try:
-        agent_config(cfg)
-        grpo_config(cfg)
-        loop_config(cfg)
+        agent_config(s)
+        grpo_config(s)
+        loop_config(s)
     except (ValueError, TypeError) as e:
         return [str(e)]
     return []

@@ -1,5 +1,6 @@
-"""An experiment from its config: every piece a job needs, built once, from a checked config.
+"""An experiment from its settings: every piece a job needs, built once, from checked settings.
 
+    cfg = load_settings("configs/default.py")   # the typed Settings (a ConfigDict: Settings.from_config)
     check_config(cfg)                      # config_rules: every problem of the config, then the plan
     setup = build_setup(cfg)               # tokenizer, prompt builder, retriever, questions
     trainer = build_trainer(cfg, setup)    # checks (check_config), then meshes, learner, sampler,
@@ -20,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from memsearcher_jax import distributed
@@ -72,6 +72,7 @@ from memsearcher_jax.rl.sampler_weights import sampling_model
 from memsearcher_jax.rl.schedule import QuestionSchedule
 from memsearcher_jax.rl.trainer import Trainer
 from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.settings import ModelSettings, RetrievalSettings, Settings, TrainSettings, WorldSettings
 from retrieval.bm25 import BM25Retriever
 from retrieval.client import HTTPRetriever
 from retrieval.loading import load_retriever
@@ -91,10 +92,10 @@ class Setup:
     missing_eval_sets: dict[str, str] = dataclasses.field(default_factory=dict)  # paper sets not found: why
 
 
-def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
+def build_setup(cfg: Settings, training: bool = True) -> Setup:
     """Tokenizer, prompt builder, retriever and questions. training=False skips the training set."""
     # What the set-up reads from the config alone, read (and refused) before anything is built.
-    vocab_dir = reading_vocab_dir(cfg) if cfg.world.enabled else None
+    vocab_dir = reading_vocab_dir(cfg.model) if cfg.world.enabled else None
     multi_answer, counts = multi_answer_prompt(cfg), train_objective_counts(cfg)
     tool = tool_from_config(cfg.agent.tool, cfg.agent.tool_schema)
     world_paths = None
@@ -116,7 +117,7 @@ def build_setup(cfg: ml_collections.ConfigDict, training: bool = True) -> Setup:
         train_q = training_questions(os.path.expanduser(cfg.data.train_path)) if training else []
         eval_sets, missing_sets = (evaluation_sets(os.path.expanduser(cfg.data.eval_path)) if cfg.data.eval_path
                                    else ({}, {}))
-    stop_ids, retriever = stop_token_ids(cfg, tokenizer), build_retriever(cfg, world_paths)
+    stop_ids, retriever = stop_token_ids(cfg, tokenizer), build_retriever(cfg.retrieval, world_paths)
     builder = PromptBuilder(tokenizer, default_top_n=cfg.agent.default_top_n, style=cfg.agent.prompt_style,
                             stop_ids=stop_ids, tool=tool, multi_answer=multi_answer, hint=cfg.agent.hint)
     return Setup(tokenizer=tokenizer, builder=builder, retriever=retriever,
@@ -135,14 +136,14 @@ def with_objectives(setup: Setup, n: int, seed: int = 0) -> Setup:
                                eval_sets=eval_sets, eval_questions=list(eval_sets["synthetic-heldout"]))
 
 
-def reading_vocab_dir(cfg: ml_collections.ConfigDict) -> str | None:
+def reading_vocab_dir(model: ModelSettings) -> str | None:
     """model.source when it ships a reading vocabulary (the pretrained base does): the synthetic
     world then names its entities from the vocabulary's reserved pool and uses its tokenizer."""
-    source = os.path.expanduser(cfg.model.source)
-    return source if cfg.model.source != "init" and ReadingVocab.exists(source) else None
+    source = os.path.expanduser(model.source)
+    return source if model.source != "init" and ReadingVocab.exists(source) else None
 
 
-def stop_token_ids(cfg: ml_collections.ConfigDict, tokenizer) -> list[int]:
+def stop_token_ids(cfg: Settings, tokenizer) -> list[int]:
     """What every generation call stops on besides <|im_end|>: `agent.stop_token_ids` when set,
     else the tokenizer's eos and every eos id of the model directory (model.source)."""
     override = [int(i) for i in cfg.agent.stop_token_ids]
@@ -155,12 +156,12 @@ def stop_token_ids(cfg: ml_collections.ConfigDict, tokenizer) -> list[int]:
     return ids
 
 
-def build_retriever(cfg: ml_collections.ConfigDict, world_paths=None):
-    kind = cfg.retrieval.kind
+def build_retriever(retrieval: RetrievalSettings, world_paths=None):
+    kind = retrieval.kind
     if kind == "http":
-        return HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api)
+        return HTTPRetriever(retrieval.url, api=retrieval.api)
     if kind == "index":
-        return load_retriever(os.path.expanduser(cfg.retrieval.index_dir))
+        return load_retriever(os.path.expanduser(retrieval.index_dir))
     if world_paths is None:
         raise TrainConfigError("retrieval.kind=bm25 without a saved index needs the synthetic world; "
                                "use retrieval.kind=index with a directory built by `memsearcher-jax index`")
@@ -169,7 +170,7 @@ def build_retriever(cfg: ml_collections.ConfigDict, world_paths=None):
 
 # ----------------------------------------------------------------------------- the warm start's demonstrator
 
-def demo_config(cfg: ml_collections.ConfigDict) -> DemoConfig:
+def demo_config(cfg: Settings) -> DemoConfig:
     """The demonstrator's settings: its deliberate flaws at the `sft.*_rate` settings, and turns
     enough for the objectives its questions ask (`sft.demo_objectives`)."""
     rates = {k: cfg.sft[k] for k in ("vague_query_rate", "wrong_answer_rate", "early_answer_rate", "two_hop_early_rate",
@@ -186,7 +187,7 @@ def demo_config(cfg: ml_collections.ConfigDict) -> DemoConfig:
                       workflow=cfg.agent.workflow, **rates)
 
 
-def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
+def demo_questions(cfg: Settings, setup: Setup) -> list[dict]:
     """The first `sft.num_demos` training questions the demonstrator scripts: the training set
     as GRPO sees it, or (sft.demo_objectives) equal shares at each objective count, interleaved
     so any prefix keeps the shares."""
@@ -198,7 +199,7 @@ def demo_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
 
 # ----------------------------------------------------------------------------- model, meshes, sampler
 
-def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None, lora: bool = True) -> CausalLM:
+def load_policy(cfg: Settings, setup: Setup, source: str | None = None, lora: bool = True) -> CausalLM:
     """The policy model.source (or `source`) gives, with fresh LoRA adapters when model.lora_rank > 0
     (lora=False: without them, e.g. for the supervised warm start, which trains every weight)."""
     source, m = source or cfg.model.source, cfg.model
@@ -215,27 +216,27 @@ def load_policy(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None
                            scan_layers=m.scan_layers, remat=m.remat, **adapters)
 
 
-def build_sampler(cfg: ml_collections.ConfigDict, model: CausalLM, mesh, layer_by_layer: bool = False,
+def build_sampler(cfg: Settings, model: CausalLM, mesh, layer_by_layer: bool = False,
                   to_local=None) -> Sampler:
     """The Sampler the config asks for (cache dtype, prefill query block) over `model` on `mesh`.
     layer_by_layer / to_local: as Sampler takes them (a LoRA trainer's sampler). Buckets: the
     turn loop's coarse ones (planner.turn_loop_buckets), so a run compiles its programs early."""
-    block, buckets = prefill_query_block(cfg), turn_loop_buckets(cfg, jax.process_count())
+    block, buckets = prefill_query_block(cfg.sampler), turn_loop_buckets(cfg, jax.process_count())
     return Sampler(model, cache_dtype=jnp.dtype(cfg.sampler.cache_dtype), mesh=mesh, buckets=buckets,
                    prefill_query_block=block, layer_by_layer=layer_by_layer, to_local=to_local)
 
 
-def learner_and_sampler_meshes(cfg: ml_collections.ConfigDict):
+def learner_and_sampler_meshes(cfg: Settings):
     """(learner mesh, sampler mesh) of cfg.mesh and sampler.devices (distributed.learner_and_sampler_meshes)."""
     return distributed.learner_and_sampler_meshes(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp, cfg.sampler.devices)
 
 
-def sampling_mesh(cfg: ml_collections.ConfigDict):
+def sampling_mesh(cfg: Settings):
     """The mesh a sampler of `cfg` runs on when there is no learner (evaluation)."""
     return learner_and_sampler_meshes(cfg)[1]
 
 
-def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, source: str | None) -> str:
+def lora_base_dir(cfg: Settings, policy: CausalLM, source: str | None) -> str:
     """The Hugging Face directory of a LoRA run's frozen base, recorded in its checkpoints (which
     hold the adapters alone; export and evaluation load the base from here): `source`, the
     directory the policy was loaded from (the warm start's), else model.source, else (a random
@@ -250,19 +251,19 @@ def lora_base_dir(cfg: ml_collections.ConfigDict, policy: CausalLM, source: str 
     return out
 
 
-def build_trainer(cfg: ml_collections.ConfigDict, setup: Setup | None = None, progress: bool = True) -> Trainer:
+def build_trainer(cfg: Settings, setup: Setup | None = None, progress: bool = True) -> Trainer:
     """check_config(cfg) (every rule, then whether the plan fits: the pass a job makes first), build
     the set-up unless given, then assemble_trainer (a job: validation.check_training, then assembles)."""
     check_config(cfg)
     return assemble_trainer(cfg, setup or build_setup(cfg), progress=progress)
 
 
-def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str | None = None,
+def assemble_trainer(cfg: Settings, setup: Setup, source: str | None = None,
                      progress: bool = True) -> Trainer:
     """The learner, the sampler and the turn loop for a checked config and its set-up, on the policy
     loaded from `source` (a Hugging Face directory, e.g. the warm start's; None: model.source)."""
     # What the pieces take from the config, read once before any is built.
-    held_out = eval_questions(cfg, setup)
+    held_out = eval_questions(cfg.train, setup)
     grpo, loop, reward_fn = grpo_config(cfg), loop_config(cfg), load_reward_fn(cfg.rl.reward_fn)
     mesh, sampler_mesh = learner_and_sampler_meshes(cfg)
     policy = load_policy(cfg, setup, source)
@@ -284,31 +285,31 @@ def assemble_trainer(cfg: ml_collections.ConfigDict, setup: Setup, source: str |
                               if k in ("em", "f1", "turns", "format_ok")}) if held_out else None
     return Trainer(learner, runner, setup.train_questions, setup.builder.pad_id, loop, mesh=mesh,
                    sampler_mesh=sampler_mesh, progress=progress, evaluate=evaluate_fn, reward_fn=reward_fn, meta=meta,
-                   schedule=question_schedule(cfg, setup))
+                   schedule=question_schedule(cfg.world, setup))
 
 
-def question_schedule(cfg: ml_collections.ConfigDict, setup: Setup) -> QuestionSchedule | None:
+def question_schedule(world: WorldSettings, setup: Setup) -> QuestionSchedule | None:
     """`world.objectives_schedule` as the trainer's QuestionSchedule: each stage's pool the world's
     training questions joined at its counts in equal shares (as world.objectives_mix joins them);
     None when it is '' (the trainer then takes setup.train_questions throughout)."""
-    stages = parse_objectives_schedule(cfg.world.objectives_schedule)
+    stages = parse_objectives_schedule(world.objectives_schedule)
     if not stages or setup.world is None:
         return None
     rows = read_jsonl(setup.world.train)
-    return QuestionSchedule(pools=tuple(mix_objectives(rows, counts, seed=cfg.world.seed) for _, counts in stages),
+    return QuestionSchedule(pools=tuple(mix_objectives(rows, counts, seed=world.seed) for _, counts in stages),
                             starts=tuple(step for step, _ in stages), counts=tuple(c for _, c in stages),
-                            advance_em=float(cfg.world.schedule_advance_em), window=int(cfg.world.schedule_window))
+                            advance_em=float(world.schedule_advance_em), window=int(world.schedule_window))
 
 
 # ----------------------------------------------------------------------------- evaluation (rl/evaluation.py runs it)
 
-def training_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler) -> AgentRunner:
+def training_runner(cfg: Settings, setup: Setup, sampler) -> AgentRunner:
     """The turn loop as GRPO's rollouts run it: the training agent (temperature, top-p, agent.max_turns);
     the RFT control and bench/episode_report.py --sampled sample with this same one."""
     return AgentRunner(setup.builder, sampler, setup.retriever, agent_config(cfg))
 
 
-def eval_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
+def eval_runner(cfg: Settings, setup: Setup, sampler, workflow: str | None = None) -> AgentRunner:
     """The turn loop as evaluation runs it: greedy, up to agent.eval_max_turns turns."""
     agent = agent_config(cfg).evaluation(cfg.agent.eval_max_turns)
     if workflow:
@@ -316,10 +317,10 @@ def eval_runner(cfg: ml_collections.ConfigDict, setup: Setup, sampler, workflow:
     return AgentRunner(setup.builder, sampler, setup.retriever, agent)
 
 
-def eval_questions(cfg: ml_collections.ConfigDict, setup: Setup) -> list[dict]:
+def eval_questions(train: TrainSettings, setup: Setup) -> list[dict]:
     """The held-out questions a run scores (before/after and every train.eval_every steps): the
     first train.eval_per_set of every evaluation set when that is set, else the first
     train.eval_questions of them all."""
-    if cfg.train.eval_per_set:
-        return [q for rows in setup.eval_sets.values() for q in rows[:cfg.train.eval_per_set]]
-    return setup.eval_questions[:cfg.train.eval_questions]
+    if train.eval_per_set:
+        return [q for rows in setup.eval_sets.values() for q in rows[:train.eval_per_set]]
+    return setup.eval_questions[:train.eval_questions]

@@ -17,7 +17,7 @@ from flax import nnx
 
 from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import SearchFailuresError
-from memsearcher_jax.config_rules import check_config
+from memsearcher_jax.config_rules import check_config, settings_of
 from memsearcher_jax.console import log
 from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
 from memsearcher_jax.errors import UserInputError
@@ -56,17 +56,17 @@ from memsearcher_jax.run_dir import (
     starts_over,
     write_json,
 )
-from memsearcher_jax.settings import with_defaults
+from memsearcher_jax.settings import Settings, WorldSettings
 from memsearcher_jax.token_metrics import trajectory_token_metrics
 from memsearcher_jax.validation import check_retriever, check_setup, check_training
 from memsearcher_jax.warm_start import prepare_warm_start, warm_start
 
 
-def held_out_em(cfg: ml_collections.ConfigDict, setup: Setup, model: Qwen2) -> float:
+def held_out_em(cfg: Settings, setup: Setup, model: Qwen2) -> float:
     """Greedy held-out EM of `model` on the first train.eval_questions held-out questions, as
     the default job measures it (a sampler only)."""
     runner = eval_runner(cfg, setup, build_sampler(cfg, model, sampling_mesh(cfg)))
-    return evaluate(runner, eval_questions(cfg, setup))["em"]
+    return evaluate(runner, eval_questions(cfg.train, setup))["em"]
 
 
 # ----------------------------------------------------------------------------- the output directory
@@ -149,10 +149,11 @@ class RunInterrupted(UserInputError):
     exit_code = 130  # the shell's code for a run ended by SIGINT
 
 
-def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
+def train_job(cfg: Settings | ml_collections.ConfigDict, resume: bool = True) -> dict:
     """Warm start (if configured), held-out EM before, GRPO, held-out EM after; the learning
-    curve as a table and learning_curve.png in the output dir. Returns summary.json's dict."""
-    cfg = with_defaults(cfg)  # the run's settings, once: every key, the config's or its default (settings/)
+    curve as a table and learning_curve.png in the output dir. Returns summary.json's dict.
+    `cfg`: the run's Settings, or a library user's ConfigDict (converted here, once)."""
+    cfg = settings_of(cfg)  # the run's settings, once: every key, the config's or its default (settings/)
     out = check_training(cfg, fresh=not resume)
     # An earlier attempt with other settings and no checkpoint (it stopped early): nothing to resume.
     changed = starts_over(cfg, out) if resume else []
@@ -176,7 +177,7 @@ def train_job(cfg: ml_collections.ConfigDict, resume: bool = True) -> dict:
     ws = warm_start(cfg, setup, os.path.join(out, WARMSTART_DIR), warm) if cfg.sft.steps > 0 else None
     trainer = assemble_trainer(cfg, setup, source=ws)  # GRPO starts from the warm start's weights
     resume_step = check_resumable(trainer, out)  # before any evaluation or compile
-    eval_qs = eval_questions(cfg, setup)
+    eval_qs = eval_questions(cfg.train, setup)
     n_eval = len(eval_qs)
     summary_path = os.path.join(out, SUMMARY)
     summary = _read_json(summary_path) if os.path.exists(summary_path) else {}
@@ -356,35 +357,36 @@ def _context_table(trajs) -> list[tuple[int, float, int, int]]:
     return [(i + 1, float(np.mean(v)), int(np.max(v)), len(v)) for i, v in sorted(by_turn.items())]
 
 
-def check_eval_args(cfg: ml_collections.ConfigDict, checkpoint: str | None, split: str | None, limit: int) -> None:
+def check_eval_args(world: WorldSettings, checkpoint: str | None, split: str | None, limit: int) -> None:
     """What `eval` can refuse in a second: a negative --limit, an unknown synthetic --split, a
     checkpoint that is not there or is damaged (before any world is built or model loaded)."""
     if limit < 0:
         raise TrainConfigError(f"--limit {limit}: must be >= 0 (0: every question)")
-    if cfg.world.enabled and split not in (None, "heldout", "all", "train"):
+    if world.enabled and split not in (None, "heldout", "all", "train"):
         raise TrainConfigError(f"--split {split!r}: the synthetic world has the splits 'heldout' and 'train'")
     if checkpoint:  # there, and restorable
         checked_checkpoint(checkpoint, fix="eval reads the latest step: remove that step to evaluate the one before")
 
 
-def run_eval(cfg: ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
+def run_eval(cfg: Settings | ml_collections.ConfigDict, checkpoint: str | None = None, model_dir: str | None = None,
              split: str | None = None, limit: int = 0, out: str = "", workflow: str | None = None,
              objectives: int | None = None) -> dict:
     """Greedy evaluation: EM/F1 per benchmark and their average, per-turn context lengths, JSONL.
     objectives: questions asked at once (overrides world.objectives; EM and F1 are then per objective)."""
     if bool(model_dir) == bool(checkpoint):
         raise TrainConfigError("memsearcher-jax eval: give exactly one of --checkpoint or --model")
-    cfg = with_defaults(cfg)  # a copy with every key, the config's or its default (settings/)
+    cfg = settings_of(cfg, training=False)  # the run's settings, once (a library user's ConfigDict converted here)
     if model_dir:
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise TrainConfigError(f"--model {model_dir}: not a Hugging Face model directory (no config.json)")
-        cfg.model.source = model_dir  # its tokenizer too, unless data.tokenizer_dir or the world says otherwise
+        # Its tokenizer too, unless data.tokenizer_dir or the world says otherwise.
+        cfg = cfg.with_values({"model.source": model_dir})
     if objectives is not None:
-        cfg.world.objectives = objectives
-    check_eval_args(cfg, checkpoint, split, limit)
+        cfg = cfg.with_values({"world.objectives": objectives})
+    check_eval_args(cfg.world, checkpoint, split, limit)
     check_eval_out(out, checkpoint or model_dir)
     check_config(cfg, training=False)
-    check_retriever(cfg)  # the network probe, after every local check
+    check_retriever(cfg.retrieval)  # the network probe, after every local check
     setup = build_setup(cfg, training=False)
     check_setup(cfg, setup, training=False, workflow=workflow, model_dir=model_dir)
     if model_dir:

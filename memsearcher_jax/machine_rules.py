@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 import os
 
-import ml_collections
-
 from memsearcher_jax import planner
+from memsearcher_jax.settings import Settings
 
 
-def input_path_problems(cfg: ml_collections.ConfigDict, training: bool = True) -> list[str]:
+def input_path_problems(cfg: Settings, training: bool = True) -> list[str]:
     """The local files and directories the job reads exist and can be read (unreadable_under): the
     model's source (unless 'init'), the tokenizer, the data, the index; and the synthetic world's
     cache can be made and written (world_cache_problems). Evaluation (training=False) never reads

@@ -17,7 +17,6 @@ import dataclasses
 import math
 import time
 
-import ml_collections
 from tqdm.auto import tqdm
 
 from memsearcher_jax.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
@@ -25,6 +24,7 @@ from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.rl.sft import sft_train
 from memsearcher_jax.rl.trainer import batch_for_step
+from memsearcher_jax.settings import Settings
 from memsearcher_jax.warm_start import continued_sft, embedding_row_groups
 
 # A trajectory is kept when its reward reaches this: every objective answered exactly right
@@ -54,7 +54,7 @@ def kept_trajectories(trajs, results, min_reward: float = MIN_REWARD) -> list:
     return [t for t, r in zip(trajs, results) if r.format_ok and r.reward >= min_reward - REWARD_TOLERANCE]
 
 
-def sample_rollouts(cfg: ml_collections.ConfigDict, setup: Setup, model, min_reward: float = MIN_REWARD,
+def sample_rollouts(cfg: Settings, setup: Setup, model, min_reward: float = MIN_REWARD,
                     progress: bool = True) -> list[tuple[list, list]]:
     """GRPO's rollouts without its updates: per training step, that step's questions (the same
     data order, `rl.trainer.batch_for_step`) x rl.group_size samples, with the training sampling
@@ -76,7 +76,7 @@ def sample_rollouts(cfg: ml_collections.ConfigDict, setup: Setup, model, min_rew
     return out
 
 
-def rft_control(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seconds: float,
+def rft_control(cfg: Settings, setup: Setup, model_dir: str, seconds: float,
                 min_reward: float = MIN_REWARD) -> RFTResult:
     """RFT from the model in `model_dir` (the warm start): sample, keep, fine-tune for at least
     `seconds` in all (see the module docstring). The fine-tuning runs at the warm start's final

@@ -25,12 +25,11 @@ import secrets
 import shutil
 import time
 
-import ml_collections
-
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models.hf_io import TOKENIZER_FILES, is_model_file
 from memsearcher_jax.rl.checkpoints import BEST_DIR, CHECKPOINTS_DIR, STEP_ITEMS
 from memsearcher_jax.rl.metrics import LOG_DIR, is_log_file
+from memsearcher_jax.settings import Settings
 
 # ----------------------------------------------------------------------------- what a run writes, by name
 
@@ -392,9 +391,10 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_record(cfg: ml_collections.ConfigDict) -> dict:
-    """The config as the run records it (JSON: tuples become lists)."""
-    return json.loads(json.dumps(cfg.to_dict(), default=str))
+def config_record(cfg: Settings) -> dict:
+    """The settings as the run records it, every key (JSON: tuples become lists), each level's keys
+    sorted as a ConfigDict wrote them (run_config.json stays byte-identical)."""
+    return json.loads(json.dumps(cfg.to_dict(), default=str, sort_keys=True))
 
 
 def changed_keys(recorded: dict, now: dict) -> list[tuple[str, object, object]]:
@@ -416,7 +416,7 @@ def saved_steps(out: str) -> list[int]:
     return sorted({int(n) for d in dirs if os.path.isdir(d) for n in os.listdir(d) if n.isdigit()})
 
 
-def _recorded_changes(cfg: ml_collections.ConfigDict, out: str) -> list[tuple[str, object, object]]:
+def _recorded_changes(cfg: Settings, out: str) -> list[tuple[str, object, object]]:
     """changed_keys between RUN_CONFIG in a local `out` and `cfg` ([] without one)."""
     path = os.path.join(out, RUN_CONFIG)
     if "://" in out or not os.path.isfile(path):
@@ -430,14 +430,14 @@ def _recorded_changes(cfg: ml_collections.ConfigDict, out: str) -> list[tuple[st
     return changed_keys(recorded, config_record(cfg))
 
 
-def starts_over(cfg: ml_collections.ConfigDict, out: str) -> list[tuple[str, object, object]]:
+def starts_over(cfg: Settings, out: str) -> list[tuple[str, object, object]]:
     """The keys a rerun changes in a run directory whose earlier attempt stopped before its first
     checkpoint (a wrong setting, Ctrl-C in the warm start): with no checkpoint it holds no
     experiment to protect, so the job starts over there as --fresh does. [] otherwise."""
     return [] if saved_steps(out) else _recorded_changes(cfg, out)
 
 
-def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
+def check_same_experiment(cfg: Settings, out: str) -> None:
     """A resumed run (a local output dir holding RUN_CONFIG) must keep the recorded experiment:
     TrainConfigError naming each changed key with both values. Where there is no checkpoint yet
     (`starts_over`), the changed command starts over instead, if --fresh could."""
@@ -465,7 +465,7 @@ def check_same_experiment(cfg: ml_collections.ConfigDict, out: str) -> None:
                              "rl.aggregation=microbatch_token_mean, whose loss weights it sets)")
 
 
-def record_config(cfg: ml_collections.ConfigDict, out: str) -> None:
+def record_config(cfg: Settings, out: str) -> None:
     """Write RUN_CONFIG once, when the run starts (a run from before records its config now)."""
     path = os.path.join(out, RUN_CONFIG)
     if "://" in out or (os.path.isfile(path) and not os.path.islink(path)):

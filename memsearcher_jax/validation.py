@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import ml_collections
-
 from memsearcher_jax.agent.config import AgentConfig, episode_turns
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
@@ -25,6 +23,7 @@ from memsearcher_jax.config_rules import TrainConfigError, agent_config, check_c
 from memsearcher_jax.data.synthetic import objectives_of
 from memsearcher_jax.experiment import Setup, demo_questions, eval_questions
 from memsearcher_jax.run_dir import check_output_dir, check_same_experiment, existing_parent, output_dir_path
+from memsearcher_jax.settings import RetrievalSettings, Settings
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.
 LONGEST_QUESTIONS = 8
@@ -40,7 +39,7 @@ def first_prompt_tokens(setup: Setup, agent: AgentConfig, question: str) -> int:
     return len(t.final.prompt_ids) + len(t.final.response_ids)
 
 
-def prompt_problems(cfg: ml_collections.ConfigDict, setup: Setup, agent: AgentConfig,
+def prompt_problems(cfg: Settings, setup: Setup, agent: AgentConfig,
                     questions: list[dict]) -> list[str]:
     """The first prompt of every question must leave room for a whole act (min of
     agent.max_new_tokens and agent.max_response_tokens) within agent.max_context_tokens: a longer
@@ -78,7 +77,7 @@ def demo_turn_problems(rows: list[dict], max_turns: int, objectives: int, per_qu
             f"the answer); raise agent.max_turns to >= {need}, lower world.objectives, or set sft.steps=0"]
 
 
-def demo_retrieval_problems(cfg: ml_collections.ConfigDict, setup: Setup, rows: list[dict],
+def demo_retrieval_problems(cfg: Settings, setup: Setup, rows: list[dict],
                             probes: int = 4) -> list[str]:
     """The warm start's demonstrator searches the world's queries and records the facts they find:
     a retriever serving another corpus finds none ("did not retrieve the hop-1 fact", a traceback
@@ -117,13 +116,13 @@ def check_same_tokenizer(model_dir: str, setup: Setup, key: str = "--model") -> 
                            "set world.* to the world the model was trained on")
 
 
-def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True,
+def episode_problems(cfg: Settings, setup: Setup, training: bool = True,
                      workflow: str | None = None) -> list[str]:
     """Whether the episodes the job will run can run: training (its rollouts, its held-out
     evaluations and its warm start's demonstrations) or evaluation (workflow: --workflow)."""
     agent = agent_config(cfg)
     if training:
-        questions = setup.train_questions + eval_questions(cfg, setup)
+        questions = setup.train_questions + eval_questions(cfg.train, setup)
         # The questions the warm start's demonstrator scripts (none when it does not run).
         demos = demo_questions(cfg, setup) if cfg.sft.steps > 0 and setup.world is not None else []
         return (prompt_problems(cfg, setup, agent, questions)
@@ -135,12 +134,12 @@ def episode_problems(cfg: ml_collections.ConfigDict, setup: Setup, training: boo
     return prompt_problems(cfg, setup, agent, setup.train_questions + setup.eval_questions)
 
 
-def check_retriever(cfg: ml_collections.ConfigDict) -> None:
+def check_retriever(retrieval: RetrievalSettings) -> None:
     """retrieval.kind=http: the server answers a probe search (before any world or model is built)."""
-    if cfg.retrieval.kind == "http":
+    if retrieval.kind == "http":
         from retrieval.client import HTTPRetriever
 
-        with HTTPRetriever(cfg.retrieval.url, api=cfg.retrieval.api) as retriever:
+        with HTTPRetriever(retrieval.url, api=retrieval.api) as retriever:
             retriever.check_reachable()
 
 
@@ -156,7 +155,7 @@ def check_writable(path: str, named: str) -> None:
         raise TrainConfigError(f"{named}: {parent} is not writable; give a directory this process can write")
 
 
-def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
+def check_training(cfg: Settings, fresh: bool = False) -> str:
     """Every check a training run can make before it builds anything, in order: the config
     (config_rules.check_config), its output directory (blank, a file, a directory of the user's, one in use;
     with `fresh`, one holding files no run wrote), resuming, the experiment recorded there
@@ -168,11 +167,11 @@ def check_training(cfg: ml_collections.ConfigDict, fresh: bool = False) -> str:
     check_writable(out, f"train.output_dir={cfg.train.output_dir}")
     if not fresh:
         check_same_experiment(cfg, out)
-    check_retriever(cfg)
+    check_retriever(cfg.retrieval)
     return out
 
 
-def check_setup(cfg: ml_collections.ConfigDict, setup: Setup, training: bool = True, workflow: str | None = None,
+def check_setup(cfg: Settings, setup: Setup, training: bool = True, workflow: str | None = None,
                 model_dir: str | None = None) -> None:
     """What the config alone cannot tell, asked of the built set-up before any model is loaded: the
     model reads with the set-up's tokenizer (model_dir: eval's --model; training: model.source),

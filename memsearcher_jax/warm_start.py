@@ -13,8 +13,6 @@ import dataclasses
 import math
 import os
 
-import ml_collections
-
 from memsearcher_jax.config_rules import auto_flag
 from memsearcher_jax.console import log
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
@@ -25,9 +23,10 @@ from memsearcher_jax.experiment import Setup, demo_config, demo_questions, load_
 from memsearcher_jax.models import Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
+from memsearcher_jax.settings import Settings, SFTSettings
 
 
-def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: int | None = None,
+def flawed_demonstrations(cfg: Settings, setup: Setup, seed: int | None = None,
                           config: DemoConfig | None = None) -> list:
     """The scripted demonstrator's episodes on the first `sft.num_demos` training questions (at the
     `sft.demo_objectives` counts), with its deliberate flaws (demo_config; what the warm start imitates)."""
@@ -36,7 +35,7 @@ def flawed_demonstrations(cfg: ml_collections.ConfigDict, setup: Setup, seed: in
                                seed=cfg.train.seed if seed is None else seed, config=config)
 
 
-def sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = None) -> SFTConfig:
+def sft_config(cfg: Settings, steps: int, warmup: int | None = None) -> SFTConfig:
     """The supervised trainer's settings from `sft.*` for `steps` steps (warmup: sft.warmup, at most
     `steps`, unless given): the warm start's, and the controls' (extra_sft, rft.py) that continue it."""
     return SFTConfig(steps=steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.learning_rate,
@@ -45,7 +44,7 @@ def sft_config(cfg: ml_collections.ConfigDict, steps: int, warmup: int | None = 
                      max_batch_tokens=cfg.sft.max_batch_tokens)
 
 
-def tie_embedding_rows(cfg: ml_collections.ConfigDict, setup: Setup) -> bool:
+def tie_embedding_rows(cfg: Settings, setup: Setup) -> bool:
     """Whether SFT moves the reading vocabulary's name rows (a group per type) and value rows (a
     group per kind) together, as pretraining did: `sft.tie_embedding_rows`, where "auto" ties on a
     model with a reading vocabulary and not on others (a real checkpoint, a random init); True
@@ -61,16 +60,16 @@ def tie_embedding_rows(cfg: ml_collections.ConfigDict, setup: Setup) -> bool:
     return mode == "true" or (mode == "auto" and has_vocab)
 
 
-def embedding_row_groups(cfg: ml_collections.ConfigDict, setup: Setup) -> list[list[int]] | None:
+def embedding_row_groups(cfg: Settings, setup: Setup) -> list[list[int]] | None:
     """The row groups SFT moves together (tied_row_groups) when tie_embedding_rows says so, else None."""
     return tied_row_groups(setup.tokenizer_dir) if tie_embedding_rows(cfg, setup) else None
 
 
-def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
+def name_swap_rate(sft: SFTSettings, setup: Setup) -> float:
     """`sft.name_swap_rate`: the share of demonstrations whose world names are swapped for unused
     names of a reading vocabulary (in [0, 1]: settings.SFTSettings.problems checks it up front).
     Refuses a rate above 0 without a reading vocabulary or a world."""
-    rate = cfg.sft.name_swap_rate
+    rate = sft.name_swap_rate
     if rate and (setup.world is None or not ReadingVocab.exists(setup.tokenizer_dir)):
         raise UserInputError(f"sft.name_swap_rate={rate} swaps the synthetic world's names for unused names of a "
                              f"reading vocabulary; {setup.tokenizer_dir} has no reading_vocab.json or the world is "
@@ -78,11 +77,11 @@ def name_swap_rate(cfg: ml_collections.ConfigDict, setup: Setup) -> float:
     return rate
 
 
-def warm_start_steps(cfg: ml_collections.ConfigDict, rows: int) -> int:
+def warm_start_steps(sft: SFTSettings, rows: int) -> int:
     """`sft.steps`, or with `sft.passes` > 0 the steps that many passes over the `rows` take: equal
     passes are what workflows with one row per episode (react) and one per turn (memsearcher) can share."""
-    passes = cfg.sft.passes  # >= 0: settings.SFTSettings.problems
-    return cfg.sft.steps if not passes else max(1, math.ceil(passes * rows / cfg.sft.batch_size))
+    passes = sft.passes  # >= 0: settings.SFTSettings.problems
+    return sft.steps if not passes else max(1, math.ceil(passes * rows / sft.batch_size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +92,11 @@ class WarmStartSettings:
     tie_rows: bool           # tie_embedding_rows
 
 
-def warm_start_settings(cfg: ml_collections.ConfigDict, setup: Setup) -> WarmStartSettings:
+def warm_start_settings(cfg: Settings, setup: Setup) -> WarmStartSettings:
     """The warm start's keys (sft.*) that need the set-up, each read and refused by name once:
     sft.name_swap_rate and sft.tie_embedding_rows against the model's vocabulary and the world,
     then the demonstrator's. Their ranges (and sft.passes) are settings.SFTSettings.problems'."""
-    rate, tie_rows = name_swap_rate(cfg, setup), tie_embedding_rows(cfg, setup)
+    rate, tie_rows = name_swap_rate(cfg.sft, setup), tie_embedding_rows(cfg, setup)
     return WarmStartSettings(demo=demo_config(cfg), name_swap_rate=rate, tie_rows=tie_rows)
 
 
@@ -111,7 +110,7 @@ class WarmStart:
     sft: SFTConfig                        # at the steps the rows take (warm_start_steps)
 
 
-def warm_start_inputs(cfg: ml_collections.ConfigDict, setup: Setup, demos: list | None = None) -> WarmStart:
+def warm_start_inputs(cfg: Settings, setup: Setup, demos: list | None = None) -> WarmStart:
     """The warm start's rows and settings: `demos` (default: the demonstrator's episodes on
     demo_questions), `sft.name_swap_rate` of their conversations with the world's names swapped for
     names no question asks about (data/name_swap.py), the tied rows, and SFT's settings. Every key
@@ -125,11 +124,11 @@ def warm_start_inputs(cfg: ml_collections.ConfigDict, setup: Setup, demos: list 
         rows = name_swapped_conversations(demos, table, s.name_swap_rate, seed=cfg.train.seed)
     else:
         rows = demo_conversations(demos)
-    sft = sft_config(cfg, warm_start_steps(cfg, len(rows)))
+    sft = sft_config(cfg, warm_start_steps(cfg.sft, len(rows)))
     return WarmStart(demos=len(demos), stats=demo_stats(demos), rows=rows, tied_rows=tied_rows, sft=sft)
 
 
-def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, inputs: WarmStart | None = None) -> str:
+def warm_start(cfg: Settings, setup: Setup, out_dir: str, inputs: WarmStart | None = None) -> str:
     """Supervised warm start on scripted demonstrations (`inputs`, default: warm_start_inputs);
     cached as a HF model dir in out_dir."""
     if os.path.exists(os.path.join(out_dir, "config.json")):
@@ -147,7 +146,7 @@ def warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out_dir: str, input
     return out_dir
 
 
-def prepare_warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out: str, fresh: bool) -> WarmStart | None:
+def prepare_warm_start(cfg: Settings, setup: Setup, out: str, fresh: bool) -> WarmStart | None:
     """The warm start's inputs when it will run (sft.steps > 0 and no warm start cached in `out`,
     or --fresh), made before anything is removed: a demonstrator that cannot answer under this
     config fails while the earlier run is still there. None: no warm start to run."""
@@ -157,7 +156,7 @@ def prepare_warm_start(cfg: ml_collections.ConfigDict, setup: Setup, out: str, f
     return warm_start_inputs(cfg, setup)
 
 
-def continued_sft(cfg: ml_collections.ConfigDict, seed: int) -> tuple[SFTConfig, OptimConfig]:
+def continued_sft(cfg: Settings, seed: int) -> tuple[SFTConfig, OptimConfig]:
     """SFT's settings for a control that continues a warm start (extra_sft, rft.py): no step limit
     and no warmup (the clock ends it, not the step count), drawing batches with `seed`, and an
     optimizer at the warm start's final learning rate (where its schedule ended), held constant."""
@@ -167,7 +166,7 @@ def continued_sft(cfg: ml_collections.ConfigDict, seed: int) -> tuple[SFTConfig,
     return sft_cfg, optim
 
 
-def extra_sft(cfg: ml_collections.ConfigDict, setup: Setup, model_dir: str, seconds: float) -> tuple[Qwen2, int]:
+def extra_sft(cfg: Settings, setup: Setup, model_dir: str, seconds: float) -> tuple[Qwen2, int]:
     """The control for GRPO: more supervised training on the same demonstrator's episodes
     (fresh draws of its flaws), starting from `model_dir`, for `seconds` of wall clock at the
     warm start's final learning rate. Returns (model, steps taken)."""

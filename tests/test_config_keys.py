@@ -12,11 +12,13 @@ from memsearcher_jax.config_rules import (
     KEYS_READ_HERE,
     SECTIONS_OF,
     TrainConfigError,
+    config_problems,
     grpo_config,
     loop_config,
-    typed,
+    validate,
 )
 from memsearcher_jax.config_utils import load_config
+from memsearcher_jax.settings import Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -89,21 +91,22 @@ def test_default_config_agrees_with_the_dataclass_defaults():
 
 
 def test_fields_once_unreachable_are_set_from_the_config():
-    cfg = load_config(DEFAULT, [("rl.max_seq_len", "4096"), ("train.samples_per_log", "9"),
-                                ("optim.final_lr_fraction", "0.5"), ("rl.logits_chunk", "64")])
+    cfg = Settings.from_config(load_config(DEFAULT, [("rl.max_seq_len", "4096"), ("train.samples_per_log", "9"),
+                                                     ("optim.final_lr_fraction", "0.5"), ("rl.logits_chunk", "64")]))
     grpo, loop = grpo_config(cfg), loop_config(cfg)
     assert grpo.max_seq_len == 4096 and grpo.logits_chunk == 64 and grpo.optim.final_lr_fraction == 0.5
     assert loop.samples_per_log == 9 and loop.output_dir == os.path.abspath(cfg.train.output_dir)
 
 
 def test_a_config_without_a_key_is_refused_naming_it():
-    from memsearcher_jax.rl.trainer import LoopConfig
-
+    # A ConfigDict is refused at the entry (config_problems), before any Settings or typed reader.
     cfg = _default()
     with cfg.unlocked():
         del cfg.train["samples_per_log"]
-    with pytest.raises(TrainConfigError, match=r"no train.samples_per_log or rl.samples_per_log"):
-        typed(LoopConfig, cfg, output_dir="x", sampling_dtype="float32")
+    problems = config_problems(cfg, files=False)
+    assert len(problems) == 1 and "the config has no train.samples_per_log" in problems[0]
+    with pytest.raises(TrainConfigError, match=r"the config has no train.samples_per_log"):
+        validate(cfg)
 
 
 # ----------------------------------------------------------------------------- issue 82, item 11: a config file's keys

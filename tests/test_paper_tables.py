@@ -107,7 +107,7 @@ def test_report_files_replace_links_instead_of_writing_through_them(tmp_path):
 
 
 def test_workflow_config_gives_room_for_the_objectives():
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings import load_settings as load_config  # the bench's Settings, built once
 
     base = load_config(os.path.join(ROOT, "configs/default.py"))
     cfg = pt.workflow_config(base, "react", "/tmp/x/react", 2, memory_budget=32)
@@ -142,7 +142,7 @@ def test_quick_overrides_yield_to_the_command_line():
 
 
 def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_line_wins():
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings import load_settings as load_config  # the bench's Settings, built once
     from memsearcher_jax.warm_start import warm_start_steps
 
     config = os.path.join(ROOT, "configs/default.py")
@@ -151,12 +151,12 @@ def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_li
     bench = load_config(config, overrides)
     assert bench.sft.passes == pt.BENCH["sft.passes"] > 0 == default.sft.passes
     rows = 2500  # memsearcher's ~2500 demonstrated turns: 3 passes, against the default job's 150 steps
-    assert warm_start_steps(bench, rows) == 469 > warm_start_steps(default, rows) == default.sft.steps
-    assert warm_start_steps(bench, 600) == 113  # react: one row per episode, the same 3 passes
+    assert warm_start_steps(bench.sft, rows) == 469 > warm_start_steps(default.sft, rows) == default.sft.steps
+    assert warm_start_steps(bench.sft, 600) == 113  # react: one row per episode, the same 3 passes
     _, overrides = pt.parse_args(["--config.sft.passes=0", "--config.sft.steps=7"])
-    assert warm_start_steps(load_config(config, overrides), rows) == 7
+    assert warm_start_steps(load_config(config, overrides).sft, rows) == 7
     _, overrides = pt.parse_args(["--quick"])
-    assert warm_start_steps(load_config(config, overrides), rows) == pt.QUICK["sft.steps"]
+    assert warm_start_steps(load_config(config, overrides).sft, rows) == pt.QUICK["sft.steps"]
 
 
 def test_help_lists_the_settings_the_bench_puts_before_the_command_line(capsys):
@@ -257,7 +257,7 @@ class FakeJob:
 
 
 def _base_cfg(out, workflow):
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings import load_settings as load_config  # the bench's Settings, built once
 
     return pt.workflow_config(load_config(os.path.join(ROOT, "configs/default.py")), workflow,
                               os.path.join(out, workflow), 2)
@@ -474,7 +474,7 @@ def test_the_seed_mean_report_averages_what_every_seed_measured():
 
 
 def test_eval_gives_each_objective_memory_and_table2_reads_four_objectives():
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings import load_settings as load_config  # the bench's Settings, built once
 
     cfg = pt.workflow_config(load_config(os.path.join(ROOT, "configs/default.py")), "memsearcher", "/tmp/x/m", 2)
     # training holds the largest demonstration's facts (4 objectives), the config's 64 being less

@@ -494,6 +494,7 @@ def test_no_reference_is_planned_without_a_kl_term(lora_rank):
     """rl.kl_coef=0: the learner keeps no reference (no copy of the weights; with LoRA no zero
     adapters), so the plan counts none, as the live learner holds none."""
     from memsearcher_jax.config_rules import grpo_config
+    from memsearcher_jax.settings import Settings
 
     with_kl, without = tiny_cfg(1, 4, 2, lora_rank=lora_rank), tiny_cfg(1, 4, 2, lora_rank=lora_rank)
     without.rl.kl_coef = 0.0
@@ -501,7 +502,7 @@ def test_no_reference_is_planned_without_a_kl_term(lora_rank):
     mc = planner.model_config_for_plan(without)
     mesh = make_mesh(1, 4, 2, devices=jax.devices()[:8])
     model = shard_model(Qwen2(mc, rngs=nnx.Rngs(0)), mesh, ShardingConfig.training())
-    learner = GRPOLearner(model, grpo_config(without), mesh=mesh)  # as the trainer builds it
+    learner = GRPOLearner(model, grpo_config(Settings.from_config(without)), mesh=mesh)  # as the trainer builds it
     if lora_rank:  # the reference is the frozen base: the adapters' zero copy is the reference's part
         saved = plan_kl.row("LoRA adapters").bytes - plan.row("LoRA adapters").bytes
         assert saved == per_device_bytes(learner.params) > 0

@@ -29,11 +29,9 @@ def _schedule(spec: str, **kw) -> QuestionSchedule:
 
 
 def _cfg(**world):
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings import load_settings
 
-    cfg = load_config("configs/default.py", [])
-    cfg.world.update(world)
-    return cfg
+    return load_settings("configs/default.py").with_values({f"world.{k}": v for k, v in world.items()})
 
 
 # ----------------------------------------------------------------------------- syntax and config rules
@@ -60,8 +58,7 @@ def test_the_schedule_parses_stages_and_refuses_anything_else_naming_the_key():
 def test_config_rules_name_the_key(world, agent, message):
     from memsearcher_jax.experiment import TrainConfigError, validate
 
-    cfg = _cfg(**world)
-    cfg.agent.update(agent)
+    cfg = _cfg(**world).with_values({f"agent.{k}": v for k, v in agent.items()})
     with pytest.raises(TrainConfigError, match=message):
         validate(cfg)
 
@@ -221,8 +218,8 @@ def test_the_trainer_gets_one_pool_per_stage_from_the_world(tmp_path):
 
     world = prepare_world(str(tmp_path), seed=1, num_entities=30)
     setup = types.SimpleNamespace(world=world)
-    assert question_schedule(_cfg(), setup) is None
-    sched = question_schedule(_cfg(objectives_schedule="0:1,2;5:4", schedule_advance_em=0.7, schedule_window=3),
+    assert question_schedule(_cfg().world, setup) is None
+    sched = question_schedule(_cfg(objectives_schedule="0:1,2;5:4", schedule_advance_em=0.7, schedule_window=3).world,
                               setup)
     train = read_jsonl(world.train)
     assert sched.starts == (0, 5) and sched.counts == ((1, 2), (4,)) and (sched.advance_em, sched.window) == (0.7, 3)
@@ -245,13 +242,13 @@ def test_the_bench_passes_the_schedule_budgets_hint_and_weighting_through():
     sys.path.insert(0, ".")
     import bench.paper_tables as pt
     from memsearcher_jax.config_rules import agent_config, grpo_config
-    from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import validate
+    from memsearcher_jax.settings import load_settings
 
     args, overrides = pt.parse_args(["--config.world.objectives_schedule=0:1,2;20:2,4;40:4,8",
                                      "--config.agent.turns_per_question=2", "--config.agent.hint=turns_and_questions",
                                      "--config.rl.aggregation=trajectory_row_mean"])
-    base = load_config("configs/default.py", overrides)
+    base = load_settings("configs/default.py", overrides)
     assert base.world.objectives_mix == ""  # the bench's 1-4 mix gives way to the schedule
     cfg = pt.workflow_config(base, "memsearcher", "/tmp/x/ms", args.train_objectives)
     validate(cfg)
@@ -265,4 +262,4 @@ def test_the_bench_passes_the_schedule_budgets_hint_and_weighting_through():
     # Without the per-count budget the bench's own rule stands: max_turns covers the largest count's
     # demonstrations (2 x 8 + 1) at every count.
     _, plain = pt.parse_args(["--config.world.objectives_schedule=0:1,2;20:2,4;40:4,8"])
-    assert pt.workflow_config(load_config("configs/default.py", plain), "react", "/tmp/x/r", 2).agent.max_turns == 17
+    assert pt.workflow_config(load_settings("configs/default.py", plain), "react", "/tmp/x/r", 2).agent.max_turns == 17

@@ -13,7 +13,16 @@ import ml_collections
 import pytest
 
 from memsearcher_jax.config_utils import ConfigError, load_config, load_config_module
-from memsearcher_jax.settings import SECTIONS, Settings, doc_of, load_settings, schema, setting, typed_section
+from memsearcher_jax.settings import (
+    SECTIONS,
+    HardwareSettings,
+    MeshSettings,
+    Settings,
+    doc_of,
+    load_settings,
+    schema,
+    setting,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -119,15 +128,17 @@ def test_a_key_a_file_leaves_out_takes_its_default_and_can_be_overridden(tmp_pat
 def test_a_bench_run_recorded_before_a_key_existed_reads_it_at_its_default(tmp_path):
     """bench/episode_report.py replays a paper_tables run from its settings.json: a section it records
     without a key added since (agent.hint, world.objectives_schedule) gets the key at its default,
-    which the readers, with no `.get` fallback left, need; a section it does not record stays out."""
+    which the readers, with no `.get` fallback left, need; a section it does not record, the section's
+    defaults (the report's Settings have every section)."""
     from tests.bench_loader import load_bench
 
     recorded = load_config(DEFAULT).to_dict()
     del recorded["agent"]["hint"], recorded["world"]["objectives_schedule"], recorded["mesh"]
     (tmp_path / "settings.json").write_text(json.dumps({"workflow_configs": {"memsearcher": recorded}}, default=list))
     cfg = load_bench("episode_report").run_config(str(tmp_path), "memsearcher")
-    assert cfg.agent.hint == "none" and cfg.world.objectives_schedule == "" and "mesh" not in cfg
+    assert cfg.agent.hint == "none" and cfg.world.objectives_schedule == "" and cfg.mesh == MeshSettings()
     assert cfg.agent.max_turns == load_config(DEFAULT).agent.max_turns  # what it records stays
+    assert cfg.train.output_dir == os.path.join(str(tmp_path), "memsearcher")
 
 
 def test_an_unknown_key_is_refused_naming_the_closest_and_a_missing_section_named():
@@ -153,8 +164,8 @@ def test_settings_read_as_the_config_does():
     changed = s.with_values({"agent.max_turns": 8}, **{"rl.group_size": 3})
     assert (changed.agent.max_turns, changed.rl.group_size, s.agent.max_turns) == (8, 3, cfg.agent.max_turns)
     assert changed.agent.top_p == s.agent.top_p and Settings().hardware is None
-    assert s.hardware.hosts == 16 and typed_section(load_config(DEFAULT), "hardware") is None
-    assert typed_section(ml_collections.ConfigDict({"hardware": {"num_devices": 8}}), "hardware").hosts == 1
+    assert s.hardware.hosts == 16 and Settings.from_config(load_config(DEFAULT)).hardware is None
+    assert HardwareSettings.from_section(ml_collections.ConfigDict({"num_devices": 8})).hosts == 1
     with pytest.raises(KeyError):
         s["agent"]["max_turn"]
 

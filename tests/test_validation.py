@@ -134,17 +134,17 @@ def test_objectives_the_turns_or_the_context_cannot_hold_are_named_before_any_wo
 def test_episode_checks_accept_what_fits(tmp_path):
     """The same checks pass when the turns are raised to what they name, and on the default config;
     the prompt they measure is the one the turn loop builds (system, question, empty memory)."""
-    from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.experiment import agent_config, build_setup
+    from memsearcher_jax.settings import load_settings
     from memsearcher_jax.validation import episode_problems, first_prompt_tokens
 
     worlds = ("world.cache_dir", str(tmp_path / "worlds"))
-    cfg = load_config(DEFAULT, [worlds, ("world.objectives", "9")])
+    cfg = load_settings(DEFAULT, [worlds, ("world.objectives", "9")])
     setup = build_setup(cfg)
     assert [p.split(":")[0] for p in episode_problems(cfg, setup)] == ["agent.max_turns=4"]
-    cfg.agent.max_turns = 18
+    cfg = cfg.with_values({"agent.max_turns": 18})
     assert episode_problems(cfg, setup) == [] and episode_problems(cfg, setup, training=False) == []
-    default = load_config(DEFAULT, [worlds])
+    default = load_settings(DEFAULT, [worlds])
     default_setup = build_setup(default)
     assert episode_problems(default, default_setup) == []
     q = default_setup.train_questions[0]["question"]
@@ -632,10 +632,10 @@ def test_a_plan_far_over_the_host_is_refused_and_a_near_miss_warned(monkeypatch,
     OOM killer ended it. Past machine_rules.HOST_REFUSAL_FACTOR times the host it is refused before
     any work; between 90% of the host and that, the warning stays."""
     from memsearcher_jax import config_rules, machine_rules, planner
-    from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.settings import load_settings
 
-    cfg = load_config(DEFAULT)
+    cfg = load_settings(DEFAULT)
     plan = planner.plan_memory(cfg)
     need = plan.total_bytes  # one device
     factor = machine_rules.HOST_REFUSAL_FACTOR

@@ -16,7 +16,6 @@ from memsearcher_jax.settings.config import (
     load_settings,
     schema,
     typed_section,
-    with_defaults,
 )
 from memsearcher_jax.settings.cross import cross_section_problems
 from memsearcher_jax.settings.fields import Section, TrainConfigError, doc_of, setting
@@ -49,5 +48,5 @@ __all__ = [
     "ModelSettings", "OptimSettings", "RLSettings", "RetrievalSettings", "SFTSettings", "SamplerSettings", "Section",
     "Settings", "TrainConfigError", "TrainSettings", "WorldSettings", "auto_flag", "cross_section_problems",
     "demo_objective_counts", "doc_of", "info_problems", "load_reward_fn", "load_settings", "multi_answer_prompt",
-    "parse_objective_counts", "schema", "setting", "train_objective_counts", "typed_section", "with_defaults",
+    "parse_objective_counts", "schema", "setting", "train_objective_counts", "typed_section",
 ]

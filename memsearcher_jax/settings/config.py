@@ -132,15 +132,6 @@ def typed_section(cfg, name: str) -> Section | None:
     return SECTIONS[name].from_section(cfg[name])
 
 
-def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A new ConfigDict with every key: the config's, the others at their defaults (a job's first
-    line, for a config from a library user). One the schema refuses (an unknown key, a missing
-    section) comes back as it is, copied: its check (config_rules.config_problems) names each problem."""
-    if schema_problems(cfg, schema()):
-        return ml_collections.ConfigDict(cfg.to_dict())
-    return Settings.from_config(cfg).to_config()
-
-
 def load_settings(path: str, overrides: Sequence[tuple[str, str]] = ()) -> Settings:
     """The entry point's settings: the config file (its own keys held to the schema), each key it
     leaves out at its default, then the --config.SECTION.KEY=VALUE overrides (type-checked against
