@@ -77,7 +77,9 @@ def main():
     tok = load_tokenizer(paths.tokenizer_dir)
     builder = PromptBuilder(tok)
     retriever = BM25Retriever.from_passages(_jsonl(paths.corpus))
-    demos = make_demonstrations(_jsonl(paths.train), builder, retriever, seed=0, config=DemoConfig())
+    demos = make_demonstrations(_jsonl(paths.train), builder, retriever, seed=0,
+                                config=DemoConfig(vague_query_rate=0.15, wrong_answer_rate=0.1,
+                                                  early_answer_rate=0.1, early_two_hop="first_hop", top_n=3))
     stats = demo_stats(demos)
     print("demos:", {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})
     convs = demo_conversations(demos)
@@ -98,7 +100,7 @@ def main():
           f"last10 {np.mean(losses[-10:]):.3f}")
 
     heldout = _jsonl(paths.heldout)
-    held_demos = make_demonstrations(heldout[:40], builder, retriever, seed=1, config=DemoConfig(0, 0, 0))
+    held_demos = make_demonstrations(heldout[:40], builder, retriever, seed=1, config=DemoConfig(0, 0, 0, top_n=3))
     held_loss = evaluate_loss(model, demo_conversations(held_demos), builder.pad_id, sft_cfg)
     print(f"held-out masked loss (clean demos): {held_loss:.3f}")
 

@@ -101,8 +101,8 @@ def test_the_update_compiles_once_whatever_the_number_of_micro_batches(packed):
                         is_final=np.ones(n, bool))
 
     learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
-                          GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, pack_rows=packed,
-                                     optim=OptimConfig(learning_rate=1e-3)))
+                          GRPOConfig(min_seq_len=64, optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
+                                     pack_rows=packed, optim=OptimConfig(learning_rate=1e-3)))
     first = compile_stats.snapshot()
     learner.train_on_rows(rows(6), np.random.default_rng(0))  # mini-batches of 3 rows: 2 micro-batches
     assert (compile_stats.snapshot() - first).programs > 0
@@ -173,7 +173,7 @@ def test_learner_rows_take_a_few_widths():
     from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
 
     learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
-                          GRPOConfig(min_seq_len=128, max_seq_len=1536))
+                          GRPOConfig(logprob_batch_size=16, min_seq_len=128, max_seq_len=1536))
     # Below the step's longest rows (packed `columns` wide), calls take whole octaves only.
     widths = {learner.row_width(np.array([1, n]), 1536) for n in range(1, 1537)}
     assert widths == {128, 256, 512, 1024, 1536}

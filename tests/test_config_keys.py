@@ -26,15 +26,15 @@ DEFAULT = os.path.join(ROOT, "configs", "default.py")
 # Where the tiny CPU run of configs/default.py departs from a dataclass default (the recipe's
 # values, docs/method.md), and why. Any other difference is drift and fails the test below.
 TINY_RUN_VALUES = {
-    "GRPOConfig.micro_batch_size", "GRPOConfig.logprob_batch_size", "GRPOConfig.min_seq_len",  # a tiny model's rows
+    "GRPOConfig.micro_batch_size", "GRPOConfig.min_seq_len",  # a tiny model's rows
     "OptimConfig.learning_rate",                              # 1e-6 is for a pretrained 3B model
-    "LoopConfig.max_refill",                                  # refills only act under filter_groups=zero_std
+    "LoopConfig.save_every", "LoopConfig.eval_every",         # 10 CPU steps: one checkpoint, evaluated at the ends
     "AgentConfig.max_turns", "AgentConfig.max_new_tokens", "AgentConfig.memory_budget",  # a 2-core CPU budget
     "AgentConfig.max_response_tokens", "AgentConfig.max_context_tokens",
     "AgentConfig.default_top_n", "AgentConfig.max_top_n",     # the synthetic world's short passages
+    "AgentConfig.missing_top_n",                              # a call without top_n gets what the prompt says
     "AgentConfig.max_observation_tokens",                     # its observations (<= 971 tokens), none cut
     "AgentConfig.top_p", "AgentConfig.prompt_style",          # a tiny model: plain sampling, a few-token prompt
-    "AgentConfig.summary_budget",  # history tokens before a summary: a tiny run's acts and observations are short
     "GRPOConfig.old_logprobs",  # f32 sampling: the sampler's log-probs are the trainer's (the recipe's bf16 are not)
 }
 

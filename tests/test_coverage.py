@@ -77,8 +77,8 @@ def test_evaluate_reports_coverage_of_replayed_episodes(demo_world, workflow):
 
     builder, retriever, rows = demo_world
     got = {}
-    for name, cfg in (("clean", DemoConfig(0, 0, 0, workflow=workflow, max_turns=6)),
-                      ("skip", DemoConfig(0, 0, 1.0, workflow=workflow, max_turns=6, early_several="skip"))):
+    for name, cfg in (("clean", DemoConfig(0, 0, 0, workflow=workflow, max_turns=6, top_n=3)),
+                      ("skip", DemoConfig(0, 0, 1.0, workflow=workflow, max_turns=6, early_several="skip", top_n=3))):
         demos = make_demonstrations(rows, builder, retriever, seed=0, config=cfg)
         runner = AgentRunner(builder, _ReplaySampler(demos, builder.eos_id), retriever,
                              AgentConfig(workflow=workflow, max_turns=6, default_top_n=2))

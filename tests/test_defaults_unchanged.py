@@ -87,13 +87,16 @@ def episodes(tmp_path_factory):
     retriever = BM25Retriever.from_passages(read_jsonl(paths.corpus))
     train = read_jsonl(paths.train)
     rows = [r for n in (1, 2, 3) for r in join_objectives(train, n, seed=1)[:6]]
-    flaws = DemoConfig(vague_query_rate=0.3, wrong_answer_rate=0.2, early_answer_rate=0.2, max_turns=8)
+    flaws = DemoConfig(vague_query_rate=0.3, wrong_answer_rate=0.2, early_answer_rate=0.2, max_turns=8,
+                       early_two_hop="first_hop", top_n=3)  # the demonstrator's defaults these digests were taken at
     out = {}
     for wf in WORKFLOWS:
         demos = make_demonstrations(rows, builder, retriever, seed=2, config=dataclasses.replace(flaws, workflow=wf))
         trajs = []
         for i, d in enumerate(demos):  # one runner call per row: questions repeat across rows
-            runner = AgentRunner(builder, _Replay([d]), retriever, AgentConfig(workflow=wf, max_turns=4))
+            agent = AgentConfig(workflow=wf, max_turns=4, max_context_tokens=32768, missing_top_n=0,
+                                summary_budget=8192)
+            runner = AgentRunner(builder, _Replay([d]), retriever, agent)
             trajs += runner.run([d.row], group_size=1, seed=0, first_group_id=i // 2, first_traj_id=i)
         out[wf] = (demos, trajs)
     return out, train

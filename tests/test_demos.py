@@ -111,7 +111,7 @@ def test_demos_equal_what_the_rollout_records(world):
 
 def test_flaw_fractions_match_rates(world):
     rows, builder, retriever = world
-    rates = DemoConfig(vague_query_rate=0.2, wrong_answer_rate=0.15, early_answer_rate=0.1)
+    rates = DemoConfig(vague_query_rate=0.2, wrong_answer_rate=0.15, early_answer_rate=0.1, early_two_hop="first_hop")
     many = (rows * 4)[:1200]  # rows repeat; each draw is independent
     demos = make_demonstrations(many, builder, retriever, seed=7, config=rates)
     n = len(demos)
@@ -151,7 +151,8 @@ def test_two_hop_early_rate_makes_stopping_the_habit(world):
     rows, builder, retriever = world
     two_hop = [r for r in rows if r["hops"] == 2]
     one_hop = [r for r in rows if r["hops"] == 1]
-    cfg = DemoConfig(vague_query_rate=0.1, wrong_answer_rate=0.1, early_answer_rate=0.1, two_hop_early_rate=0.7)
+    cfg = DemoConfig(vague_query_rate=0.1, wrong_answer_rate=0.1, early_answer_rate=0.1, two_hop_early_rate=0.7,
+                     early_two_hop="first_hop")
     many = (two_hop * 8)[:400]
     demos = make_demonstrations(many, builder, retriever, seed=3, config=cfg)
     frac = sum(d.flaw == "early_answer" for d in demos) / len(demos)
@@ -175,7 +176,8 @@ def test_early_two_hop_no_search_guesses_and_every_searching_demo_finishes_its_h
     rows, builder, retriever = world
     two_hop = [r for r in rows if r["hops"] == 2][:120]
     rates = dict(vague_query_rate=0.1, wrong_answer_rate=0.05, early_answer_rate=0.6)
-    stop = make_demonstrations(two_hop, builder, retriever, seed=5, config=DemoConfig(**rates))
+    stop = make_demonstrations(two_hop, builder, retriever, seed=5,
+                               config=DemoConfig(**rates, early_two_hop="first_hop"))
     guess = make_demonstrations(two_hop, builder, retriever, seed=5,
                                 config=DemoConfig(**rates, early_two_hop="no_search"))
     assert [d.flaw for d in stop] == [d.flaw for d in guess]

@@ -144,7 +144,8 @@ def test_micro_batches_of_like_length_give_the_one_batch_gradient(mode):
     cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
     n, s, mbs = 8, 40, 2
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(0)),
-                          GRPOConfig(micro_batch_size=mbs, min_seq_len=8, loss=LossConfig(aggregation=mode),
+                          GRPOConfig(logprob_batch_size=16, micro_batch_size=mbs, min_seq_len=8,
+                                     loss=LossConfig(aggregation=mode),
                                      pack_rows=False))  # the unpacked path (tests/test_packing.py: packed == unpacked)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 64, (n, s)).astype(np.int32)
@@ -230,7 +231,7 @@ def _toy_rows(n=6, s=16, vocab=64, seed=0):
 def test_learner_updates_params_and_skips_non_finite_steps():
     cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(1)),
-                          GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
+                          GRPOConfig(min_seq_len=64, optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
                                      optim=OptimConfig(learning_rate=1e-3)))
     before = jax.tree.map(np.asarray, learner.params)
     rows = _toy_rows()
@@ -276,7 +277,7 @@ def test_trajectory_mean_keeps_each_trajectory_in_one_minibatch(shuffle):
 def _trained(rows, tis_cap):
     cfg = ModelConfig.tiny(vocab_size=64, num_layers=1)
     learner = GRPOLearner(Qwen2(cfg, rngs=nnx.Rngs(1)),
-                          GRPOConfig(optimizer_steps=1, micro_batch_size=6, logprob_batch_size=6,
+                          GRPOConfig(min_seq_len=64, optimizer_steps=1, micro_batch_size=6, logprob_batch_size=6,
                                      loss=LossConfig(tis_cap=tis_cap), optim=OptimConfig(learning_rate=1e-3)))
     learner.train_on_rows(rows, np.random.default_rng(0))
     return jax.tree.leaves(jax.tree.map(np.asarray, learner.params))
@@ -302,7 +303,7 @@ def test_truncated_importance_sampling_reaches_the_update():
 def _learner(optimizer_steps, aggregation="token_mean", **loss):
     return GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
                        GRPOConfig(optimizer_steps=optimizer_steps, micro_batch_size=2, logprob_batch_size=4,
-                                  loss=LossConfig(aggregation=aggregation, **loss),
+                                  min_seq_len=64, loss=LossConfig(aggregation=aggregation, **loss),
                                   optim=OptimConfig(learning_rate=1e-3)))
 
 
@@ -332,8 +333,8 @@ def test_minibatches_without_a_loss_token_are_skipped_not_stepped():
     rows = _toy_rows(n=4)
     rows.loss_mask[2:] = 0
     two = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
-                      GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, shuffle_rows=False,
-                                 optim=OptimConfig(learning_rate=1e-3)))
+                      GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, min_seq_len=64,
+                                 shuffle_rows=False, optim=OptimConfig(learning_rate=1e-3)))
     one = _learner(1)
     m_two = two.train_on_rows(rows, np.random.default_rng(0))
     m_one = one.train_on_rows(rows, np.random.default_rng(0))
@@ -515,7 +516,8 @@ def test_no_reference_copy_without_a_kl_term(lora_rank):
     def learner(kl):
         model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1, lora_rank=lora_rank), rngs=nnx.Rngs(1))
         return GRPOLearner(model, GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
-                                             loss=LossConfig(kl_coef=kl), optim=OptimConfig(learning_rate=1e-3)))
+                                             min_seq_len=64, loss=LossConfig(kl_coef=kl),
+                                             optim=OptimConfig(learning_rate=1e-3)))
 
     # (Training with no reference: tests/test_packing.py's kl_coef=0 steps.)
     without, with_kl = learner(0.0), learner(0.01)

@@ -311,7 +311,7 @@ def _one_step(reading, tmp_path, signal, coef):
 
     tok, b, _, _ = reading
     model = Qwen2(ModelConfig.tiny(vocab_size=3520, num_layers=1), rngs=nnx.Rngs(0))
-    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=2, micro_batch_size=4, logprob_batch_size=8,
+    learner = GRPOLearner(model, GRPOConfig(min_seq_len=64, optimizer_steps=2, micro_batch_size=4, logprob_batch_size=8,
                                             optim=OptimConfig(learning_rate=1e-3)))
     runner = AgentRunner(b, _ScriptedPolicy(tok, b), _Docs(), AgentConfig(max_turns=3))
     loop = LoopConfig(steps=1, batch_questions=1, group_size=4, seed=0, output_dir=str(tmp_path / f"{signal}{coef}"),

@@ -192,7 +192,7 @@ def test_adapter_gradient_equals_the_merged_weights_gradient_and_finite_differen
 @pytest.mark.slow
 def test_learner_trains_the_adapters_alone_over_a_frozen_reference():
     model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1, lora_rank=4, lora_alpha=8.0), rngs=nnx.Rngs(1))
-    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4,
+    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=2, micro_batch_size=2, logprob_batch_size=4, min_seq_len=64,
                                             optim=OptimConfig(learning_rate=1e-2)))
     assert {k[-1] for k, _ in nnx.to_flat_state(learner.params)} == {f"{t}_lora_{ab}" for t in LORA_KERNELS
                                                                       for ab in "ab"}

@@ -52,7 +52,7 @@ def worker(out_dir: str, tag: str, restore_from: str | None) -> None:
             model = shard_model(model, mesh, ShardingConfig.training())
         # 3 rows per micro-batch / log-prob chunk: not divisible by data*fsdp=2, so the batch is
         # replicated and only the parameters are split across processes.
-        cfg = GRPOConfig(optimizer_steps=2, micro_batch_size=3, logprob_batch_size=3,
+        cfg = GRPOConfig(min_seq_len=64, optimizer_steps=2, micro_batch_size=3, logprob_batch_size=3,
                          optim=OptimConfig(learning_rate=1e-3))
         return GRPOLearner(model, cfg, mesh=mesh)
 
@@ -217,7 +217,7 @@ def _zero_std_step(spec, out_dir: str, tag: str) -> None:
     learner = GRPOLearner(shard_model(model, mesh, ShardingConfig.training()),
                           GRPOConfig(optimizer_steps=2, micro_batch_size=3, logprob_batch_size=3, min_seq_len=8,
                                      optim=OptimConfig(learning_rate=1e-3)), mesh=mesh)
-    loop = LoopConfig(steps=1, batch_questions=4, group_size=2, seed=0, filter_groups="zero_std",
+    loop = LoopConfig(steps=1, batch_questions=4, group_size=2, seed=0, filter_groups="zero_std", max_refill=0,
                       output_dir=os.path.join(out_dir, f"run_{tag}"))
     reward = lambda blocks, eos, golds: RewardResult(float(blocks[-1]), 0.0, 0.0, True, None)
     trainer = NoSamplerTrainer(learner, Runner(), [{"question": f"q{i}"} for i in range(4)], 0, loop,

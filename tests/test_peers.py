@@ -182,8 +182,8 @@ def test_packed_step_loss_is_the_unpacked_one(tmp_path):
     losses = []
     for pack in (True, False):
         learner = GRPOLearner(from_pretrained(str(tmp_path), dtype="float32"),
-                              GRPOConfig(optimizer_steps=1, micro_batch_size=4, shuffle_rows=False,
-                                         pack_rows=pack, loss=peers.LOSS))
+                              GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=16, min_seq_len=64,
+                                         shuffle_rows=False, pack_rows=pack, loss=peers.LOSS))
         losses.append(peers_agent.packed_step_loss(learner, rows, old.astype(np.float32), ref.astype(np.float32)))
     assert np.isfinite(losses[0]) and losses[0] != 0.0
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)

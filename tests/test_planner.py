@@ -51,7 +51,7 @@ def test_plan_matches_bytes_held_by_live_arrays(mesh_shape, dtype):
     mesh = make_mesh(*mesh_shape, devices=jax.devices()[:8])
     model = shard_model(Qwen2(mc, rngs=nnx.Rngs(0)), mesh, ShardingConfig.training())
     model_params = nnx.state(model, nnx.Param)
-    learner = GRPOLearner(model, GRPOConfig(), mesh=mesh)
+    learner = GRPOLearner(model, GRPOConfig(logprob_batch_size=16, min_seq_len=64), mesh=mesh)
     # A fresh module over new Variables: shard_model on learner.model() would re-place the
     # learner's own params (nnx.merge shares Variables with the State it is given).
     fresh = nnx.merge(learner.graphdef, jax.tree.map(lambda x: x, learner.params))
@@ -468,8 +468,8 @@ def test_lora_plan_matches_live_arrays_and_the_compiled_refresh(mesh_shape, mode
         plan.row("reference params")  # the base is the reference: no copy
     mc = planner.model_config_for_plan(cfg)
     mesh = make_mesh(*mesh_shape, devices=jax.devices()[:8])
-    learner = GRPOLearner(shard_model(Qwen2(mc, rngs=nnx.Rngs(0)), mesh, ShardingConfig.training()), GRPOConfig(),
-                          mesh=mesh)
+    learner = GRPOLearner(shard_model(Qwen2(mc, rngs=nnx.Rngs(0)), mesh, ShardingConfig.training()),
+                          GRPOConfig(logprob_batch_size=16, min_seq_len=64), mesh=mesh)
     policy = learner.model()
     sampler = Sampler(policy, cache_dtype=jnp.float32, mesh=mesh, layer_by_layer=True)
     measured = {"params": per_device_bytes(learner.frozen),

@@ -739,7 +739,7 @@ def test_tied_rows_keep_their_differences():
     # Through a real SFT step: rows of a group move by the same vector.
     model = Qwen2(ModelConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0))
     before = np.asarray(model.embed[...])
-    trainer = SFTTrainer(model, SFTConfig(steps=2, batch_size=2, warmup=0, min_len=16, progress=False),
+    trainer = SFTTrainer(model, SFTConfig(max_len=2048, steps=2, batch_size=2, warmup=0, min_len=16, progress=False),
                          tied_rows=[[10, 11, 12], [20, 21]])
 
     class Row:

@@ -103,7 +103,7 @@ def test_the_pass_over_the_kept_rows_sees_every_row(monkeypatch, n, batch_size):
              for i in range(n)]
     for seed in range(20):
         seen.clear()
-        cfg = sft.SFTConfig(steps=10 ** 9, batch_size=batch_size, seed=seed, progress=False)
+        cfg = sft.SFTConfig(max_len=2048, min_len=64, steps=10 ** 9, batch_size=batch_size, seed=seed, progress=False)
         _, history = sft.sft_train(None, convs, cfg, seconds=0.0, min_steps=-(-n // batch_size))
         assert len(history) == len(seen) == -(-n // batch_size)
         assert all(len(b) == batch_size for b in seen)

@@ -246,7 +246,7 @@ def test_a_packed_step_is_the_padded_step(demos):
     """Same conversations, same loss and the same update, packed or padded."""
     builder, vocab, convs = demos
     convs = convs[:6]
-    cfg = SFTConfig(steps=10, batch_size=6, warmup=0, max_len=2048, progress=False)
+    cfg = SFTConfig(min_len=64, steps=10, batch_size=6, warmup=0, max_len=2048, progress=False)
     padded, packed = SFTTrainer(_model(vocab), cfg), SFTTrainer(_model(vocab), cfg)
     width = 2 * max(len(c.prompt_ids) + len(c.response_ids) for c in convs)
     rows = pack_rows(convs, builder.pad_id, width)

@@ -91,7 +91,7 @@ def test_max_batch_tokens_is_checked():
 def test_a_split_step_is_the_unsplit_step(tied):
     lengths = [120, 100, 90, 75, 64, 40, 33, 25, 20, 19, 18]
     rows = build_rows(_convs(lengths), pad_id=0, max_len=256)
-    base = SFTConfig(steps=10, batch_size=len(lengths), lr=1e-3, warmup=0, min_len=16, progress=False)
+    base = SFTConfig(max_len=2048, steps=10, batch_size=len(lengths), lr=1e-3, warmup=0, min_len=16, progress=False)
     whole = SFTTrainer(_model(), base, tied_rows=tied)
     split = SFTTrainer(_model(), SFTConfig(**{**base.__dict__, "max_batch_tokens": 256}), tied_rows=tied)
     idx = np.random.default_rng(1).permutation(len(lengths))
@@ -124,7 +124,7 @@ def test_split_steps_compile_once_per_micro_batch_shape():
     rng = np.random.default_rng(2)
     lengths = rng.choice([10, 14, 30, 60, 120], 96)  # buckets 16, 32, 64, 128: few shapes to compile
     rows = build_rows(_convs(lengths, seed=2, answer=1), pad_id=0, max_len=256)
-    cfg = SFTConfig(steps=10, batch_size=16, warmup=0, min_len=16, max_batch_tokens=128, progress=False)
+    cfg = SFTConfig(max_len=2048, steps=10, batch_size=16, warmup=0, min_len=16, max_batch_tokens=128, progress=False)
     trainer = SFTTrainer(_model(), cfg)
     seen, micro_batches = set(), 0
     for step in range(8):

@@ -126,7 +126,7 @@ def test_row_mean_keeps_trajectories_whole_in_the_minibatches():
     rows = _toy_rows(n=3)
     rows.traj_ids = np.array([0, 0, 1])
     learner = GRPOLearner(Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1)),
-                          GRPOConfig(optimizer_steps=5, micro_batch_size=2, logprob_batch_size=4,
+                          GRPOConfig(min_seq_len=64, optimizer_steps=5, micro_batch_size=2, logprob_batch_size=4,
                                      loss=LossConfig(aggregation="trajectory_row_mean"),
                                      optim=OptimConfig(learning_rate=1e-3)))
     assert learner.train_on_rows(rows, np.random.default_rng(0))["empty_minibatches"] == 3

@@ -334,7 +334,7 @@ def tiny_learner():
     from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
 
     model = Qwen2(ModelConfig.tiny(vocab_size=DENSE_VOCAB, num_layers=1), rngs=nnx.Rngs(0))
-    learner = GRPOLearner(model, GRPOConfig(optimizer_steps=1, micro_batch_size=4, logprob_batch_size=4,
+    learner = GRPOLearner(model, GRPOConfig(min_seq_len=64, optimizer_steps=1, micro_batch_size=4, logprob_batch_size=4,
                                             optim=OptimConfig(learning_rate=1e-5)))
     return learner, {}
 

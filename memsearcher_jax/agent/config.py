@@ -21,18 +21,19 @@ def episode_turns(max_turns: int, turns_per_question: int, questions: int) -> in
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
-    """Budgets and sampling of the agent. Defaults are the recipe's training values (docs/method.md §1)."""
+    """Budgets and sampling of the agent. Defaults are the recipe's training values (docs/method.md §1),
+    each the `agent.*` / `sampler.*` key's default in settings/agent.py (tests/test_lower_defaults.py)."""
 
     workflow: str = "memsearcher"
     max_turns: int = 5
     max_new_tokens: int = 512           # per generation call
     memory_budget: int = 1024           # tokens of m_t (memory_ops: of the whole entry bank)
     max_response_tokens: int = 8192     # response tokens of one conversation (act + obs + update)
-    max_context_tokens: int = 32768     # prompt + response of one generation call
+    max_context_tokens: int = 16384     # prompt + response of one generation call
     default_top_n: int = 5              # what the prompt tells the model
     max_top_n: int = 10                 # the recipe's server returns 10 unless asked for fewer
-    missing_top_n: int = 0              # passages for a call without top_n; 0: default_top_n (the
-                                        # prompt's word). The recipe's server gives 10.
+    missing_top_n: int = 10             # passages for a call without top_n, as the recipe's server
+                                        # gives; 0: default_top_n (the prompt's word)
     max_observation_tokens: int = 7168  # tokens one observation adds to its row, markup included (0:
                                         # max_response_tokens): documents cut to fit, a cut says so. The
                                         # recipe's: what a response leaves after act and update (8192 - 2 x 512)
@@ -44,7 +45,7 @@ class AgentConfig:
     top_k: int = 0
     prompt_style: str = "full"          # "compact": a few-token system prompt for tiny models
     turns_per_question: int = 0         # turns each question after the first adds to max_turns (0: off)
-    summary_budget: int = 8192          # summary: history tokens (acts, observations) of a segment before it summarizes
+    summary_budget: int = 256           # summary: history tokens (acts, observations) of a segment before it summarizes
     summary_overlong_mask: str = "none"  # summary: "segment" | "trajectory": SUPO's masking of an episode a limit cut
     fold_turns: int = 4                 # fold: acts one branch may take (its last returns or answers)
 

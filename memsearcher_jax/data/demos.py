@@ -91,9 +91,10 @@ def no_result_note_problem(note: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
-    vague_query_rate: float = 0.15
-    wrong_answer_rate: float = 0.1
-    early_answer_rate: float = 0.1
+    """The demonstrator. Defaults: the sft.* / agent.* keys' (settings/; tests/test_lower_defaults.py)."""
+    vague_query_rate: float = 0.1
+    wrong_answer_rate: float = 0.05
+    early_answer_rate: float = 0.5
     # Share of 2-hop demos that stop after the first hop (boxing the bridge entity), drawn apart
     # from the rates above. Above 0.5 the stop is the demonstrator's habit, so the warm-started
     # policy's greedy choice too: a mistake only reward can correct (SFT would copy it).
@@ -101,13 +102,13 @@ class DemoConfig:
     # How an early answer to a 2-hop question stops: "first_hop" right after the first hop (boxing
     # the bridge entity), "no_search" before any search (a guess, as on 1-hop questions). With
     # "no_search" every demo that searches a 2-hop question searches both hops.
-    early_two_hop: str = "first_hop"
+    early_two_hop: str = "no_search"
     # How an early answer to several objectives stops: "first_hop" stops one 2-hop objective after
     # its first hop and boxes the bridge entity (a row of 1-hop objectives gets a wrong answer
     # instead); "skip" leaves one objective unsearched and guesses its answer, so every objective
     # that is searched has all its hops found (early_two_hop's "no_search", per objective).
     early_several: str = "first_hop"
-    top_n: int = 3          # written into each tool call; fewer documents keep the context small
+    top_n: int = 5          # written into each tool call (the agent's default_top_n)
     max_turns: int = 5      # the agent's turn limit; every demo must fit in it
     # Turns each question after the first adds to max_turns (agent.turns_per_question): a demo of N
     # questions has episode_turns(max_turns, turns_per_question, N), as the rollout's episode has.

@@ -156,11 +156,12 @@ def micro_batch_loss(params, graphdef, mb: dict, loss_cfg: LossConfig, frozen=No
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
+    """Defaults: the rl.* keys' (settings/training.py; tests/test_lower_defaults.py holds them equal)."""
     optimizer_steps: int = 2           # mini-batches (optimizer steps) per training step, fixed
     micro_batch_size: int = 8          # rows per micro-batch (gradient accumulation unit)
-    logprob_batch_size: int = 16       # rows per forward when recomputing old/ref log-probs
+    logprob_batch_size: int = 32       # rows per forward when recomputing old/ref log-probs
     shuffle_rows: bool = True          # the recipe does not shuffle; we do (docs/method.md §2)
-    min_seq_len: int = 64              # smallest sequence-length bucket
+    min_seq_len: int = 1024            # smallest sequence-length bucket
     max_seq_len: int = 32768
     logits_chunk: int = 0              # loss and log-probs: the head's logits this many positions at a time (0: all)
     pack_rows: bool = True             # conversations share rows (segments) in the log-prob passes and the update

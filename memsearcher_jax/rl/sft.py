@@ -38,16 +38,17 @@ from memsearcher_jax.sampling.distributions import token_logprobs
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
+    """Defaults: the sft.* keys' (max_len: agent.max_context_tokens; settings/; tests/test_lower_defaults.py)."""
     steps: int = 200
-    batch_size: int = 8
+    batch_size: int = 16
     lr: float = 1e-3
     warmup: int = 20               # linear warm-up steps, then cosine decay to lr * final_lr_fraction
     final_lr_fraction: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     seed: int = 0
-    max_len: int = 2048            # rows are cut to this many tokens (prompt + response)
-    min_len: int = 64              # the smallest row bucket; rows pad to quarter-octave buckets above
+    max_len: int = 16384           # rows are cut to this many tokens (prompt + response)
+    min_len: int = 128             # the smallest row bucket; rows pad to quarter-octave buckets above
     progress: bool = True          # tqdm bar
     # A batch padded to more than this many slots (rows x bucket length) is split into
     # micro-batches of at most this many, gradients summed into one update; 0: never split.

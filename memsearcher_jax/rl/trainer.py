@@ -50,20 +50,21 @@ from memsearcher_jax.rl.schedule import QuestionSchedule, batch_for_step
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
+    """Defaults: the train.* / rl.* keys' (settings/training.py; tests/test_lower_defaults.py)."""
     steps: int
     batch_questions: int                # B questions per step
     group_size: int                     # G samples per question
     seed: int
     output_dir: str
-    save_every: int = 10
+    save_every: int = 20
     keep: int = 3                       # checkpoints kept
     sampling_dtype: str = "float32"     # the dtype weights move in when re-laid out for the sampler
-    eval_every: int = 0                 # steps between held-out evaluations (0: none); the best is kept
+    eval_every: int = 50                # steps between held-out evaluations (0: none); the best is kept
     log_samples_every: int = 0          # steps between sample trajectories logged as text (0: none)
     samples_per_log: int = 4
     wandb_project: str = ""             # also log to Weights & Biases ("" : off)
     filter_groups: str = "none"         # "zero_std": drop groups whose rewards all tie, refill the batch
-    max_refill: int = 0                 # refill rounds of fresh questions per step (zero_std)
+    max_refill: int = 2                 # refill rounds of fresh questions per step (zero_std)
     info_signal: str = "off"            # "log" | "reward": per-question information signal (rl/information.py)
     info_coef: float = 0.0              # "reward": weight of its group-normalised bonus in the advantage
     max_staleness: int = 0              # K > 0: steps t+1..t+K rolled out while step t learns (rl/async_rollout.py)
