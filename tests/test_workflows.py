@@ -554,7 +554,9 @@ def test_config_and_cli_name_the_registered_workflows(capsys):
     from memsearcher_jax.experiment import TrainConfigError, agent_config, validate
 
     base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
-    assert agent_config(load_config(base, [("agent.workflow", "memory_ops")])).workflow == "memory_ops"
+    from memsearcher_jax.settings import Settings
+    chosen = Settings.from_config(load_config(base, [("agent.workflow", "memory_ops")]))
+    assert agent_config(chosen).workflow == "memory_ops"
     with pytest.raises(TrainConfigError, match="registered workflows .*'mem1', 'memory_ops'.*got 'mem2'"):
         validate(load_config(base, [("agent.workflow", "mem2")]))
     assert build_parser().parse_args(["eval", "--model", "m", "--workflow", "mem1"]).workflow == "mem1"
