@@ -16,11 +16,9 @@ import re
 import types
 from collections.abc import Sequence
 
-import ml_collections
-
 from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.settings import HardwareSettings, typed_section
+from memsearcher_jax.settings import HardwareSettings, Settings
 
 GIB = 1024 ** 3
 REAL_PRESETS = ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen2_5_14b")
@@ -45,7 +43,7 @@ class PlanRow:
 
 # ----------------------------------------------------------------------------- inputs
 
-def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None = None):
+def model_config_for_plan(s: Settings, vocab_size: int | None = None):
     """The ModelConfig the trainer would build, without loading weights or a tokenizer.
 
     A Hugging Face dir in model.source wins (its config.json); else a released preset in
@@ -54,9 +52,9 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
     """
     from memsearcher_jax.models import ModelConfig
 
-    m = cfg.model
+    m = s.model
     common = dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=m.scan_layers, remat=m.remat,
-                  **lora_fields(cfg))
+                  **lora_fields(s))
     source = os.path.expanduser(str(m.source))
     if m.source != "init" and os.path.isfile(os.path.join(source, "config.json")):
         return ModelConfig.from_hf_config(source, **common)
@@ -68,8 +66,8 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
     if m.source != "init":
         raise PlanError(f"cannot plan model.source={m.source!r}: it is not a local model dir with config.json and "
                         f"model.preset={m.preset!r} is not a released Qwen2.5 preset {REAL_PRESETS}")
-    vocab = vocab_size or typed_section(cfg, "model").vocab_size
-    if not vocab and cfg.world.enabled:
+    vocab = vocab_size or s.model.vocab_size
+    if not vocab and s.world.enabled:
         vocab = _WORLD_VOCAB
     if not vocab:
         raise PlanError("model.source='init' needs the vocabulary size: set model.vocab_size in the config "
@@ -80,9 +78,9 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict, vocab_size: int | None
         rope_theta=m.rope_theta, **common)
 
 
-def lora_fields(cfg) -> dict:
+def lora_fields(s: Settings) -> dict:
     """model.lora_* as ModelConfig fields, as the trainer reads them (settings.ModelSettings.lora_fields)."""
-    return typed_section(cfg, "model").lora_fields()
+    return s.model.lora_fields()
 
 
 def _preset_from_name(path: str) -> str | None:
@@ -93,8 +91,8 @@ def _preset_from_name(path: str) -> str | None:
     return key if key in REAL_PRESETS else None
 
 
-def mesh_shape(cfg) -> tuple[int, int, int]:
-    return int(cfg.mesh.data), int(cfg.mesh.fsdp), int(cfg.mesh.tp)
+def mesh_shape(s: Settings) -> tuple[int, int, int]:
+    return int(s.mesh.data), int(s.mesh.fsdp), int(s.mesh.tp)
 
 
 def _fake_mesh(mesh: tuple[int, int, int]):
@@ -138,30 +136,30 @@ def _layout_elems(shapes, mesh, sharding) -> dict[str, int]:
     return {n: per_device_elems(s, param_spec(n, len(s), sharding), mesh) for n, s in shapes.items()}
 
 
-def _workflow(cfg):
+def _workflow(s: Settings):
     from memsearcher_jax.agent.workflows import get_workflow  # light: no JAX
 
-    return get_workflow(cfg.agent.workflow)
+    return get_workflow(s.agent.workflow)
 
 
-def prompt_tokens(cfg) -> int:
+def prompt_tokens(s: Settings) -> int:
     """Longest context a conversation starts from: system prompt + question (+ what the workflow
     carries: the memory, the bank, the last act and observation)."""
-    return _PROMPT_OVERHEAD_TOKENS + _workflow(cfg).carried_tokens(cfg.agent)
+    return _PROMPT_OVERHEAD_TOKENS + _workflow(s).carried_tokens(s.agent)
 
 
-def conversation_tokens(cfg) -> int:
+def conversation_tokens(s: Settings) -> int:
     """Longest conversation (prompt + response), the training row's length before bucketing: the
     prompt, then what the workflow's turns add to one conversation, each act and second call at most
     agent.max_new_tokens and each observation at most its cap (agent.max_observation_tokens, markup
     included; `Workflow.row_tokens`). It follows from the config: a row the rollout makes is never longer."""
-    return int(_workflow(cfg).row_tokens(cfg.agent, prompt_tokens(cfg)))
+    return int(_workflow(s).row_tokens(s.agent, prompt_tokens(s)))
 
 
-def row_bound_problem(cfg) -> str | None:
+def row_bound_problem(s: Settings) -> str | None:
     """The learner refuses a conversation over rl.max_seq_len mid-training (batching.pack_rows): say so
     before any work when the config's longest row is over it."""
-    limit, longest = cfg.rl.max_seq_len, conversation_tokens(cfg)
+    limit, longest = s.rl.max_seq_len, conversation_tokens(s)
     if longest <= int(limit):
         return None
     return (f"rl.max_seq_len={limit} is below the longest conversation this agent config can make ({longest} tokens: "
@@ -169,11 +167,11 @@ def row_bound_problem(cfg) -> str | None:
             "agent.max_observation_tokens, agent.max_new_tokens or agent.max_turns (react)")
 
 
-def hosts_and_local_devices(cfg) -> tuple[int, int]:
+def hosts_and_local_devices(s: Settings) -> tuple[int, int]:
     """(hosts, devices per host) from the hardware section (one host when it names none)."""
-    mesh = mesh_shape(cfg)
+    mesh = mesh_shape(s)
     n_dev = math.prod(mesh)
-    hw = typed_section(cfg, "hardware")
+    hw = s.hardware
     hosts = int(hw.hosts or 1) if hw is not None else 1
     if hosts < 1 or n_dev % hosts:
         raise PlanError(f"the mesh's {n_dev} devices do not split evenly over hardware.hosts={hosts}")
@@ -205,23 +203,23 @@ class SamplerCall:
         return self.prefix + self.suffix + self.new
 
 
-def sampler_rows(cfg, hosts: int) -> int:
+def sampler_rows(s: Settings, hosts: int) -> int:
     """The most rows one sampler call takes: one host's B*G / hosts, or sampler.batch_size if smaller."""
-    host_rows = int(cfg.rl.batch_questions) // hosts * int(cfg.rl.group_size)
-    return min(int(cfg.sampler.batch_size or host_rows), host_rows)
+    host_rows = int(s.rl.batch_questions) // hosts * int(s.rl.group_size)
+    return min(int(s.sampler.batch_size or host_rows), host_rows)
 
 
-def turn_loop_buckets(cfg, hosts: int):
+def turn_loop_buckets(s: Settings, hosts: int):
     """The Sampler's buckets for this config's turn loop (what experiment.build_sampler gives it and
     what the plan sizes): 4x steps, capped by the context limit and by the rows of one call."""
     from memsearcher_jax.sampling.buckets import BucketConfig
 
-    rows = max(sampler_rows(cfg, hosts), 1)
-    return BucketConfig.for_turn_loop(int(cfg.agent.max_new_tokens), max_prompt=int(cfg.agent.max_context_tokens),
+    rows = max(sampler_rows(s, hosts), 1)
+    return BucketConfig.for_turn_loop(int(s.agent.max_new_tokens), max_prompt=int(s.agent.max_context_tokens),
                                       max_batch=rows)
 
 
-def sampler_calls(cfg) -> list[SamplerCall]:
+def sampler_calls(s: Settings) -> list[SamplerCall]:
     """Every shape the largest rollout call can take on one host, one per prefix/suffix split.
 
     Rows: the trainer's sampler sees one host's B*G / hosts rows (`host_shard`), chunked by
@@ -234,16 +232,16 @@ def sampler_calls(cfg) -> list[SamplerCall]:
     max_shared_prefix of them) and suffix, each rounded up to its own prompt bucket. The Sampler's
     own buckets do the rounding: `turn_loop_buckets`, what experiment.build_sampler gives it.
     """
-    d, f, t = mesh_shape(cfg)
-    hosts, per_host = hosts_and_local_devices(cfg)
+    d, f, t = mesh_shape(s)
+    hosts, per_host = hosts_and_local_devices(s)
     mesh = (1, per_host // t, t) if hosts > 1 else (d, f, t)
-    split = batch_split_problems(int(cfg.rl.batch_questions), hosts)
+    split = batch_split_problems(int(s.rl.batch_questions), hosts)
     if split:
         raise PlanError(split[0])
-    rows, a = sampler_rows(cfg, hosts), cfg.agent
-    longest_prompt = int(min(a.max_context_tokens, prompt_tokens(cfg) + a.max_response_tokens)) - 1
+    rows, a = sampler_rows(s, hosts), s.agent
+    longest_prompt = int(min(a.max_context_tokens, prompt_tokens(s) + a.max_response_tokens)) - 1
     budget = int(min(a.max_new_tokens, a.max_response_tokens, a.max_context_tokens - 1))
-    bk = turn_loop_buckets(cfg, hosts)
+    bk = turn_loop_buckets(s, hosts)
     batch = bk.batch(rows, mesh[0] * mesh[1])
     splits = {(0, bk.prompt(longest_prompt)): 0}
     if rows > 1 or bk.max_shared_prefix:  # one row splits only under a prefix cap
@@ -254,8 +252,8 @@ def sampler_calls(cfg) -> list[SamplerCall]:
             for (p, t_), n in sorted(splits.items())]
 
 
-def capacity_bytes(cfg, device_memory_gib: float | None) -> int | None:
-    hw = typed_section(cfg, "hardware")
+def capacity_bytes(s: Settings, device_memory_gib: float | None) -> int | None:
+    hw = s.hardware
     gib = device_memory_gib if device_memory_gib is not None else (hw.device_memory_gib if hw else None)
     if gib is None:
         return None
@@ -393,13 +391,13 @@ def sampler_call_bytes(sz: Sizing, call: SamplerCall, block: int) -> tuple[int, 
     return kv, grid + mask + max(attention, mlp) + tokens * D * abytes, blk
 
 
-def rollout_rows(cfg, sz: Sizing) -> tuple[SamplerCall, list[PlanRow]]:
+def rollout_rows(s: Settings, sz: Sizing) -> tuple[SamplerCall, list[PlanRow]]:
     """The largest rollout call (of every prefix/suffix split it may take) and its two rows."""
     from memsearcher_jax.sampling.sampler import check_query_block
 
-    calls = sampler_calls(cfg)
+    calls = sampler_calls(s)
     try:
-        block = check_query_block(cfg.sampler.prefill_query_block)
+        block = check_query_block(s.sampler.prefill_query_block)
     except ValueError as e:
         raise PlanError(f"sampler.{e}") from None
     call = max(calls, key=lambda c: sum(sampler_call_bytes(sz, c, block)[:2]))
@@ -411,7 +409,7 @@ def rollout_rows(cfg, sz: Sizing) -> tuple[SamplerCall, list[PlanRow]]:
     return call, [
         PlanRow("KV cache", "rollout", kv_b,
                 f"{call.batch} rows ({call.rows} live) x (T {call.suffix} + N {call.new}) slots + "
-                f"one {call.prefix}-slot prefix, {cfg.sampler.cache_dtype}, {on}"),
+                f"one {call.prefix}-slot prefix, {s.sampler.cache_dtype}, {on}"),
         PlanRow("prefill activations", "rollout", prefill_b,
                 f"grid K/V of {call.prefix + call.suffix} slots, mask, [{call.batch // (call.mesh[0] * call.mesh[1])}, "
                 f"{h_note} heads, {blk} queries, {call.prefix + call.suffix}] scores, one MLP"),
@@ -431,7 +429,7 @@ def layer_activation_bytes(sz: Sizing, rows: int, seq: int) -> int:
     return qkv + scores + mask + mlp + resid + lora
 
 
-def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
+def training_rows(s: Settings, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     """Scoring (old/reference log-probs) and the update, on rows of one padded conversation."""
     from memsearcher_jax.sampling.buckets import bucket
 
@@ -439,19 +437,19 @@ def training_rows(cfg, sz: Sizing, w: WeightElements) -> list[PlanRow]:
     # A training row is one conversation, padded as batching.pack_rows pads it (quarter octaves). With
     # rl.pack_rows the learner packs several into rows never wider than this (RowLayout.row_width
     # caps them at it), micro_batch_size / logprob_batch_size rows a call: the same shapes bound.
-    longest = conversation_tokens(cfg)
-    seq = bucket(longest, cfg.rl.min_seq_len, steps_per_octave=4)
+    longest = conversation_tokens(s)
+    seq = bucket(longest, s.rl.min_seq_len, steps_per_octave=4)
     # rl.logits_chunk: the head's logits are made (and in the backward remade) that many positions
     # at a time, so only one chunk's are held (grpo.token_logprobs_and_entropy).
-    chunk = int(cfg.rl.logits_chunk or 0)
+    chunk = int(s.rl.logits_chunk or 0)
     positions = min(chunk, seq) if chunk > 0 else seq
 
     def logits_bytes(rows: int, copies: int) -> int:  # f32, vocabulary split over tp
         return copies * rows * positions * _split(mc.vocab_size, mesh[2]) * 4
 
     # Rows a device holds; not divisible by the batch shards: replicated (as _put does).
-    mb_t = _split(int(cfg.rl.micro_batch_size), mesh[0] * mesh[1])
-    mb_s = _split(int(cfg.rl.logprob_batch_size), mesh[0] * mesh[1])
+    mb_t = _split(int(s.rl.micro_batch_size), mesh[0] * mesh[1])
+    mb_s = _split(int(s.rl.logprob_batch_size), mesh[0] * mesh[1])
     # Scoring is a forward pass: one layer live at a time, plus logits and softmax.
     rows = [PlanRow("log-prob activations", "scoring", layer_activation_bytes(sz, mb_s, seq) + logits_bytes(mb_s, 2),
                     f"{mb_s} rows/device x {seq} tokens, forward only")]

@@ -19,15 +19,15 @@ import sys
 from collections import defaultdict
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from memsearcher_jax import planner
-from memsearcher_jax.config_utils import load_config, split_overrides
+from memsearcher_jax.config_utils import split_overrides
 from memsearcher_jax.experiment import build_sampler
 from memsearcher_jax.models import Qwen2, ShardingConfig, make_mesh
 from memsearcher_jax.models.hf_io import param_sharding
+from memsearcher_jax.settings import Settings, load_settings
 
 # The prefill row's calibrated range on XLA CPU (tests/test_planner.py): planned / measured.
 LOW, HIGH = 0.8, 1.35
@@ -69,8 +69,8 @@ class _PrefillDone(Exception):
     """Stops a measured generate() where its decode would begin."""
 
 
-def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dict:
-    """Run the Sampler a trainer would build for `cfg` on one call shaped like `call` (a
+def measure_sampler_call(s: Settings, call, attention_by_row: bool | None = None) -> dict:
+    """Run the Sampler a trainer would build for `s` on one call shaped like `call` (a
     planner.SamplerCall): `call.rows` prompts of `call.longest_prompt` tokens sharing exactly
     `call.shared_prefix`, each with budget `call.largest_budget`, up to the end of its prefill
     (what is measured is all there; the decode loop is neither compiled nor run).
@@ -82,7 +82,7 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
     attention's row loop on (True) or off (False, the accelerators' form); None: the Sampler's
     own choice for this platform.
     """
-    mc = planner.model_config_for_plan(cfg)
+    mc = planner.model_config_for_plan(s)
     n = math.prod(call.mesh)
     if n > len(jax.devices()):
         raise ValueError(f"the call's sampler mesh {call.mesh} needs {n} devices; this process sees "
@@ -92,7 +92,7 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
         model = Qwen2(dataclasses.replace(mc, param_dtype=mc.dtype), rngs=nnx.Rngs(0))
     else:
         model = random_model(mc, mesh)
-    sampler = build_sampler(cfg, model, mesh)
+    sampler = build_sampler(s, model, mesh)
     if attention_by_row is not None:
         sampler._math.attention_by_row = attention_by_row
     rng = np.random.default_rng(0)
@@ -125,16 +125,16 @@ def measure_sampler_call(cfg, call, attention_by_row: bool | None = None) -> dic
             "weights": per_device_bytes(sampler._params)}
 
 
-def compare(cfg, rows: int | None = None, attention_by_row: bool | None = None) -> list[tuple[str, int, int]]:
+def compare(s: Settings, rows: int | None = None,
+            attention_by_row: bool | None = None) -> list[tuple[str, int, int]]:
     """(row name, planned bytes, measured bytes) for the rollout rows and the sampler's
     weights. rows: sample this many rows per call instead of sampler.batch_size (a smaller
     call fits a smaller device; the plan is redone for it). attention_by_row: as in
     measure_sampler_call."""
-    if rows:  # on a copy: the caller's config stays as it was
-        cfg = ml_collections.ConfigDict(cfg.to_dict())
-        cfg.sampler.batch_size = int(rows)
-    plan = planner.plan_memory(cfg)
-    got = measure_sampler_call(cfg, plan.sampler_call, attention_by_row)
+    if rows:  # a copy: the caller's settings stay as they were
+        s = s.with_values({"sampler.batch_size": int(rows)})
+    plan = planner.plan_memory(s)
+    got = measure_sampler_call(s, plan.sampler_call, attention_by_row)
     return [("sampler weights", plan.row("sampler weights").bytes, got["weights"]),
             ("KV cache", plan.row("KV cache").bytes, got["kv"]),
             ("prefill activations", plan.row("prefill activations").bytes, got["prefill_temp"])]
@@ -149,11 +149,11 @@ def main(argv=None) -> int:
                          "describes) instead of the CPU's row loop, which holds less")
     rest, overrides = split_overrides(list(argv) if argv is not None else sys.argv[1:])
     args = ap.parse_args(rest)
-    cfg = load_config(args.config, overrides)
+    settings = load_settings(args.config, overrides)
     print(f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}")
     print(f"{'row':<22}{'planned GiB':>13}{'measured GiB':>14}{'planned/measured':>18}  verdict")
     under = False
-    for name, want, got in compare(cfg, args.rows or None, False if args.whole_batch_attention else None):
+    for name, want, got in compare(settings, args.rows or None, False if args.whole_batch_attention else None):
         ratio = want / got if got else float("inf")
         if ratio < LOW:
             verdict, under = "UNDER: the plan is short of what is held", True

@@ -36,7 +36,6 @@ import math
 import os
 
 import jax
-import ml_collections
 
 from memsearcher_jax.console import log
 from memsearcher_jax.memory_estimates import (
@@ -61,7 +60,7 @@ from memsearcher_jax.memory_estimates import (
     turn_loop_buckets,
     weight_elements,
 )
-from memsearcher_jax.settings import typed_section
+from memsearcher_jax.settings import Settings
 
 # The planner's face: the plan and its verdict (here), and the shapes it plans for that callers
 # name as the planner's (memory_estimates, which sizes every row).
@@ -122,28 +121,28 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def plan_memory(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None,
+def plan_memory(s: Settings, device_memory_gib: float | None = None,
                 vocab_size: int | None = None) -> MemoryPlan:
-    """Per-device memory table for training `cfg` on mesh cfg.mesh (see the module docstring):
+    """Per-device memory table for training `s` on mesh s.mesh (see the module docstring):
     the persistent rows, then each phase's rows, in the order the table prints them."""
-    mesh = mesh_shape(cfg)
+    mesh = mesh_shape(s)
     n_dev = math.prod(mesh)
-    hw = typed_section(cfg, "hardware")
+    hw = s.hardware
     if hw is not None and hw.num_devices and int(hw.num_devices) != n_dev:
         raise PlanError(f"mesh data={mesh[0]} x fsdp={mesh[1]} x tp={mesh[2]} = {n_dev} devices, but "
                         f"hardware.num_devices is {hw.num_devices}")
-    if problem := row_bound_problem(cfg):  # a row the learner would refuse mid-training
+    if problem := row_bound_problem(s):  # a row the learner would refuse mid-training
         raise PlanError(problem)
-    mc = model_config_for_plan(cfg, vocab_size)
+    mc = model_config_for_plan(s, vocab_size)
     sz = Sizing(mc=mc, mesh=mesh, pbytes=ITEMSIZE[mc.param_dtype], abytes=ITEMSIZE[mc.dtype],
-                 cbytes=ITEMSIZE[str(cfg.sampler.cache_dtype)])
+                 cbytes=ITEMSIZE[str(s.sampler.cache_dtype)])
     w = weight_elements(mc, mesh)
-    call, rollout = rollout_rows(cfg, sz)
-    reference = float(cfg.rl.kl_coef) != 0  # kl_coef 0: the learner keeps no reference
-    rows = persistent_rows(sz, w, reference) + rollout + training_rows(cfg, sz, w) + [refresh_row(sz, w)]
-    name = cfg.model.preset if str(cfg.model.preset) in REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
+    call, rollout = rollout_rows(s, sz)
+    reference = float(s.rl.kl_coef) != 0  # kl_coef 0: the learner keeps no reference
+    rows = persistent_rows(sz, w, reference) + rollout + training_rows(s, sz, w) + [refresh_row(sz, w)]
+    name = s.model.preset if str(s.model.preset) in REAL_PRESETS else f"{mc.num_params() / 1e6:.1f}M-param model"
     kind = (hw.device_kind if hw else None) or "device"
-    return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(cfg, device_memory_gib),
+    return MemoryPlan(rows=tuple(rows), mesh=mesh, capacity_bytes=capacity_bytes(s, device_memory_gib),
                       device_kind=str(kind), model_name=str(name), sampler_call=call)
 
 
@@ -227,7 +226,7 @@ def runtime_limit_line(plan: MemoryPlan, backend: str, device_bytes: int | None)
             f"the plan is {pct:.0f}% of it, {verdict}")
 
 
-def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> MemoryPlan:
+def check_fits(s: Settings, device_memory_gib: float | None = None) -> MemoryPlan:
     """Raise PlanError with the table when the plan exceeds the usable device memory.
 
     Unknown capacity (no hardware section, no override) passes: there is nothing to refuse against;
@@ -235,7 +234,7 @@ def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None =
     host_memory_warning; the device's allocation limit elsewhere, device_memory_warning) and logged
     as a warning when over it.
     """
-    plan = plan_memory(cfg, device_memory_gib)
+    plan = plan_memory(s, device_memory_gib)
     if plan.fits is False:
         raise PlanError(why_not(plan) + "\n" + plan.table())
     if plan.fits is None:  # only then is the backend asked (a pod's plan has its capacity)
@@ -247,12 +246,12 @@ def check_fits(cfg: ml_collections.ConfigDict, device_memory_gib: float | None =
     return plan
 
 
-def main(cfg: ml_collections.ConfigDict, args) -> int:
+def main(s: Settings, args) -> int:
     """`memsearcher-jax plan`: print the table; exit 0 when it fits (or the capacity is unknown:
     on an accelerator the table is then held against the runtime's allocation limit, a line, not a
     verdict), 1 with the reason when it does not, 2 when it cannot plan."""
     try:
-        plan = plan_memory(cfg, getattr(args, "device_memory_gib", None))
+        plan = plan_memory(s, getattr(args, "device_memory_gib", None))
     except PlanError as e:
         print(f"memsearcher-jax plan: {e}")
         return 2

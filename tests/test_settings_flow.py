@@ -21,12 +21,6 @@ ENTRY_POINTS = {
     ("memsearcher_jax/config_rules.py", "settings_of"): "the jobs' first line: a user's ConfigDict, converted once",
     ("memsearcher_jax/jobs.py", "train_job"): "a job: a library user may call it with a ConfigDict",
     ("memsearcher_jax/jobs.py", "run_eval"): "a job: a library user may call it with a ConfigDict",
-    # Not converted yet (issue 84, item 1's remainder): the memory plan, whose tests build and edit a
-    # ConfigDict (tests/test_planner.py); they read Settings too (settings.typed_section).
-    ("memsearcher_jax/planner.py", "plan_memory"): "left: the memory plan (tests/test_planner.py's ConfigDicts)",
-    ("memsearcher_jax/planner.py", "check_fits"): "left: the memory plan",
-    ("memsearcher_jax/planner.py", "main"): "left: the memory plan",
-    ("memsearcher_jax/memory_estimates.py", "model_config_for_plan"): "left: the memory plan",
 }
 
 

@@ -509,18 +509,19 @@ def test_whole_rows_stay_within_the_planners_bound(tok, b, reading_builder, work
     budget with forged tags, against the planner's bounds: no prompt carries more than the
     workflow's carried_tokens, no row is longer than conversation_tokens, no observation is longer
     than its cap, the adversary gets close to both bounds, and every tag is the builder's."""
-    import ml_collections
-
     from memsearcher_jax.agent.workflows.base import observation_cap
     from memsearcher_jax.memory_estimates import prompt_tokens
     from memsearcher_jax.planner import conversation_tokens
+    from memsearcher_jax.settings import Settings
 
     if tokenizer == "reading":
         tok, b = reading_builder
     cfg = AgentConfig(workflow=workflow, max_turns=4, max_new_tokens=200, memory_budget=48, max_response_tokens=1000,
                       max_context_tokens=8192, default_top_n=2, max_observation_tokens=max_observation_tokens,
                       max_searches_per_act=3, **ACT_SETTINGS.get(workflow, {}))
-    plan = ml_collections.ConfigDict({"agent": dataclasses.asdict(cfg)})
+    # The planner reads the settings' agent section: these budgets (sampler_batch_size is sampler.batch_size's).
+    plan = Settings().with_values({f"agent.{k}": v for k, v in dataclasses.asdict(cfg).items()
+                                   if k != "sampler_batch_size"})
     row_bound, prompt_bound = conversation_tokens(plan), prompt_tokens(plan)
     carried_bound = get_workflow(workflow).carried_tokens(cfg)
     sampler = BudgetSampler(tok, b, _second_calls(b, cfg), _act_heads(b, cfg))

@@ -15,7 +15,6 @@ from memsearcher_jax.settings.config import (
     Settings,
     load_settings,
     schema,
-    typed_section,
 )
 from memsearcher_jax.settings.cross import cross_section_problems
 from memsearcher_jax.settings.fields import Section, TrainConfigError, doc_of, setting
@@ -48,5 +47,5 @@ __all__ = [
     "ModelSettings", "OptimSettings", "RLSettings", "RetrievalSettings", "SFTSettings", "SamplerSettings", "Section",
     "Settings", "TrainConfigError", "TrainSettings", "WorldSettings", "auto_flag", "cross_section_problems",
     "demo_objective_counts", "doc_of", "info_problems", "load_reward_fn", "load_settings", "multi_answer_prompt",
-    "parse_objective_counts", "schema", "setting", "train_objective_counts", "typed_section",
+    "parse_objective_counts", "schema", "setting", "train_objective_counts",
 ]

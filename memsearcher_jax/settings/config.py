@@ -122,16 +122,6 @@ def schema() -> Schema:
     return schema_of(Settings().to_config(), "configs/default.py", {k: v for k, v in optional.items() if v})
 
 
-def typed_section(cfg, name: str) -> Section | None:
-    """Section `name` of a ConfigDict (or of Settings) as its dataclass, each key it leaves out at
-    its default; None for an optional section (hardware) the config does not have."""
-    if isinstance(cfg, Settings):
-        return cfg[name]
-    if name not in cfg or cfg[name] is None:
-        return None if name in OPTIONAL_SECTIONS else SECTIONS[name]()
-    return SECTIONS[name].from_section(cfg[name])
-
-
 def load_settings(path: str, overrides: Sequence[tuple[str, str]] = ()) -> Settings:
     """The entry point's settings: the config file (its own keys held to the schema), each key it
     leaves out at its default, then the --config.SECTION.KEY=VALUE overrides (type-checked against
