@@ -201,6 +201,21 @@ def test_resumed_run_regenerates_the_queued_rollouts_exactly(tmp_path):
     assert not np.array_equal(resumed.runner.seen[0][2], resumed.runner.seen[1][2])
 
 
+@pytest.mark.slow
+def test_sigkill_mid_pipeline_then_resume_matches_uninterrupted(tmp_path):
+    # The CLI's training job at K = 1, killed between checkpoints while a rollout runs ahead: the
+    # resumed run regenerates its queued rollout from the checkpoint's older version, exactly.
+    from tests.test_train_step import _train_cmd, sigkill_then_resume
+
+    ahead = ["--config.rl.max_staleness=1"]
+    ref, resumed = sigkill_then_resume(lambda out, steps, worlds: _train_cmd(ROOT, out, steps, worlds) + ahead,
+                                       tmp_path)
+    for k in ref:
+        np.testing.assert_array_equal(ref[k], resumed[k], err_msg=k)
+    ckpt = tmp_path / "killed" / "checkpoints" / "4"
+    assert (ckpt / "behaviour_params").is_dir()  # the checkpoint kept version 3 for step 4's rollout
+
+
 _SPLIT_CHILD = textwrap.dedent("""
     import json, pathlib, sys
     sys.path.insert(0, sys.argv[2])
