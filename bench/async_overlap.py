@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from memsearcher_jax.config_utils import load_config  # noqa: E402
+from memsearcher_jax.settings.config_utils import load_config  # noqa: E402
 
 
 def job_config(k: int, out: str, extra: list[tuple[str, str]]):
@@ -40,7 +40,7 @@ def job_config(k: int, out: str, extra: list[tuple[str, str]]):
 
 def run_k(k: int, setup, args, tmp: str) -> dict:
     """--steps GRPO steps at K = k; the means over the timed ones."""
-    from memsearcher_jax.experiment import build_trainer
+    from memsearcher_jax.app.experiment import build_trainer
 
     trainer = build_trainer(job_config(k, os.path.join(tmp, f"k{k}"), args.extra), setup, progress=False)
     trainer.end_step = args.steps  # no rollout made past the last step
@@ -88,7 +88,7 @@ def main(argv=None) -> str:
     if not 0 <= args.warmup < args.steps:
         ap.error(f"--warmup must be in [0, --steps), got {args.warmup} and {args.steps}")
     args.extra = [tuple(kv.split("=", 1)) for kv in args.set]
-    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.app.experiment import build_setup
 
     with tempfile.TemporaryDirectory() as tmp:
         setup = build_setup(job_config(0, os.path.join(tmp, "k0"), args.extra))

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from memsearcher_jax.agent.rollout import AgentRunner
-from memsearcher_jax.config_utils import split_overrides
+from memsearcher_jax.settings.config_utils import split_overrides
 
 
 def tokens_processed(traj) -> int:
@@ -70,12 +70,12 @@ def main(argv=None) -> int:
     if not 0 <= args.react_share <= 1:
         ap.error(f"--react-share must be in [0, 1], got {args.react_share}")
 
-    from memsearcher_jax.experiment import agent_config, build_sampler, build_setup, sampling_mesh
-    from memsearcher_jax.jobs import restore_policy
+    from memsearcher_jax.app.experiment import agent_config, build_sampler, build_setup, sampling_mesh
+    from memsearcher_jax.app.jobs import restore_policy
+    from memsearcher_jax.app.warm_start import warm_start
     from memsearcher_jax.models import from_pretrained
     from memsearcher_jax.rl.grpo import score_trajectories
     from memsearcher_jax.settings import load_settings
-    from memsearcher_jax.warm_start import warm_start
 
     ws = os.path.join(args.out, f"warmstart_react{args.react_share:g}")
     cached = os.path.isfile(os.path.join(ws, "config.json"))

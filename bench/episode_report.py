@@ -55,10 +55,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench.paper_tables import eval_config  # noqa: E402
 from memsearcher_jax.agent.parsing import extract_boxed, parse_tool_calls  # noqa: E402
-from memsearcher_jax.data.demos import FACT_SHAPED_NO_RESULT, NO_RESULT_NOTE  # noqa: E402
-from memsearcher_jax.data.synthetic import objectives_of  # noqa: E402
-from memsearcher_jax.errors import UserInputError  # noqa: E402
-from memsearcher_jax.experiment import (  # noqa: E402
+from memsearcher_jax.app.experiment import (  # noqa: E402
     build_sampler,
     build_setup,
     eval_runner,
@@ -68,11 +65,14 @@ from memsearcher_jax.experiment import (  # noqa: E402
     training_runner,
     with_objectives,
 )
-from memsearcher_jax.jobs import checked_checkpoint, restore_policy  # noqa: E402
+from memsearcher_jax.app.jobs import checked_checkpoint, restore_policy  # noqa: E402
+from memsearcher_jax.data.demos import FACT_SHAPED_NO_RESULT, NO_RESULT_NOTE  # noqa: E402
+from memsearcher_jax.data.synthetic import objectives_of  # noqa: E402
+from memsearcher_jax.errors import UserInputError  # noqa: E402
 from memsearcher_jax.models import from_pretrained  # noqa: E402
 from memsearcher_jax.qa_metrics import compute_reward, exact_match, split_answers  # noqa: E402
 from memsearcher_jax.rl.grpo import score_trajectories  # noqa: E402
-from memsearcher_jax.run_dir import (  # noqa: E402
+from memsearcher_jax.rules.run_dir import (  # noqa: E402
     WARMSTART_DIR,
     check_marked_out,
     is_same_or_parent,

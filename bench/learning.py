@@ -6,7 +6,7 @@ Per seed (world, demonstrations, rollouts and data order all change with it; the
 is the shipped one): the default job (warm start on the flawed demonstrations, held-out EM,
 GRPO, held-out EM), then the **control**: from the same warm-started model, the same
 wall-clock time of extra supervised training on the same demonstrator's episodes instead of
-GRPO, and held-out EM again; and the **RFT control** (memsearcher_jax/rft.py): GRPO's number of
+GRPO, and held-out EM again; and the **RFT control** (memsearcher_jax/app/rft.py): GRPO's number of
 rollouts sampled from the same warm start, fine-tuned on the successful ones for at least GRPO's
 minutes. Prints a row per seed and ends with the one line
 `held-out EM: before X after Y gain Z` (averaged over the seeds).
@@ -18,14 +18,14 @@ import os
 import sys
 import time
 
-from memsearcher_jax.config_utils import split_overrides
+from memsearcher_jax.app.experiment import build_setup
+from memsearcher_jax.app.jobs import held_out_em, train_job
+from memsearcher_jax.app.rft import rft_control
+from memsearcher_jax.app.warm_start import extra_sft
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import build_setup
-from memsearcher_jax.jobs import held_out_em, train_job
-from memsearcher_jax.rft import rft_control
-from memsearcher_jax.run_dir import existing_parent
+from memsearcher_jax.rules.run_dir import existing_parent
 from memsearcher_jax.settings import load_settings
-from memsearcher_jax.warm_start import extra_sft
+from memsearcher_jax.settings.config_utils import split_overrides
 
 
 def main(argv=None) -> int:

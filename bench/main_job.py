@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 
-from memsearcher_jax.config_utils import split_overrides
-from memsearcher_jax.run_dir import write_json
+from memsearcher_jax.rules.run_dir import write_json
+from memsearcher_jax.settings.config_utils import split_overrides
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 

@@ -51,11 +51,8 @@ import jax
 
 from memsearcher_jax.agent.config import episode_turns
 from memsearcher_jax.agent.workflows import workflow_names
-from memsearcher_jax.config_rules import settings_of as settings_of_config  # paper_tables has a settings_of
-from memsearcher_jax.config_utils import load_config, split_overrides
-from memsearcher_jax.curves import plot_prompt_tokens_by_turn, read_metrics
-from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import (
+from memsearcher_jax.app.curves import plot_prompt_tokens_by_turn, read_metrics
+from memsearcher_jax.app.experiment import (
     TrainConfigError,
     build_sampler,
     build_setup,
@@ -67,11 +64,13 @@ from memsearcher_jax.experiment import (
     validate,
     with_objectives,
 )
-from memsearcher_jax.jobs import restore_policy, train_job
+from memsearcher_jax.app.jobs import restore_policy, train_job
+from memsearcher_jax.app.rft import rft_control
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models import from_pretrained, save_pretrained
-from memsearcher_jax.rft import rft_control
 from memsearcher_jax.rl.evaluation import COVERAGE_KEYS
-from memsearcher_jax.run_dir import (
+from memsearcher_jax.rules.config_rules import settings_of as settings_of_config  # paper_tables has a settings_of
+from memsearcher_jax.rules.run_dir import (
     STAGING_PREFIX,
     config_record,
     existing_parent,
@@ -81,6 +80,7 @@ from memsearcher_jax.run_dir import (
     write_text,
 )
 from memsearcher_jax.settings import Settings
+from memsearcher_jax.settings.config_utils import load_config, split_overrides
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.paper_targets import target_lines  # noqa: E402
@@ -254,7 +254,7 @@ def timed_train(cfg: Settings) -> dict:
 
 
 def timed_rft(cfg: Settings, grpo_seconds: float) -> dict:
-    """The RFT control (memsearcher_jax/rft.py) from the warm start, for at least GRPO's time; the
+    """The RFT control (memsearcher_jax/app/rft.py) from the warm start, for at least GRPO's time; the
     model is saved in OUT/<workflow>/rft/ (a HF directory) for the evaluations."""
     setup = build_setup(cfg)
     got = rft_control(cfg, setup, os.path.join(cfg.train.output_dir, "warmstart"), grpo_seconds)

@@ -30,7 +30,7 @@ class LaunchError(ValueError):
 def load_recipe(path: str):
     """The config of `configs/recipe.py:MODEL,POD` (or any config file with a `hardware` section),
     loaded as the CLI loads configs (ml-collections only, no jax)."""
-    from memsearcher_jax.config_utils import ConfigError, load_config_file, split_config_path
+    from memsearcher_jax.settings.config_utils import ConfigError, load_config_file, split_config_path
 
     if not os.path.isfile(split_config_path(path)[0]):
         raise LaunchError(f"config file not found: {path}")
@@ -46,7 +46,7 @@ def load_recipe(path: str):
 
 def repo_relative(path: str) -> str:
     """The config path as the workers see it (inside their copy of the repo), `:ARG` kept."""
-    from memsearcher_jax.config_utils import split_config_path
+    from memsearcher_jax.settings.config_utils import split_config_path
 
     file, arg = split_config_path(path)
     where = os.path.abspath(file)

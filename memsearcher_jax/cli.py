@@ -14,7 +14,9 @@ import sys
 import threading
 
 from memsearcher_jax.agent.rollout import SearchFailuresError
-from memsearcher_jax.config_utils import (
+from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.runtime.distributed import initialize_from_env
+from memsearcher_jax.settings.config_utils import (
     CONFIGS_DIR,
     ConfigError,
     load_config,
@@ -22,8 +24,6 @@ from memsearcher_jax.config_utils import (
     split_overrides,
     training_schema,
 )
-from memsearcher_jax.distributed import initialize_from_env
-from memsearcher_jax.errors import UserInputError
 
 DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "default.py")
 PRETRAIN_CONFIG = os.path.join(CONFIGS_DIR, "base_v8.py")
@@ -73,7 +73,7 @@ def _resumable(job, schema=training_schema):
 
 
 def _train(settings, args):
-    from memsearcher_jax.jobs import train_job
+    from memsearcher_jax.app.jobs import train_job
 
     train_job(settings, resume=not args.fresh)
 
@@ -99,8 +99,8 @@ def _workflow_names() -> tuple[str, ...]:
 
 
 def cmd_eval(args) -> int:
-    from memsearcher_jax.jobs import run_eval
-    from memsearcher_jax.validation import check_writable
+    from memsearcher_jax.app.jobs import run_eval
+    from memsearcher_jax.app.validation import check_writable
 
     settings = _load(args)
     if args.out:  # before any work: a read-only --out failed after the whole evaluation, its results lost
@@ -111,8 +111,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from memsearcher_jax.jobs import export_checkpoint
-    from memsearcher_jax.validation import check_writable
+    from memsearcher_jax.app.jobs import export_checkpoint
+    from memsearcher_jax.app.validation import check_writable
 
     check_writable(args.out, f"--out {args.out}")  # before the checkpoint is read
     path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype, best=args.best,
@@ -141,8 +141,8 @@ _positive_int = _number_arg(int, lambda v: v >= 1, "a whole number", ">= 1")
 
 
 def cmd_plan(args) -> int:
-    from memsearcher_jax.config_rules import config_problems, refuse
-    from memsearcher_jax.planner import main as plan_main
+    from memsearcher_jax.plan.planner import main as plan_main
+    from memsearcher_jax.rules.config_rules import config_problems, refuse
 
     settings = _load(args)
     # The rules `train` asks, before the table: a plan of a config training would refuse is no

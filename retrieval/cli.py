@@ -142,7 +142,7 @@ def check_index_out(out: str, overwrite: bool) -> str:
     if not os.path.isdir(parent):
         return f"--out {out!r}: {parent} is a file, not a directory; give a new directory"
     here = parent
-    while True:  # a training run's directory (its marker, memsearcher_jax.run_dir.RUN_MARKER) holds only the run's
+    while True:  # a training run's directory (its marker, rules/run_dir.py's RUN_MARKER) holds only the run's
         if os.path.isfile(os.path.join(here, RUN_MARKER)):
             return f"--out {out!r} lies inside the training run directory {here}; give a directory outside it"
         if os.path.dirname(here) == here:

@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
 
-from memsearcher_jax import compile_stats  # noqa: E402
+from memsearcher_jax.runtime import compile_stats  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

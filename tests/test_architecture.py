@@ -115,7 +115,7 @@ def test_the_reader_sees_type_only_imports_and_circles_through_a_face(tmp_path):
 def test_no_import_circles():
     """No circle in the library's imports, counting type-only ones and those through a package's face."""
     graph = import_graph()
-    assert "memsearcher_jax.experiment" in graph["memsearcher_jax.jobs"]  # the reader sees real edges
+    assert "memsearcher_jax.app.experiment" in graph["memsearcher_jax.app.jobs"]  # the reader sees real edges
     assert "memsearcher_jax.agent.rollout" in graph["memsearcher_jax.rl.trainer"]
     assert "memsearcher_jax.agent.prompts" in graph["memsearcher_jax.agent.workflows.base"]  # type-only
     assert find_cycles(graph) == []
@@ -123,9 +123,10 @@ def test_no_import_circles():
 
 M = "memsearcher_jax."
 # The layer rules: (area, "only" or "never", areas of ours, why). An area is a top-level package
-# (`retrieval`), a sub-package (`memsearcher_jax.rl`) or a top-level module (`memsearcher_jax.errors`).
-# "only": the area may import these areas and no other of ours; "never": it may not import these.
-# models <- sampling <- agent <- rl; errors is the one leaf every layer may raise from.
+# (`retrieval`), a sub-package (`memsearcher_jax.rl`) or a module (`memsearcher_jax.errors`,
+# `memsearcher_jax.app.rft`); a rule holds for every module under its area, and names every module
+# under the areas it lists. "only": the area may import these areas and no other of ours; "never":
+# it may not import these. models <- sampling <- agent <- rl; errors is the one leaf every layer may raise from.
 LAYER_RULES = (
     (M + "errors", "only", (), "the leaf every layer raises from imports none of ours"),
     (M + "models", "only", (M + "errors",), "models imports no other package of ours"),
@@ -133,50 +134,51 @@ LAYER_RULES = (
     (M + "agent", "only", (M + "models", M + "sampling", M + "errors", "retrieval"),
      "the agent drives the sampler and the search tool, and knows no learner or data set"),
     (M + "qa_metrics", "only", (M + "agent", M + "errors"), "answer scoring reads the agent's tags only"),
-    (M + "token_metrics", "only", (), "context metrics are arithmetic over per-episode numbers"),
-    (M + "compile_stats", "only", (), "the compile counter listens to JAX's events and imports none of ours"),
-    (M + "rl", "only", (M + "models", M + "sampling", M + "agent", M + "qa_metrics", M + "token_metrics",
-                        M + "compile_stats", M + "distributed", M + "errors"),
+    (M + "runtime", "only", (M + "models", M + "errors"),
+     "the process's machinery (hosts and meshes, the compile counter, the log line, JSON Lines) sits on models alone"),
+    (M + "runtime.compile_stats", "only", (), "the compile counter listens to JAX's events and imports none of ours"),
+    (M + "runtime.console", "only", (), "the log line imports none of ours"),
+    (M + "runtime.jsonl", "only", (), "JSON Lines reading imports none of ours"),
+    (M + "rl.token_metrics", "only", (), "context metrics are arithmetic over per-episode numbers"),
+    (M + "rl", "only", (M + "models", M + "sampling", M + "agent", M + "qa_metrics", M + "runtime.compile_stats",
+                        M + "runtime.distributed", M + "errors"),
      "the learner reads no data files, builds no retriever and knows no experiment"),
-    (M + "data", "never", (M + "rl", M + "experiment", M + "jobs", M + "cli", M + "pretrain", M + "settings"),
+    (M + "data", "never", (M + "rl", M + "app", M + "rules", M + "plan", M + "cli", M + "pretrain", M + "settings"),
      "data knows no learner and no run"),
-    (M + "settings", "only", (M + "errors", M + "config_utils", M + "bases", M + "models", M + "sampling", M + "agent",
+    (M + "settings", "only", (M + "errors", M + "bases", M + "models", M + "sampling", M + "agent",
                               M + "qa_metrics", M + "rl", M + "data"),
      "the typed settings name the lower layers' choices for their rules, and sit below whatever reads a config"),
-    (M + "config_rules", "never", (M + "experiment", M + "validation", M + "jobs", M + "cli"),
+    (M + "plan", "only", (M + "errors", M + "models", M + "sampling", M + "agent", M + "runtime", M + "settings"),
+     "the memory plan reads the typed settings and the model's shapes, and sits below the checks that ask it"),
+    (M + "rules", "never", (M + "app", M + "cli", M + "pretrain"),
      "the config's rules sit below what builds and runs from a checked config"),
-    (M + "warm_start", "never", (M + "jobs", M + "cli", M + "rft"),
+    (M + "app.warm_start", "never", (M + "app.jobs", M + "cli", M + "app.rft"),
      "the warm start sits below the jobs and the controls that continue it"),
-    (M + "rft", "never", (M + "jobs", M + "cli"), "the RFT control continues a warm start and runs no job"),
-    (M + "console", "only", (), "the log line imports none of ours"),
-    (M + "jsonl", "only", (), "JSON Lines reading imports none of ours"),
-    (M + "pretrain", "never", (M + "jobs", M + "cli", M + "planner"),
-     "pretraining is a job beside jobs.py: the command line calls it, it calls no other job"),
+    (M + "app.rft", "never", (M + "app.jobs", M + "cli"), "the RFT control continues a warm start and runs no job"),
+    (M + "pretrain", "never", (M + "app", M + "cli", M + "plan"),
+     "pretraining is a job beside app/: the command line calls it, it calls no other job"),
     ("retrieval", "only", (M + "errors",), "retrieval stands apart: a library the agent reaches as a tool"),
 )
 
 
-def area_of(module: str) -> str | None:
-    """`memsearcher_jax.rl.grpo` -> `memsearcher_jax.rl`; `retrieval.bm25` -> `retrieval`; the root
-    package face `memsearcher_jax` -> None (a `from memsearcher_jax import x` names x, not the root)."""
-    parts = module.split(".")
-    if parts[0] != "memsearcher_jax":
-        return parts[0]
-    return ".".join(parts[:2]) if len(parts) > 1 else None
+def is_under(module: str, area: str) -> bool:
+    """`memsearcher_jax.rl.grpo` is under `memsearcher_jax.rl` (and under itself), not under `memsearcher_jax.r`."""
+    return module == area or module.startswith(area + ".")
 
 
 def layer_violations(graph: dict[str, set[str]], rules=LAYER_RULES) -> list[str]:
     """Every import arrow of `graph` (module -> modules it imports) that a rule forbids, as
-    'importer -> imported (why)'. Arrows inside one area are never violations."""
+    'importer -> imported (why)'. An arrow inside a rule's own area is never a violation of it, nor
+    one to the root package face `memsearcher_jax` (a `from memsearcher_jax import x` names x, not the root)."""
     out = []
     for mod, deps in sorted(graph.items()):
-        src = area_of(mod)
         for dep in sorted(deps):
-            dst = area_of(dep)
-            if dst is None or dst == src:
+            if dep == "memsearcher_jax":
                 continue
             for area, kind, areas, why in rules:
-                if src == area and (dst in areas) == (kind == "never"):
+                if not is_under(mod, area) or is_under(dep, area):
+                    continue
+                if any(is_under(dep, a) for a in areas) == (kind == "never"):
                     out.append(f"{mod} -> {dep} ({why})")
     return out
 
@@ -185,21 +187,24 @@ def test_the_layer_checker_catches_a_wrong_way_arrow():
     """The rule table, checked against fake graphs: each wrong-way arrow is named, the right ones pass."""
     fine = {M + "sampling.sampler": {M + "models.qwen2", M + "sampling.buckets"}, M + "models.qwen2": {M + "errors"},
             M + "rl.grpo": {M + "agent.rollout", M + "qa_metrics", "memsearcher_jax"},
-            M + "data.demos": {M + "agent.parsing", M + "qa_metrics"}, "retrieval.bm25": {M + "errors"}}
+            M + "data.demos": {M + "agent.parsing", M + "qa_metrics"}, "retrieval.bm25": {M + "errors"},
+            M + "app.jobs": {M + "app.warm_start", M + "app.rft", M + "rules.config_rules"}}
     assert layer_violations(fine) == []
     wrong = {M + "models.qwen2": {M + "sampling.sampler"},         # models reaching up
              M + "sampling.sampler": {M + "agent.rollout"},       # sampling reaching up
              M + "agent.rollout": {M + "rl.grpo"},                # agent reaching up
+             M + "app.warm_start": {M + "app.jobs"},              # a module's rule inside its package
              M + "data.demos": {M + "rl.reward"},                 # the arrow this rule was written for
              M + "rl.trainer": {M + "data.qa", "retrieval.bm25"},  # the learner reading data / building a retriever
              "retrieval.server": {M + "sampling.buckets"}}        # retrieval leaning on the library
     got = layer_violations(wrong)
     assert [g.split(" (")[0] for g in got] == [
-        M + "agent.rollout -> " + M + "rl.grpo", M + "data.demos -> " + M + "rl.reward",
+        M + "agent.rollout -> " + M + "rl.grpo", M + "app.warm_start -> " + M + "app.jobs",
+        M + "data.demos -> " + M + "rl.reward",
         M + "models.qwen2 -> " + M + "sampling.sampler", M + "rl.trainer -> " + M + "data.qa",
         M + "rl.trainer -> retrieval.bm25", M + "sampling.sampler -> " + M + "agent.rollout",
         "retrieval.server -> " + M + "sampling.buckets"], got
-    assert "data knows no learner" in got[1]
+    assert "data knows no learner" in got[2]
 
 
 def test_layers_point_one_way():

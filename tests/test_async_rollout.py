@@ -220,7 +220,7 @@ _SPLIT_CHILD = textwrap.dedent("""
     import json, pathlib, sys
     sys.path.insert(0, sys.argv[2])
     import jax, numpy as np
-    from memsearcher_jax import distributed
+    from memsearcher_jax.runtime import distributed
     from test_async_rollout import tiny_trainer, _leaves
     tmp = pathlib.Path(sys.argv[1])
     out = {}
@@ -253,10 +253,10 @@ def test_sampler_on_devices_of_its_own_trains_what_shared_devices_train(tmp_path
 
 
 def test_its_keys_rules_name_the_key_and_what_is_expected():
-    from memsearcher_jax.config_rules import config_problems
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.distributed import learner_and_sampler_meshes, staleness_host_problems
     from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.rules.config_rules import config_problems
+    from memsearcher_jax.runtime.distributed import learner_and_sampler_meshes, staleness_host_problems
+    from memsearcher_jax.settings.config_utils import load_config
 
     def problems(*overrides):
         return config_problems(load_config(os.path.join(ROOT, "configs/default.py"), list(overrides)))

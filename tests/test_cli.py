@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from memsearcher_jax.cli import main
-from memsearcher_jax.config_utils import (
+from memsearcher_jax.settings.config_utils import (
     ConfigError,
     apply_override,
     load_config,
@@ -111,7 +111,7 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
 
 def test_training_config_is_validated_before_anything_runs():
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                       [("rl.group_size", "0"), ("retrieval.kind", "http"), ("agent.top_p", "1.5")])
@@ -141,8 +141,8 @@ def test_train_with_a_bad_value_exits_2_naming_the_key(capsys):
 def test_pipeline_refuses_a_config_that_cannot_fit_before_the_warm_start(tmp_path, monkeypatch):
     import ml_collections
 
-    import memsearcher_jax.jobs as jobs
-    from memsearcher_jax.planner import PlanError
+    import memsearcher_jax.app.jobs as jobs
+    from memsearcher_jax.plan.planner import PlanError
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
                       [("train.output_dir", str(tmp_path / "run")), ("world.cache_dir", str(tmp_path / "w"))])

@@ -10,7 +10,7 @@ import pytest
 
 from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.cli import main
-from memsearcher_jax.run_dir import RUN_LOCK
+from memsearcher_jax.rules.run_dir import RUN_LOCK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -75,7 +75,13 @@ def test_fresh_refuses_the_working_home_and_root_directories(where, tmp_path, ca
 
 
 def test_fresh_removes_only_what_a_run_wrote(tmp_path):
-    from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER, check_output_dir, prepare_output_dir, release_output_dir
+    from memsearcher_jax.rules.run_dir import (
+        RUN_LOCK,
+        RUN_MARKER,
+        check_output_dir,
+        prepare_output_dir,
+        release_output_dir,
+    )
 
     out = tmp_path / "run"
     for sub in ("checkpoints/3", "best/2", "logs", "warmstart", "lora_base"):
@@ -95,7 +101,13 @@ def test_fresh_removes_only_what_a_run_wrote(tmp_path):
 def test_fresh_needs_the_run_marker_before_removing_anything(tmp_path):
     """Names alone do not make a run's directory: a user's `logs` and `checkpoints` without the
     marker stay; an empty directory and a marked one are fine."""
-    from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER, check_output_dir, prepare_output_dir, release_output_dir
+    from memsearcher_jax.rules.run_dir import (
+        RUN_LOCK,
+        RUN_MARKER,
+        check_output_dir,
+        prepare_output_dir,
+        release_output_dir,
+    )
 
     out = tmp_path / "mine"
     (out / "logs").mkdir(parents=True)
@@ -200,7 +212,7 @@ def test_save_pretrained_replaces_only_model_files_and_leaves_no_staging_dir(tmp
 # ----------------------------------------------------------------------------- an unreachable retriever
 
 def test_unreachable_http_retriever_is_named_before_any_model_is_loaded(tmp_path, capsys, monkeypatch):
-    from memsearcher_jax import jobs
+    from memsearcher_jax.app import jobs
 
     def refuse(*args, **kwargs):
         raise AssertionError("the retriever is checked before the world and the model are built")
@@ -381,7 +393,7 @@ def test_a_flag_taken_as_an_override_value_is_an_error(tmp_path, capsys, monkeyp
 def test_eval_refuses_a_bad_split_limit_or_checkpoint_in_a_second(tmp_path, capsys, monkeypatch):
     import time
 
-    from memsearcher_jax import jobs
+    from memsearcher_jax.app import jobs
 
     def refuse(*args, **kwargs):
         raise AssertionError("refused before the world and the model are built")
@@ -603,8 +615,8 @@ def test_retriever_killed_and_restarted_mid_run_is_counted_and_the_run_goes_on(t
     import signal
     import socket
 
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import build_setup, build_trainer
+    from memsearcher_jax.app.experiment import build_setup, build_trainer
+    from memsearcher_jax.settings.config_utils import load_config
     from retrieval.client import HTTPRetriever
 
     with socket.socket() as s:
@@ -700,7 +712,7 @@ def test_index_builder_records_the_nlist_it_built(capsys):
 
 
 def test_fresh_with_a_remote_output_dir_is_refused_not_cleared():
-    from memsearcher_jax.run_dir import check_output_dir
+    from memsearcher_jax.rules.run_dir import check_output_dir
 
     with pytest.raises(ValueError, match="remote train.output_dir=gs://bucket/run"):
         check_output_dir("gs://bucket/run", fresh=True)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memsearcher_jax import compile_stats
-from memsearcher_jax.compile_stats import step_compiles
+from memsearcher_jax.runtime import compile_stats
+from memsearcher_jax.runtime.compile_stats import step_compiles
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def test_cache_dir_resolution(monkeypatch, tmp_path):
 _CHILD = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
-    from memsearcher_jax import compile_stats
+    from memsearcher_jax.runtime import compile_stats
     compile_stats.enable_persistent_cache(sys.argv[1])
     before = compile_stats.snapshot()
     f = jax.jit(lambda x: jnp.tanh(x @ x.T) + 2.5)

@@ -7,7 +7,7 @@ import os
 import ml_collections
 import pytest
 
-from memsearcher_jax.config_rules import (
+from memsearcher_jax.rules.config_rules import (
     COMPUTED_FIELDS,
     KEYS_READ_HERE,
     SECTIONS_OF,
@@ -17,8 +17,8 @@ from memsearcher_jax.config_rules import (
     loop_config,
     validate,
 )
-from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.settings import Settings
+from memsearcher_jax.settings.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -114,7 +114,7 @@ def test_a_config_without_a_key_is_refused_naming_it():
 def _write_config(path, *lines, base=DEFAULT) -> str:
     """A config file made as the docs advise: the shipped config's get_config(), then changes."""
     body = "\n".join(f"    {line}" for line in lines)
-    path.write_text(f"from memsearcher_jax.config_utils import load_config\n\n\ndef get_config():\n"
+    path.write_text(f"from memsearcher_jax.settings.config_utils import load_config\n\n\ndef get_config():\n"
                     f"    c = load_config({base!r})\n{body}\n    return c\n")
     return str(path)
 
@@ -131,7 +131,12 @@ def _run(capsys, *argv) -> tuple[int, str]:
 def test_every_shipped_config_sets_only_known_keys():
     """configs/default.py, the recipe and every pod recipe (its hardware section, model.vocab_size
     optional) against the training schema; configs/base_v8.py against the pretraining one."""
-    from memsearcher_jax.config_utils import load_config_module, pretrain_schema, schema_problems, training_schema
+    from memsearcher_jax.settings.config_utils import (
+        load_config_module,
+        pretrain_schema,
+        schema_problems,
+        training_schema,
+    )
 
     recipe = os.path.join(ROOT, "configs", "recipe.py")
     shipped = [DEFAULT, os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")]
@@ -166,7 +171,7 @@ def _documented_commands() -> list[tuple[str, str, list[str]]]:
 
 def test_every_config_the_docs_name_loads_with_its_overrides():
     from memsearcher_jax.cli import _load
-    from memsearcher_jax.config_utils import pretrain_schema, split_overrides, training_schema
+    from memsearcher_jax.settings.config_utils import pretrain_schema, split_overrides, training_schema
 
     commands = _documented_commands()
     assert {c for c, _, _ in commands} == {"train", "eval", "plan", "pretrain"}, commands
@@ -194,7 +199,7 @@ def test_a_misspelled_key_in_a_config_file_is_refused_naming_the_closest(command
 
 
 def test_a_misplaced_or_misspelled_key_names_where_it_belongs():
-    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.rules.config_rules import config_problems
 
     cfg = _default()
     cfg.train.group_size = 3             # a key of another section
@@ -228,7 +233,7 @@ def test_a_config_file_missing_a_section_is_one_line(command, tmp_path, capsys):
 
 
 def test_a_config_missing_a_key_a_rule_reads_names_it():
-    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.rules.config_rules import config_problems
 
     cfg = _default()
     with cfg.unlocked():

@@ -223,12 +223,12 @@ def test_training_questions_file_dataset_dir_and_root(root, tmp_path):
 
 
 def test_every_user_input_error_shares_one_base():
-    from memsearcher_jax.config_utils import ConfigError
+    from memsearcher_jax.app.experiment import TrainConfigError
     from memsearcher_jax.errors import UserInputError
-    from memsearcher_jax.experiment import TrainConfigError
     from memsearcher_jax.models.hf_io import CheckpointError
     from memsearcher_jax.models.safetensors_io import SafetensorsError
-    from memsearcher_jax.planner import PlanError
+    from memsearcher_jax.plan.planner import PlanError
+    from memsearcher_jax.settings.config_utils import ConfigError
     from retrieval.corpus import CorpusFormatError
 
     for cls in (ConfigError, CheckpointError, SafetensorsError, PlanError, TrainConfigError, CorpusFormatError,

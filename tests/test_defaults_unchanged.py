@@ -20,11 +20,11 @@ from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
 from memsearcher_jax.data.synthetic import join_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
-from memsearcher_jax.jsonl import read_jsonl
 from memsearcher_jax.rl.batching import pack_rows
 from memsearcher_jax.rl.grpo import trajectory_advantages
 from memsearcher_jax.rl.losses import aggregation_weights
 from memsearcher_jax.rl.trainer import batch_for_step
+from memsearcher_jax.runtime.jsonl import read_jsonl
 from retrieval.bm25 import BM25Retriever
 
 WORKFLOWS = ("memsearcher", "react", "mem1", "memory_ops")

@@ -392,8 +392,8 @@ def test_a_new_workflows_demos_come_from_its_own_file(world):
         with pytest.raises(ValueError, match="recorded formats"):
             DemoConfig(workflow="test_no_demos")
         # The warm start of a workflow without a recorder is refused with the rest of the config.
-        from memsearcher_jax.config_rules import config_problems
-        from memsearcher_jax.config_utils import load_config
+        from memsearcher_jax.rules.config_rules import config_problems
+        from memsearcher_jax.settings.config_utils import load_config
         cfg = load_config("configs/default.py", [("agent.workflow", "test_no_demos")])
         assert any("agent.workflow='test_no_demos' has no recorder" in p for p in config_problems(cfg))
         cfg = load_config("configs/default.py", [("agent.workflow", "test_no_demos"), ("sft.steps", "0")])
@@ -573,9 +573,9 @@ def test_a_no_result_note_without_its_subject_is_refused(note):
 def test_the_default_job_and_the_tables_word_the_note_as_measured():
     """The default job keeps the wording its base was pretrained on; the tables the fact-shaped one."""
     import bench.paper_tables as pt
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.app.experiment import demo_config
     from memsearcher_jax.data import demos as demos_mod
-    from memsearcher_jax.experiment import demo_config
+    from memsearcher_jax.settings.config_utils import load_config
 
     assert demo_config(load_config("configs/default.py", [])).no_result_note == demos_mod.NO_RESULT_NOTE
     assert pt.BENCH["sft.no_result_note"] == demos_mod.FACT_SHAPED_NO_RESULT

@@ -174,7 +174,7 @@ def test_sampled_refuses_a_greedy_run_and_unknown_models_before_loading(tmp_path
 def _paper_run(tmp_path, workflows=("memsearcher", "react"), trained=("memsearcher",)):
     """A bench/paper_tables.py --out directory: settings.json with each workflow's config, and a run
     directory (marker, warm start, checkpoint) for each workflow of `trained` only."""
-    from memsearcher_jax.run_dir import RUN_MARKER
+    from memsearcher_jax.rules.run_dir import RUN_MARKER
 
     run = tmp_path / "paper"
     run.mkdir()

@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from memsearcher_jax.config_utils import load_config
+from memsearcher_jax.settings.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
 
 
 def test_more_optimizer_steps_than_trajectories_is_refused_at_validation():
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
 
     # 2 questions x 2 samples = 4 trajectories (so at least 4 rows): 5 mini-batches leave one empty.
     cfg = load_config(DEFAULT, [("rl.batch_questions", "2"), ("rl.group_size", "2"), ("rl.optimizer_steps", "5")])
@@ -34,7 +34,7 @@ def qwen_tok():
 def test_evaluation_gives_every_trajectory_its_own_id(qwen_tok):
     from memsearcher_jax.agent.prompts import PromptBuilder
     from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
-    from memsearcher_jax.experiment import evaluate
+    from memsearcher_jax.app.experiment import evaluate
     from tests.test_grpo import EchoRetriever, ScriptedSampler
 
     questions = [{"question": f"Where is {i}?", "golden_answers": ["Paris"]} for i in range(70)]
@@ -62,7 +62,7 @@ def _files_naming_configs():
 
 
 def test_every_config_path_named_in_code_and_docs_exists():
-    from memsearcher_jax.config_utils import load_config_module
+    from memsearcher_jax.settings.config_utils import load_config_module
 
     refs = {}
     for path in _files_naming_configs():

@@ -511,7 +511,7 @@ def test_loss_config_refuses_a_temperature_that_samples_nothing():
 def test_no_reference_copy_without_a_kl_term(lora_rank):
     """rl.kl_coef=0: nothing reads the reference, so no copy of the weights (nor LoRA's zero
     adapters) is kept; with a KL term the reference is a copy of its own, frozen at the start."""
-    from memsearcher_jax.plan_check import per_device_bytes
+    from memsearcher_jax.app.plan_check import per_device_bytes
 
     def learner(kl):
         model = Qwen2(ModelConfig.tiny(vocab_size=64, num_layers=1, lora_rank=lora_rank), rngs=nnx.Rngs(1))

@@ -15,7 +15,7 @@ from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
 from memsearcher_jax.data.synthetic import join_objectives
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.world_cache import prepare_world
-from memsearcher_jax.jsonl import read_jsonl
+from memsearcher_jax.runtime.jsonl import read_jsonl
 from retrieval.bm25 import BM25Retriever
 from tests.test_demos import _ReplaySampler
 from tests.test_workflows import Docs, ScriptSampler, search

@@ -344,8 +344,8 @@ def test_coefficient_zero_is_bit_identical(reading, tmp_path):
 def test_the_config_rules_name_the_info_keys():
     import os
 
-    from memsearcher_jax.config_rules import config_problems, info_problems
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.rules.config_rules import config_problems, info_problems
+    from memsearcher_jax.settings.config_utils import load_config
 
     assert info_problems("off", 0.0) == info_problems("log", 0) == info_problems("reward", 0.5) == []
     assert "rl.info_signal must be one of 'off', 'log', 'reward', got 'on'" in info_problems("on", 0.0)[0]

@@ -35,9 +35,10 @@ def _eval_args(worlds, *extra):
 def test_export_then_eval_from_hf_dir_equals_eval_from_checkpoint(trained, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from memsearcher_jax import config_rules, experiment
-    from memsearcher_jax.jobs import restore_policy
+    from memsearcher_jax.app import experiment
+    from memsearcher_jax.app.jobs import restore_policy
     from memsearcher_jax.models import from_pretrained, param_dict
+    from memsearcher_jax.rules import config_rules
 
     d, out, worlds = trained
 
@@ -88,9 +89,9 @@ def test_export_from_a_missing_checkpoint_names_it(tmp_path, capsys):
 def _recording_warm_start(tmp_path, monkeypatch, overrides=(), **sft):
     """The default config (the shipped reading base unless `overrides` say otherwise) with `sft`
     set, its set-up, and sft_train replaced by a recorder of each call's (conversations, tied rows)."""
-    from memsearcher_jax import warm_start as ws
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.app import warm_start as ws
+    from memsearcher_jax.app.experiment import build_setup
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), [*overrides, ("world.cache_dir", str(tmp_path / "w"))])
     cfg.sft.update(steps=1, **sft)
@@ -103,7 +104,7 @@ def _recording_warm_start(tmp_path, monkeypatch, overrides=(), **sft):
 
 def test_warm_start_builds_demos_from_the_sft_config(tmp_path, monkeypatch):
     """sft.* flaw rates and react_share reach the demonstrations the warm start trains on."""
-    from memsearcher_jax import warm_start as ws
+    from memsearcher_jax.app import warm_start as ws
 
     cfg, setup, calls = _recording_warm_start(
         tmp_path, monkeypatch, SMALL, num_demos=30, react_share=1.0, two_hop_early_rate=1.0, vague_query_rate=0.0,
@@ -133,11 +134,11 @@ def test_warm_start_ties_name_and_value_rows_only_when_asked(tmp_path, monkeypat
     names, training and held-out entities alike) and value groups; off, it gets none; "auto" (the
     default) ties on a reading base and not on a model without a reading vocabulary, where True is
     refused with the key's name before any training; any other value is refused."""
-    from memsearcher_jax import warm_start as ws
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.app import warm_start as ws
+    from memsearcher_jax.app.experiment import build_setup
     from memsearcher_jax.data.vocab import ReadingVocab, name_groups, value_groups
     from memsearcher_jax.errors import UserInputError
-    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=10)
     assert cfg.sft.tie_embedding_rows == "auto"  # the default
@@ -177,12 +178,12 @@ def test_warm_start_swaps_names_only_when_asked_and_never_for_a_held_out_one(tmp
     rows with every world name (training and held-out) replaced by a reserved name the world does
     not use; a model without a reading vocabulary is refused by name (a rate outside [0, 1]:
     test_validation.py, up front). A warm start builds its name table once."""
-    from memsearcher_jax import warm_start as ws
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.app import warm_start as ws
+    from memsearcher_jax.app.experiment import build_setup
     from memsearcher_jax.data.name_swap import NameTable
     from memsearcher_jax.data.vocab import ReadingVocab
     from memsearcher_jax.errors import UserInputError
-    from memsearcher_jax.experiment import build_setup
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg, setup, calls = _recording_warm_start(tmp_path, monkeypatch, num_demos=12)
     assert cfg.sft.name_swap_rate == 0.0  # the default

@@ -1,8 +1,8 @@
-"""The one JSON Lines reader and writer (memsearcher_jax/jsonl.py): worlds and metrics logs use it."""
+"""The one JSON Lines reader and writer (memsearcher_jax/runtime/jsonl.py): worlds and metrics logs use it."""
 import pytest
 
-from memsearcher_jax.curves import read_metrics
-from memsearcher_jax.jsonl import read_jsonl, read_jsonl_if_exists, write_jsonl
+from memsearcher_jax.app.curves import read_metrics
+from memsearcher_jax.runtime.jsonl import read_jsonl, read_jsonl_if_exists, write_jsonl
 
 
 def test_rows_round_trip_with_unicode_and_blank_lines_skipped(tmp_path):

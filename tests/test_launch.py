@@ -10,8 +10,8 @@ import time
 import pytest
 
 from launch import slurm_gpu, tpu_pod
-from memsearcher_jax.config_utils import load_config_module
-from memsearcher_jax.distributed import ClusterSpec, detect_cluster, first_slurm_host, host_shard
+from memsearcher_jax.runtime.distributed import ClusterSpec, detect_cluster, first_slurm_host, host_shard
+from memsearcher_jax.settings.config_utils import load_config_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "configs", "recipe.py")
@@ -198,8 +198,8 @@ def test_every_recipe_mesh_keeps_tensor_parallelism_inside_a_host(path, monkeypa
     import jax
 
     import memsearcher_jax.models as models
-    from memsearcher_jax import distributed
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.runtime import distributed
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(path, [])
     hw = cfg.hardware

@@ -333,7 +333,7 @@ LORA_SMALL = [("model.lora_rank", "4"), ("model.lora_alpha", "8.0"), ("optim.lea
 
 
 def _config(tmp_path, name, extra=()):
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings.config_utils import load_config
 
     overrides = SMALL + LORA_SMALL + [("world.cache_dir", str(tmp_path / "worlds")),
                                       ("train.output_dir", str(tmp_path / name))] + list(extra)
@@ -342,9 +342,9 @@ def _config(tmp_path, name, extra=()):
 
 @pytest.mark.slow
 def test_sharded_lora_step_equals_single_device_and_exports(tmp_path, capsys):
+    from memsearcher_jax.app.experiment import build_setup, build_trainer
+    from memsearcher_jax.app.jobs import restore_policy
     from memsearcher_jax.cli import main as cli_main
-    from memsearcher_jax.experiment import build_setup, build_trainer
-    from memsearcher_jax.jobs import restore_policy
 
     single_cfg = _config(tmp_path, "single")
     setup = build_setup(single_cfg)

@@ -11,7 +11,17 @@ import inspect
 import pytest
 
 from memsearcher_jax.agent.config import AgentConfig
-from memsearcher_jax.config_rules import (
+from memsearcher_jax.app.experiment import demo_config
+from memsearcher_jax.app.warm_start import sft_config
+from memsearcher_jax.data.demos import DemoConfig
+from memsearcher_jax.models import ModelConfig
+from memsearcher_jax.plan.memory_estimates import model_config_for_plan
+from memsearcher_jax.rl.grpo import GRPOConfig
+from memsearcher_jax.rl.learner import OptimConfig
+from memsearcher_jax.rl.losses import LossConfig
+from memsearcher_jax.rl.sft import SFTConfig
+from memsearcher_jax.rl.trainer import LoopConfig
+from memsearcher_jax.rules.config_rules import (
     COMPUTED_FIELDS,
     SECTIONS_OF,
     agent_config,
@@ -19,17 +29,7 @@ from memsearcher_jax.config_rules import (
     loop_config,
     output_path,
 )
-from memsearcher_jax.data.demos import DemoConfig
-from memsearcher_jax.experiment import demo_config
-from memsearcher_jax.memory_estimates import model_config_for_plan
-from memsearcher_jax.models import ModelConfig
-from memsearcher_jax.rl.grpo import GRPOConfig
-from memsearcher_jax.rl.learner import OptimConfig
-from memsearcher_jax.rl.losses import LossConfig
-from memsearcher_jax.rl.sft import SFTConfig
-from memsearcher_jax.rl.trainer import LoopConfig
 from memsearcher_jax.settings import Settings
-from memsearcher_jax.warm_start import sft_config
 
 # Fields under another name than their key, or in a dataclass config_rules.typed does not fill.
 RENAMED = {

@@ -33,7 +33,7 @@ def worker(out_dir: str, tag: str, restore_from: str | None) -> None:
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from memsearcher_jax.distributed import global_mesh, initialize_from_env
+    from memsearcher_jax.runtime.distributed import global_mesh, initialize_from_env
 
     spec = initialize_from_env(timeout_s=120)
     import orbax.checkpoint as ocp
@@ -90,7 +90,7 @@ def _check_helpers(mesh) -> bool:
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from memsearcher_jax.distributed import allgather_rows, local_mesh, to_local_arrays
+    from memsearcher_jax.runtime.distributed import allgather_rows, local_mesh, to_local_arrays
 
     def host_rows(p):  # host p: p + 2 rows of 3 + 2p tokens
         r, s = p + 2, 3 + 2 * p
@@ -123,7 +123,7 @@ def train_step_worker(out_dir: str, tag: str, worlds: str) -> None:
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from memsearcher_jax.distributed import initialize_from_env
+    from memsearcher_jax.runtime.distributed import initialize_from_env
 
     spec = initialize_from_env(timeout_s=120)
     _train_step(spec, out_dir, tag, worlds, lora=False)
@@ -137,9 +137,9 @@ def _train_step(spec, out_dir: str, tag: str, worlds: str, lora: bool) -> None:
     import jax
     from jax.experimental import multihost_utils
 
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import build_trainer
+    from memsearcher_jax.app.experiment import build_trainer
     from memsearcher_jax.models import param_dict
+    from memsearcher_jax.settings.config_utils import load_config
     from tests.test_train_step import SMALL
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"),
@@ -181,11 +181,11 @@ def _zero_std_step(spec, out_dir: str, tag: str) -> None:
 
     from memsearcher_jax.agent.rollout import RolloutStats
     from memsearcher_jax.agent.trajectory import Conversation, Trajectory
-    from memsearcher_jax.distributed import global_mesh
     from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, shard_model
     from memsearcher_jax.qa_metrics import RewardResult
     from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner, OptimConfig
     from memsearcher_jax.rl.trainer import LoopConfig, Trainer
+    from memsearcher_jax.runtime.distributed import global_mesh
 
     class Runner:
         sampler = type("NoSampler", (), {"update_params": lambda self, model: None})()
@@ -250,7 +250,7 @@ def search_errors_worker(out_dir: str) -> None:
 
     import jax
 
-    from memsearcher_jax.distributed import initialize_from_env
+    from memsearcher_jax.runtime.distributed import initialize_from_env
 
     initialize_from_env(timeout_s=120)
     from memsearcher_jax.agent.rollout import RolloutStats, SearchFailuresError

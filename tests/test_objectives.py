@@ -137,7 +137,7 @@ def test_two_objective_scores(answer, em, f1, reward):
 def test_an_all_right_answer_scores_exactly_one_and_rft_keeps_it(n):
     """At 9, 18, 36 or 41 questions 0.9 x N / N is 0.9999999999999999: the reward must be 1.0 itself,
     and the RFT control (which keeps rewards that reach 1) must keep the trajectory."""
-    from memsearcher_jax.rft import kept_trajectories
+    from memsearcher_jax.app.rft import kept_trajectories
 
     golds = [[f"city {k}"] for k in range(n)]
     r = compute_reward([final("; ".join(f"city {k}" for k in range(n)))], True, golds)
@@ -247,7 +247,7 @@ def test_one_objective_flat_and_nested_golds_agree(answer, golds):
 # ----------------------------------------------------------------------------- config: train and eval
 
 def _cfg(**world):
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config("configs/default.py", [])
     cfg.world.update(world)
@@ -256,7 +256,7 @@ def _cfg(**world):
 
 @pytest.mark.parametrize("bad", [0, -2])
 def test_validate_names_world_objectives(bad):
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
 
     with pytest.raises(TrainConfigError, match=r"world\.objectives must be an integer >= 1"):
         validate(_cfg(objectives=bad))
@@ -265,7 +265,7 @@ def test_validate_names_world_objectives(bad):
 
 
 def test_setup_asks_world_objectives_questions_in_train_and_eval():
-    from memsearcher_jax.experiment import build_setup, with_objectives
+    from memsearcher_jax.app.experiment import build_setup, with_objectives
 
     two = build_setup(_cfg(objectives=2))
     assert all(len(q["objectives"]) == 2 for q in two.train_questions + two.eval_questions)
@@ -278,8 +278,8 @@ def test_setup_asks_world_objectives_questions_in_train_and_eval():
 
 
 def test_demo_objectives_mix_counts_in_equal_shares():
-    from memsearcher_jax.experiment import build_setup, demo_questions
-    from memsearcher_jax.jsonl import read_jsonl
+    from memsearcher_jax.app.experiment import build_setup, demo_questions
+    from memsearcher_jax.runtime.jsonl import read_jsonl
 
     cfg = _cfg(objectives=2)
     setup = build_setup(cfg)
@@ -302,7 +302,7 @@ def test_mix_objectives_interleaves_equal_shares(world):
 
 
 def test_grpo_trains_on_the_objectives_mix_and_evaluates_world_objectives():
-    from memsearcher_jax.experiment import (
+    from memsearcher_jax.app.experiment import (
         build_setup,
         demo_objective_counts,
         multi_answer_prompt,
@@ -321,7 +321,7 @@ def test_grpo_trains_on_the_objectives_mix_and_evaluates_world_objectives():
 
 @pytest.mark.parametrize("bad", ["0,2", "one"])
 def test_validate_names_world_objectives_mix(bad):
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
 
     with pytest.raises(TrainConfigError, match=r"world\.objectives_mix must be comma-separated integers >= 1"):
         validate(_cfg(objectives_mix=bad))
@@ -331,7 +331,7 @@ def test_validate_names_world_objectives_mix(bad):
 
 @pytest.mark.parametrize("bad", ["0,2", "one", "1,,2"])
 def test_validate_names_sft_demo_objectives(bad):
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
 
     cfg = _cfg()
     cfg.sft.demo_objectives = bad

@@ -239,8 +239,8 @@ def test_sampler_old_logprobs_fall_back_on_a_gap_in_a_later_minibatch_only():
 
 
 def test_sampler_old_logprobs_need_the_trainers_dtype():
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(os.path.join(ROOT, "configs", "default.py"))
     cfg.rl.old_logprobs = "sampler"

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import paper_tables as pt  # noqa: E402
 
 from memsearcher_jax.errors import UserInputError  # noqa: E402
-from memsearcher_jax.run_dir import RUN_MARKER  # noqa: E402
+from memsearcher_jax.rules.run_dir import RUN_MARKER  # noqa: E402
 
 
 def _m(em, f1, peak, per_q, by_turn=()):
@@ -117,8 +117,8 @@ def test_workflow_config_gives_room_for_the_objectives():
     assert cfg.agent.max_turns == 9 and cfg.train.eval_questions == 0
     default_budget = pt.workflow_config(base, "memsearcher", "/tmp/x/ms", 2)
     assert default_budget.agent.memory_budget == pt.MEMORY_PER_OBJECTIVE * 4
-    from memsearcher_jax.experiment import build_setup, demo_questions
-    from memsearcher_jax.validation import demo_turn_problems
+    from memsearcher_jax.app.experiment import build_setup, demo_questions
+    from memsearcher_jax.app.validation import demo_turn_problems
     rows = demo_questions(default_budget, build_setup(default_budget))
     assert demo_turn_problems(rows, default_budget.agent.max_turns, default_budget.world.objectives) == []
     # react's whole history fits at 8 objectives: no workflow is cut by a cap the others never reach
@@ -142,8 +142,8 @@ def test_quick_overrides_yield_to_the_command_line():
 
 
 def test_the_bench_warm_start_is_longer_than_the_default_jobs_and_the_command_line_wins():
+    from memsearcher_jax.app.warm_start import warm_start_steps
     from memsearcher_jax.settings import load_settings as load_config  # the bench's Settings, built once
-    from memsearcher_jax.warm_start import warm_start_steps
 
     config = os.path.join(ROOT, "configs/default.py")
     default = load_config(config)
@@ -200,7 +200,7 @@ def test_end_to_end_tiny_run_writes_every_table(tmp_path):
 
 
 def test_an_unknown_workflow_is_refused_before_anything_trains(tmp_path):
-    from memsearcher_jax.experiment import TrainConfigError
+    from memsearcher_jax.app.experiment import TrainConfigError
 
     with pytest.raises(TrainConfigError, match="workflow"):
         pt.main(["--workflows", "memsearcher,nope", "--out", str(tmp_path / "o")])
@@ -213,7 +213,7 @@ def test_a_bad_setting_is_refused_before_anything_trains(key, value, named, tmp_
     """The bench checked each workflow's config with experiment.validate, which did not see the
     settings only the jobs' validator asked (sft.passes=-1 trained one warm-start step); it runs
     the one pass now."""
-    from memsearcher_jax.experiment import TrainConfigError
+    from memsearcher_jax.app.experiment import TrainConfigError
 
     def trained(*args, **kwargs):
         raise AssertionError("the bench went on with a config it should have refused")

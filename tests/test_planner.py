@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memsearcher_jax import planner
-from memsearcher_jax.config_utils import load_config_module
+from memsearcher_jax.app.plan_check import compare, measure_sampler_call, per_device_bytes
 from memsearcher_jax.models import ModelConfig, Qwen2, ShardingConfig, make_mesh, shard_model
-from memsearcher_jax.plan_check import compare, measure_sampler_call, per_device_bytes
+from memsearcher_jax.plan import planner
 from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
 from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.settings import load_settings
+from memsearcher_jax.settings.config_utils import load_config_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "configs", "recipe.py")
@@ -259,7 +259,7 @@ def test_cpu_host_memory_warning_names_the_peak_and_the_knobs():
 
 
 def test_the_training_check_logs_the_host_warning(capsys, monkeypatch):
-    from memsearcher_jax import config_rules
+    from memsearcher_jax.rules import config_rules
     s = tiny_settings(1, 4, 2)
     need = planner.plan_memory(s).total_bytes * 8  # the mesh's 8 CPU devices share the host
     # Over the host, but within machine_rules.HOST_REFUSAL_FACTOR of it: a warning (further over: refused).
@@ -291,7 +291,7 @@ def test_accelerator_memory_warning_holds_the_plan_against_the_device_limit():
 
 
 def test_the_training_check_on_an_accelerator_logs_the_device_warning(capsys, monkeypatch):
-    from memsearcher_jax import config_rules
+    from memsearcher_jax.rules import config_rules
     s = tiny_settings(1, 4, 2)
     monkeypatch.setattr(planner.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(planner, "device_memory_bytes", lambda: 1024)
@@ -419,7 +419,7 @@ def test_scale_out_page_shows_the_planners_current_tables():
 
 @pytest.mark.slow
 def test_plan_check_compares_the_rollout_rows(capsys, monkeypatch):
-    from memsearcher_jax.plan_check import main as plan_check
+    from memsearcher_jax.app.plan_check import main as plan_check
 
     s = tiny_settings(1, 1, 1).with_values({"agent.max_context_tokens": 400})
     rows = {name: (want, got) for name, want, got in compare(s, rows=4)}
@@ -484,7 +484,7 @@ def test_lora_plan_matches_live_arrays_and_the_compiled_refresh(mesh_shape, mode
 def test_no_reference_is_planned_without_a_kl_term(lora_rank):
     """rl.kl_coef=0: the learner keeps no reference (no copy of the weights; with LoRA no zero
     adapters), so the plan counts none, as the live learner holds none."""
-    from memsearcher_jax.config_rules import grpo_config
+    from memsearcher_jax.rules.config_rules import grpo_config
 
     with_kl = tiny_settings(1, 4, 2, lora_rank=lora_rank)
     without = with_kl.with_values({"rl.kl_coef": 0.0})
@@ -531,7 +531,7 @@ def test_the_longest_row_counts_every_observation_a_row_holds(workflow, capsys):
     every turn's; mem1: the one its prompt carries), and a cap that lets a row outgrow rl.max_seq_len
     is refused before any work, naming both keys, where training once stopped mid-way."""
     from memsearcher_jax.cli import main as cli_main
-    from memsearcher_jax.memory_estimates import conversation_tokens
+    from memsearcher_jax.plan.memory_estimates import conversation_tokens
 
     s = load_settings(os.path.join(ROOT, "configs", "default.py"), [("agent.workflow", workflow)])
     # No budget stops a row first.
@@ -554,7 +554,7 @@ def test_the_recipes_caps_keep_their_planned_rows():
     """The recipes' observation caps are what a conversation leaves after its prompt, act and update:
     their longest rows (and so their plans, docs/scale_out.md's tables) stay min(context, prompt +
     response), what they were before observations were counted."""
-    from memsearcher_jax.memory_estimates import conversation_tokens, prompt_tokens
+    from memsearcher_jax.plan.memory_estimates import conversation_tokens, prompt_tokens
 
     for path in [*RECIPES, os.path.join(ROOT, "configs", "memsearcher_qwen2_5_3b.py")]:
         s = load_settings(path)

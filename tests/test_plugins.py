@@ -12,8 +12,8 @@ from memsearcher_jax.agent.parsing import parse_tool_calls, parse_tool_calls_det
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.agent.tools import SearchTool, ToolConfigError, tool_from_config
-from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.rl.advantages import groups_with_spread
+from memsearcher_jax.settings.config_utils import load_config
 from tests.test_rollout import SEARCH, Docs, FixedSampler, Q
 from tests.test_train_step import ROOT, SMALL
 
@@ -39,7 +39,7 @@ def test_groups_with_spread():
 
 
 def test_reward_plugin_from_a_file_and_bad_specs(tmp_path):
-    from memsearcher_jax.experiment import TrainConfigError, load_reward_fn
+    from memsearcher_jax.app.experiment import TrainConfigError, load_reward_fn
     from memsearcher_jax.qa_metrics import compute_reward
 
     (tmp_path / "my_rewards.py").write_text(REWARDS)
@@ -55,7 +55,7 @@ def test_reward_plugin_from_a_file_and_bad_specs(tmp_path):
 
 @pytest.mark.slow
 def test_zero_std_filter_drops_tied_groups_and_refills(tmp_path):
-    from memsearcher_jax.experiment import build_trainer
+    from memsearcher_jax.app.experiment import build_trainer
 
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     base = SMALL + [("world.cache_dir", str(tmp_path / "w")), ("train.output_dir", str(tmp_path / "run"))]

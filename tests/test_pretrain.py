@@ -11,7 +11,6 @@ import pytest
 from flax import nnx
 
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab
 from memsearcher_jax.models import ModelConfig, Qwen2
@@ -19,6 +18,7 @@ from memsearcher_jax.pretrain.curriculum import Curriculum, CurriculumConfig, Ph
 from memsearcher_jax.pretrain.probes import probe_items
 from memsearcher_jax.rl.learner import tie_row_updates
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows
+from memsearcher_jax.settings.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_V8 = os.path.join(ROOT, "configs", "base_v8.py")
@@ -441,7 +441,7 @@ def test_a_phase_setting_is_overridden_on_the_command_line_and_only_there():
     """--config.phases.N.KEY=VALUE sets one phase's value (typed as the value it replaces); the other
     phases, built from the same settings in the config file, keep theirs; a wrong index or key is
     refused, naming what exists."""
-    from memsearcher_jax.config_utils import ConfigError
+    from memsearcher_jax.settings.config_utils import ConfigError
     cfg = load_config(BASE_V8, [("phases.3.learning_rate", "2e-4"), ("phases.0.mix.bind", "0.5"),
                                 ("phases.1.long_passages", "(3, 9)")])
     assert cfg.phases[3]["learning_rate"] == 2e-4 and cfg.phases[0]["mix"]["bind"] == 0.5
@@ -763,7 +763,7 @@ def _user_files(root) -> dict:
 
 
 # base_v8 cut to its first three phases (steps 0-2, 2-3, 3-; batch 4, 2, 2), for a run of a few steps.
-SHORT_CONFIG = """from memsearcher_jax.config_utils import load_config
+SHORT_CONFIG = """from memsearcher_jax.settings.config_utils import load_config
 
 
 def get_config():
@@ -868,10 +868,10 @@ def test_pretrain_refuses_what_it_must_not_touch_before_any_work(tmp_path, monke
     """--fresh never clears a directory holding files no pretraining run wrote; an export dir of
     the user's that is not empty is never written into; a resumed run with other vocabulary
     settings than its directory's vocabulary is refused. All before anything is built."""
+    from memsearcher_jax.app.experiment import TrainConfigError
     from memsearcher_jax.errors import UserInputError
-    from memsearcher_jax.experiment import TrainConfigError
     from memsearcher_jax.pretrain import run as pretrain
-    from memsearcher_jax.run_dir import RUN_MARKER
+    from memsearcher_jax.rules.run_dir import RUN_MARKER
 
     monkeypatch.setattr(pretrain, "init_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     monkeypatch.setattr(pretrain, "build_vocab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))

@@ -243,8 +243,8 @@ def test_multi_answer_rule_is_in_every_workflows_system_prompt_when_asked(tok, s
 def test_multi_answer_prompt_auto_follows_the_task():
     import os
 
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import multi_answer_prompt
+    from memsearcher_jax.app.experiment import multi_answer_prompt
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
     assert cfg.agent.multi_answer_prompt == "auto" and not multi_answer_prompt(cfg)  # the default: one question

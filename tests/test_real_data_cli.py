@@ -15,9 +15,9 @@ import sys
 import pytest
 from flax import nnx
 
-from memsearcher_jax import compile_stats
 from memsearcher_jax.data.qa import EVAL_SETS
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
+from memsearcher_jax.runtime import compile_stats
 from tests.assets import qwen_tokenizer_dir
 
 pytestmark = pytest.mark.slow

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.run_dir import check_same_experiment, record_config
+from memsearcher_jax.rules.run_dir import check_same_experiment, record_config
+from memsearcher_jax.settings.config_utils import load_config
 
 DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
 

@@ -1,4 +1,4 @@
-"""The RFT control (memsearcher_jax/rft.py): it samples GRPO's number of rollouts from the warm
+"""The RFT control (memsearcher_jax/app/rft.py): it samples GRPO's number of rollouts from the warm
 start and fine-tunes on the successful ones only."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def parity_reward(assistant_blocks, ended_with_eos, golds) -> RewardResult:
 
 
 def test_kept_trajectories_needs_the_threshold_and_the_format():
-    from memsearcher_jax.rft import kept_trajectories
+    from memsearcher_jax.app.rft import kept_trajectories
 
     results = [RewardResult(1.0, 1.0, 1.0, True, "a"), RewardResult(0.99, 0.0, 0.99, True, "b"),
                RewardResult(1.0, 1.0, 1.0, False, "c"), RewardResult(0.1, 0.0, 0.0, True, "d"),
@@ -28,8 +28,8 @@ def test_kept_trajectories_needs_the_threshold_and_the_format():
 
 @pytest.mark.slow
 def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch, capsys):
-    from memsearcher_jax import rft
-    from memsearcher_jax.experiment import build_setup, load_policy
+    from memsearcher_jax.app import rft
+    from memsearcher_jax.app.experiment import build_setup, load_policy
     from memsearcher_jax.models import save_pretrained
 
     cfg = _config(tmp_path, "rft", [("train.steps", "2"), ("rl.reward_fn", "tests.test_rft:parity_reward")])
@@ -64,7 +64,7 @@ def test_rft_trains_on_the_successful_trajectories_only(tmp_path, monkeypatch, c
 def test_the_controls_continue_at_the_warm_starts_final_rate_until_the_clock_ends(tmp_path):
     """continued_sft (extra_sft's and RFT's settings): no warmup, no step limit that a run could
     reach, the given batch seed, and a constant rate where the warm start's schedule ended."""
-    from memsearcher_jax.warm_start import continued_sft, sft_config
+    from memsearcher_jax.app.warm_start import continued_sft, sft_config
 
     cfg = _config(tmp_path, "run")
     sft_cfg, optim = continued_sft(cfg, seed=123)

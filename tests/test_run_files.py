@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from memsearcher_jax import jobs
+from memsearcher_jax.app import jobs
 from memsearcher_jax.cli import main
-from memsearcher_jax.run_dir import RUN_MARKER, foreign_entries
+from memsearcher_jax.rules.run_dir import RUN_MARKER, foreign_entries
 from tests.test_train_step import ROOT, SMALL
 
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -141,7 +141,7 @@ def test_a_run_stopped_in_its_warm_start_can_start_over_with_fresh(trained, tmp_
     """Ctrl-C during the warm start, then the same command with --fresh: it runs, and the directory
     holds what a run writes only."""
     run, worlds = tmp_path / "run", trained / "worlds"
-    from memsearcher_jax import warm_start
+    from memsearcher_jax.app import warm_start
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -199,7 +199,7 @@ def test_episode_report_writes_its_own_directory_and_replaces_links(trained, tmp
     its marker; a rerun there replaces a report and summary.md that are links to the user's files
     (summary.md keeps its lines and gains one), never writing through them; the run's own
     directory gains nothing (its --fresh still accepts it)."""
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.settings.config_utils import load_config
     from tests.bench_loader import load_bench
 
     rep = load_bench("episode_report")
@@ -235,7 +235,7 @@ def test_a_pretrain_stopped_in_its_vocabulary_build_starts_over_with_fresh(tmp_p
     a part of vocab/; `pretrain --fresh` there is accepted, removes the part, and builds again
     (the build is stopped here once it is reached: the checks and the removal came before it)."""
     from memsearcher_jax.pretrain import run as pretrain
-    from memsearcher_jax.run_dir import PRETRAIN_ENTRIES
+    from memsearcher_jax.rules.run_dir import PRETRAIN_ENTRIES
 
     def stopped(out_dir, **k):
         os.makedirs(out_dir, exist_ok=True)

@@ -56,7 +56,7 @@ def test_the_schedule_parses_stages_and_refuses_anything_else_naming_the_key():
     ({}, {"turns_per_question": -1}, r"turns_per_question must be >= 0"),
 ])
 def test_config_rules_name_the_key(world, agent, message):
-    from memsearcher_jax.experiment import TrainConfigError, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, validate
 
     cfg = _cfg(**world).with_values({f"agent.{k}": v for k, v in agent.items()})
     with pytest.raises(TrainConfigError, match=message):
@@ -64,7 +64,7 @@ def test_config_rules_name_the_key(world, agent, message):
 
 
 def test_the_schedule_counts_are_the_training_counts():
-    from memsearcher_jax.config_rules import multi_answer_prompt, train_objective_counts
+    from memsearcher_jax.rules.config_rules import multi_answer_prompt, train_objective_counts
 
     cfg = _cfg(objectives_schedule="0:1;10:2,4;20:8")
     assert train_objective_counts(cfg) == (1, 2, 4, 8)   # the set-up's questions and the demos' default
@@ -212,9 +212,9 @@ def test_a_trainer_resumed_mid_window_asks_the_same_questions(tmp_path):
 # ----------------------------------------------------------------------------- from the config
 
 def test_the_trainer_gets_one_pool_per_stage_from_the_world(tmp_path):
+    from memsearcher_jax.app.experiment import question_schedule
     from memsearcher_jax.data.world_cache import prepare_world
-    from memsearcher_jax.experiment import question_schedule
-    from memsearcher_jax.jsonl import read_jsonl
+    from memsearcher_jax.runtime.jsonl import read_jsonl
 
     world = prepare_world(str(tmp_path), seed=1, num_entities=30)
     setup = types.SimpleNamespace(world=world)
@@ -228,7 +228,7 @@ def test_the_trainer_gets_one_pool_per_stage_from_the_world(tmp_path):
 
 
 def test_demonstrations_fit_a_budget_per_count():
-    from memsearcher_jax.validation import demo_turn_problems
+    from memsearcher_jax.app.validation import demo_turn_problems
 
     rows = [{"objectives": [{"hops": 2}] * n} for n in (1, 2, 4)]  # need 3, 5 and 9 turns
     assert demo_turn_problems(rows, 4, 1, per_question=2) == []    # budgets 4, 6, 10
@@ -241,8 +241,8 @@ def test_demonstrations_fit_a_budget_per_count():
 def test_the_bench_passes_the_schedule_budgets_hint_and_weighting_through():
     sys.path.insert(0, ".")
     import bench.paper_tables as pt
-    from memsearcher_jax.config_rules import agent_config, grpo_config
-    from memsearcher_jax.experiment import validate
+    from memsearcher_jax.app.experiment import validate
+    from memsearcher_jax.rules.config_rules import agent_config, grpo_config
     from memsearcher_jax.settings import load_settings
 
     args, overrides = pt.parse_args(["--config.world.objectives_schedule=0:1,2;20:2,4;40:4,8",

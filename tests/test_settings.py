@@ -12,7 +12,6 @@ import os
 import ml_collections
 import pytest
 
-from memsearcher_jax.config_utils import ConfigError, load_config, load_config_module
 from memsearcher_jax.settings import (
     SECTIONS,
     HardwareSettings,
@@ -23,6 +22,7 @@ from memsearcher_jax.settings import (
     schema,
     setting,
 )
+from memsearcher_jax.settings.config_utils import ConfigError, load_config, load_config_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -75,7 +75,7 @@ def test_the_reference_page_is_current_and_lists_every_key():
 def test_every_shipped_config_keeps_every_value_through_the_settings():
     """A config file's values are its settings' values: from_config then to_config gives the same
     dict (every key, no key added), and the record a run compares on resume is unchanged."""
-    from memsearcher_jax.run_dir import config_record
+    from memsearcher_jax.rules.run_dir import config_record
 
     for path in _shipped():
         cfg = load_config(path)
@@ -91,7 +91,7 @@ def test_the_run_record_of_the_default_job_and_the_recipe_is_the_one_before_the_
     resume would otherwise call an old run another experiment. A deliberate change of a shipped
     value moves a digest: say so, then recompute it. A key added since is held at its default
     (off) and left out of the digest (a recorded run without it resumes: run_dir.changed_keys)."""
-    from memsearcher_jax.run_dir import config_record
+    from memsearcher_jax.rules.run_dir import config_record
 
     added_since = {("rl", "max_staleness"): 0, ("sampler", "devices"): 0}  # issue 85
 
@@ -113,7 +113,7 @@ def test_a_key_a_file_leaves_out_takes_its_default_and_can_be_overridden(tmp_pat
     from memsearcher_jax.cli import _load
 
     path = tmp_path / "mine.py"
-    path.write_text(f"from memsearcher_jax.config_utils import load_config\n\n\ndef get_config():\n"
+    path.write_text(f"from memsearcher_jax.settings.config_utils import load_config\n\n\ndef get_config():\n"
                     f"    c = load_config({DEFAULT!r})\n    del c.rl['old_logprobs']\n    del c.sft['early_two_hop']\n"
                     f"    return c\n")
     args = type("Args", (), {"config": str(path), "config_overrides": [("sft.early_two_hop", "first_hop")]})
@@ -171,7 +171,7 @@ def test_settings_read_as_the_config_does():
 
 
 def test_the_settings_schema_is_the_config_files_schema():
-    from memsearcher_jax.config_utils import training_schema
+    from memsearcher_jax.settings.config_utils import training_schema
 
     ours, theirs = schema(), training_schema()
     assert (ours.keys, ours.sections, ours.required, ours.optional) == \
@@ -181,7 +181,7 @@ def test_the_settings_schema_is_the_config_files_schema():
 def test_each_sections_rules_and_the_cross_section_ones_still_name_their_keys():
     """One wrong value in every section and one disagreement between sections: each reported once,
     naming its key, together (the rules moved from config_rules.py into the sections)."""
-    from memsearcher_jax.config_rules import config_problems
+    from memsearcher_jax.rules.config_rules import config_problems
 
     wrong = {"model.dtype": "float8", "world.schedule_window": 0, "retrieval.kind": "faiss", "agent.hint": "loud",
              "sampler.prefill_query_block": -1, "sft.early_two_hop": "never", "rl.filter_groups": "some",

@@ -11,16 +11,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (file, function): why it may take a ConfigDict.
 ENTRY_POINTS = {
     ("memsearcher_jax/settings/config.py", "from_config"): "the conversion itself: ConfigDict -> Settings",
-    ("memsearcher_jax/config_utils.py", "schema_of"): "the schema is read off a ConfigDict with every key",
-    ("memsearcher_jax/config_utils.py", "missing_keys"): "names the keys a user's file lacks (before any Settings)",
-    ("memsearcher_jax/config_utils.py", "schema_problems"): "names a file's unknown keys and missing sections",
-    ("memsearcher_jax/config_utils.py", "apply_override"): "--config.SECTION.KEY=VALUE on the file's dict",
-    ("memsearcher_jax/config_rules.py", "config_problems"): "a library user's check of a file: its missing and unknown "
-                                                           "keys reported before it becomes Settings",
-    ("memsearcher_jax/config_rules.py", "validate"): "config_problems raised: the library user's one-call check",
-    ("memsearcher_jax/config_rules.py", "settings_of"): "the jobs' first line: a user's ConfigDict, converted once",
-    ("memsearcher_jax/jobs.py", "train_job"): "a job: a library user may call it with a ConfigDict",
-    ("memsearcher_jax/jobs.py", "run_eval"): "a job: a library user may call it with a ConfigDict",
+    ("memsearcher_jax/settings/config_utils.py", "schema_of"): "the schema is read off a ConfigDict with every key",
+    ("memsearcher_jax/settings/config_utils.py", "missing_keys"):
+        "names the keys a user's file lacks (before any Settings)",
+    ("memsearcher_jax/settings/config_utils.py", "schema_problems"): "names a file's unknown keys and missing sections",
+    ("memsearcher_jax/settings/config_utils.py", "apply_override"): "--config.SECTION.KEY=VALUE on the file's dict",
+    ("memsearcher_jax/rules/config_rules.py", "config_problems"):
+        "a library user's check of a file: its missing and unknown keys reported before it becomes Settings",
+    ("memsearcher_jax/rules/config_rules.py", "validate"): "config_problems raised: the library user's one-call check",
+    ("memsearcher_jax/rules/config_rules.py", "settings_of"):
+        "the jobs' first line: a user's ConfigDict, converted once",
+    ("memsearcher_jax/app/jobs.py", "train_job"): "a job: a library user may call it with a ConfigDict",
+    ("memsearcher_jax/app/jobs.py", "run_eval"): "a job: a library user may call it with a ConfigDict",
 }
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import Conversation
 from memsearcher_jax.models import ModelConfig, Qwen2
 from memsearcher_jax.rl.sft import SFTConfig, SFTTrainer, build_rows, plan_micro_batches
+from memsearcher_jax.runtime import compile_stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 128
@@ -74,9 +74,9 @@ def test_plan_keeps_every_micro_batch_within_the_budget():
 def test_max_batch_tokens_is_checked():
     with pytest.raises(ValueError, match="max_batch_tokens must be >= 0"):
         SFTConfig(max_batch_tokens=-1)
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import config_problems
-    from memsearcher_jax.warm_start import sft_config
+    from memsearcher_jax.app.experiment import config_problems
+    from memsearcher_jax.app.warm_start import sft_config
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), [])
     assert cfg.sft.max_batch_tokens == 0 and sft_config(cfg, 10).max_batch_tokens == 0  # default: never split

@@ -10,12 +10,12 @@ from flax import nnx
 
 from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
-from memsearcher_jax.config_utils import load_config
-from memsearcher_jax.experiment import stop_token_ids
+from memsearcher_jax.app.experiment import stop_token_ids
 from memsearcher_jax.models import ModelConfig, Qwen2, save_pretrained
 from memsearcher_jax.models.hf_io import eos_token_ids
 from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.sampling import Sampler
+from memsearcher_jax.settings.config_utils import load_config
 from tests.test_rollout import Docs, FixedSampler, Q
 
 DEFAULT = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")

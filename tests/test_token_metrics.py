@@ -7,8 +7,8 @@ import math
 import pytest
 
 from memsearcher_jax.agent.trajectory import ACT, SECOND, Trajectory
-from memsearcher_jax.curves import plot_prompt_tokens_by_turn
-from memsearcher_jax.token_metrics import (
+from memsearcher_jax.app.curves import plot_prompt_tokens_by_turn
+from memsearcher_jax.rl.token_metrics import (
     TurnTokens,
     by_turn_metrics,
     episode_token_metrics,

@@ -12,9 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from memsearcher_jax import compile_stats
-from memsearcher_jax.config_utils import load_config
 from memsearcher_jax.models import param_dict
+from memsearcher_jax.runtime import compile_stats
+from memsearcher_jax.settings.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +36,7 @@ def _config(tmp_path, name, extra=()):
 
 @pytest.mark.slow
 def test_sharded_train_step_equals_single_device(tmp_path):
-    from memsearcher_jax.experiment import build_setup, build_trainer
+    from memsearcher_jax.app.experiment import build_setup, build_trainer
 
     single_cfg = _config(tmp_path, "single")
     setup = build_setup(single_cfg)
@@ -100,7 +100,7 @@ def _logged_steps(metrics_path: str) -> int:
 
 
 def _final_params(out):
-    from memsearcher_jax.jobs import restore_policy
+    from memsearcher_jax.app.jobs import restore_policy
 
     model, meta = restore_policy(out)
     return meta["step"], {k: np.asarray(v) for k, v in param_dict(model).items()}

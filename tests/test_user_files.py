@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from memsearcher_jax import jobs, warm_start
+from memsearcher_jax.app import jobs, warm_start
 from memsearcher_jax.bases import DEFAULT_BASE
 from memsearcher_jax.cli import main
-from memsearcher_jax.run_dir import RUN_LOCK, RUN_MARKER
+from memsearcher_jax.rules.run_dir import RUN_LOCK, RUN_MARKER
 from tests.file_trees import snapshot as _files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,11 +179,10 @@ def _written_by_the_writers(run):
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.curves import plot_curves
+    from memsearcher_jax.app.curves import plot_curves
     from memsearcher_jax.rl.metrics import MetricsWriter
     from memsearcher_jax.rl.trainer import Trainer
-    from memsearcher_jax.run_dir import (
+    from memsearcher_jax.rules.run_dir import (
         CURVE,
         LOG_DIR,
         SUMMARY,
@@ -193,6 +192,7 @@ def _written_by_the_writers(run):
         replaced,
         write_json,
     )
+    from memsearcher_jax.settings.config_utils import load_config
 
     prepare_output_dir(str(run), fresh=False)
     record_config(load_config(DEFAULT), str(run))
@@ -218,7 +218,7 @@ def test_fresh_removes_what_the_writers_wrote_and_nothing_else(tmp_path):
     """What the writers write (`_written_by_the_writers`) and what a killed run leaves (a resume's
     rewrite, Orbax's step in progress, an export's and a rewrite's staging files) is the run's:
     --fresh accepts and removes it all, and refuses the same directory with one file of the user's."""
-    from memsearcher_jax.run_dir import foreign_entries, prepare_output_dir, release_output_dir
+    from memsearcher_jax.rules.run_dir import foreign_entries, prepare_output_dir, release_output_dir
 
     run = tmp_path / "run"
     _written_by_the_writers(run)
@@ -248,7 +248,7 @@ def test_a_rewrite_replaces_a_link_and_never_writes_through_it(tmp_path):
     """run_dir.replaced (every rewrite of a run's, eval's or a bench's file): the new file is made
     beside the link and renamed over it; the file the link points at is left as it was. A write
     that fails leaves the old file and no temporary file."""
-    from memsearcher_jax.run_dir import replaced, write_json
+    from memsearcher_jax.rules.run_dir import replaced, write_json
 
     mine = tmp_path / "mine.json"
     mine.write_text("mine")
@@ -297,8 +297,7 @@ def test_the_metrics_log_replaces_a_link_and_never_appends_through_it(tmp_path):
 def test_the_markers_and_the_recorded_config_replace_links(tmp_path):
     """The run marker, the recorded config and eval's marker, each a link to a file of the user's
     (a dangling one included): replaced by the file written, never written through."""
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.run_dir import (
+    from memsearcher_jax.rules.run_dir import (
         EVAL_MARKER,
         RUN_CONFIG,
         prepare_eval_out,
@@ -306,6 +305,7 @@ def test_the_markers_and_the_recorded_config_replace_links(tmp_path):
         record_config,
         release_output_dir,
     )
+    from memsearcher_jax.settings.config_utils import load_config
 
     mine = tmp_path / "mine.txt"
     mine.write_text("mine")
@@ -333,7 +333,7 @@ def test_writers_of_a_runs_files_open_none_in_place():
 
     writes = re.compile(r"""\bopen\((?P<what>[^,()]+(?:\([^()]*\))?[^,()]*),\s*(?:mode=)?["'][wa]""")
     path_writes = re.compile(r"""(?P<what>\w+)(?:\.open\(\s*(?:mode=)?["'][wa]|\.write_(?:text|bytes)\().*""")
-    for rel in ("memsearcher_jax/jobs.py", "memsearcher_jax/run_dir.py", "memsearcher_jax/rl/metrics.py",
+    for rel in ("memsearcher_jax/app/jobs.py", "memsearcher_jax/rules/run_dir.py", "memsearcher_jax/rl/metrics.py",
                 "memsearcher_jax/rl/trainer.py", "memsearcher_jax/pretrain/run.py",
                 "memsearcher_jax/pretrain/export.py", "bench/episode_report.py", "bench/learning.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
@@ -345,7 +345,7 @@ def test_writers_of_a_runs_files_open_none_in_place():
 
 
 def test_the_run_lock_replaces_a_link_and_never_writes_through_it(tmp_path):
-    from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
+    from memsearcher_jax.rules.run_dir import lock_output_dir, release_output_dir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -364,8 +364,8 @@ def test_a_changed_rerun_is_refused_only_where_a_checkpoint_is(tmp_path):
     """The recorded experiment is protected once a checkpoint holds it: a changed setting in a
     directory with no checkpoint (checkpoints/ or best/) is a start over (`starts_over` names the
     change), unless the directory holds a file no run wrote (what --fresh would refuse)."""
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.run_dir import check_same_experiment, record_config, starts_over
+    from memsearcher_jax.rules.run_dir import check_same_experiment, record_config, starts_over
+    from memsearcher_jax.settings.config_utils import load_config
 
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
@@ -437,13 +437,13 @@ def test_a_second_pretrain_in_a_running_runs_directory_is_refused(tmp_path, caps
 
 
 def test_the_lock_is_held_until_released_and_then_free(tmp_path):
-    from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
+    from memsearcher_jax.rules.run_dir import lock_output_dir, release_output_dir
 
     run = tmp_path / "run"
     run.mkdir()
     lock_output_dir(str(run))
     lock_output_dir(str(run))  # the same process again (a bench's next job): no refusal
-    probe = ("import sys; from memsearcher_jax.run_dir import lock_output_dir\n"
+    probe = ("import sys; from memsearcher_jax.rules.run_dir import lock_output_dir\n"
              f"lock_output_dir({str(run)!r})\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     held = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
@@ -493,7 +493,7 @@ def test_eval_out_inside_a_run_or_the_model_is_refused(tmp_path, capsys, monkeyp
 
 
 def test_eval_out_rewrites_only_an_earlier_evals_files(tmp_path):
-    from memsearcher_jax.run_dir import EVAL_MARKER, check_eval_out, prepare_eval_out
+    from memsearcher_jax.rules.run_dir import EVAL_MARKER, check_eval_out, prepare_eval_out
 
     out = tmp_path / "eval"
     paths = prepare_eval_out(str(out))
@@ -600,7 +600,7 @@ def test_main_job_bench_refuses_an_out_under_a_file(tmp_path, capsys):
 
 
 def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
-    from memsearcher_jax.run_dir import lock_output_dir, release_output_dir
+    from memsearcher_jax.rules.run_dir import lock_output_dir, release_output_dir
 
     run = tmp_path / "run"
     run.mkdir()

@@ -134,9 +134,9 @@ def test_objectives_the_turns_or_the_context_cannot_hold_are_named_before_any_wo
 def test_episode_checks_accept_what_fits(tmp_path):
     """The same checks pass when the turns are raised to what they name, and on the default config;
     the prompt they measure is the one the turn loop builds (system, question, empty memory)."""
-    from memsearcher_jax.experiment import agent_config, build_setup
+    from memsearcher_jax.app.experiment import agent_config, build_setup
+    from memsearcher_jax.app.validation import episode_problems, first_prompt_tokens
     from memsearcher_jax.settings import load_settings
-    from memsearcher_jax.validation import episode_problems, first_prompt_tokens
 
     worlds = ("world.cache_dir", str(tmp_path / "worlds"))
     cfg = load_settings(DEFAULT, [worlds, ("world.objectives", "9")])
@@ -184,8 +184,8 @@ def test_resume_refuses_another_experiment_and_allows_more_steps(tmp_path, capsy
 
 
 def test_changed_keys_names_the_experiment_and_lets_the_cadence_change():
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.run_dir import changed_keys, config_record
+    from memsearcher_jax.rules.run_dir import changed_keys, config_record
+    from memsearcher_jax.settings.config_utils import load_config
 
     base = config_record(load_config(DEFAULT))
     now = config_record(load_config(DEFAULT, [("train.steps", "99"), ("train.eval_every", "5"), ("mesh.fsdp", "2"),
@@ -235,7 +235,7 @@ def test_a_bad_tool_prompt_or_warm_start_setting_is_refused_before_the_world_is_
 
 @pytest.mark.parametrize("where", ["config", "env"])
 def test_a_compilation_cache_at_a_file_or_under_one_is_named(where, tmp_path, capsys, monkeypatch):
-    from memsearcher_jax.compile_stats import CACHE_DIR_ENV
+    from memsearcher_jax.runtime.compile_stats import CACHE_DIR_ENV
 
     afile = tmp_path / "afile"
     afile.write_text("mine")
@@ -472,7 +472,7 @@ def test_one_pass_reports_every_problem_of_a_config_together(tmp_path, capsys, m
     """The value rules (experiment), the training values, the input paths and the compilation
     cache were separate validators, each stopping at its own first problem: a config with one
     problem of each kind took four runs to fix. One pass names them all in one message."""
-    from memsearcher_jax.compile_stats import CACHE_DIR_ENV
+    from memsearcher_jax.runtime.compile_stats import CACHE_DIR_ENV
 
     monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
     afile = tmp_path / "afile"
@@ -489,8 +489,8 @@ def test_one_pass_reports_every_problem_of_a_config_together(tmp_path, capsys, m
 
 
 def test_group_size_has_one_rule_and_evaluation_asks_for_no_groups():
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import TrainConfigError, config_problems, validate
+    from memsearcher_jax.app.experiment import TrainConfigError, config_problems, validate
+    from memsearcher_jax.settings.config_utils import load_config
 
     for size in ("0", "1"):
         cfg = load_config(DEFAULT, [("rl.group_size", size)])
@@ -516,8 +516,8 @@ def test_every_entry_point_reports_the_same_problems_of_a_config(training):
     """experiment.validate (build_trainer, the paper bench, a library user) saw only the value rules;
     the jobs' validation.check_config also saw agent.tool, sft.passes, ... and the input paths. Both
     now run the one pass: the same message, every problem in it."""
-    from memsearcher_jax import experiment, validation
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.app import experiment, validation
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(DEFAULT, SEVERAL_BAD)
     with pytest.raises(experiment.TrainConfigError) as by_job:
@@ -537,8 +537,8 @@ def test_every_entry_point_reports_the_same_problems_of_a_config(training):
 def test_build_trainer_refuses_a_bad_setting_before_building_anything(key, value, named, monkeypatch):
     """build_trainer checked with experiment.validate, which did not see these settings: it went on
     to build the world and the model, and the value failed later (sft.passes: never, at steps=0)."""
-    from memsearcher_jax import experiment
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.app import experiment
+    from memsearcher_jax.settings.config_utils import load_config
 
     def built(*args, **kwargs):
         raise AssertionError("build_trainer built something before refusing the config")
@@ -556,9 +556,9 @@ def test_the_hosts_rule_is_one_rule_reported_with_the_rest(monkeypatch):
     of one message: one rule (distributed.batch_split_problems) now, in the one list."""
     import jax
 
-    from memsearcher_jax.config_rules import config_problems
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.distributed import batch_split_problems
+    from memsearcher_jax.rules.config_rules import config_problems
+    from memsearcher_jax.runtime.distributed import batch_split_problems
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(DEFAULT, [("rl.batch_questions", "3"), ("rl.max_refill", "-1")])
     monkeypatch.setattr(jax, "process_count", lambda: 2)
@@ -576,8 +576,8 @@ def test_the_hosts_rule_is_one_rule_reported_with_the_rest(monkeypatch):
 def test_a_data_path_the_synthetic_world_ignores_is_refused(key, training):
     """With world.enabled=true (the default) every question comes from the synthetic world: a data
     path was ignored without a word (eval with data.eval_path=/nope.jsonl reported the world's EM)."""
-    from memsearcher_jax.config_rules import config_problems
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.rules.config_rules import config_problems
+    from memsearcher_jax.settings.config_utils import load_config
 
     problems = config_problems(load_config(DEFAULT, [(key, "/nope.jsonl")]), training, files=False)
     assert len(problems) == 1 and problems[0].startswith(f"{key}=/nope.jsonl") and "world.enabled=false" in problems[0]
@@ -610,8 +610,8 @@ def test_eval_of_a_data_path_the_world_ignores_is_refused_before_any_work(tmp_pa
 def test_every_count_and_share_of_the_warm_start_is_checked_with_the_rest(key, value, named):
     """sft.steps=-5 ran with no warm start and exit 0; the other counts and shares ended in a
     ValueError traceback once the warm start began. Each is refused with the config's other problems."""
-    from memsearcher_jax.config_rules import config_problems
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.rules.config_rules import config_problems
+    from memsearcher_jax.settings.config_utils import load_config
 
     problems = config_problems(load_config(DEFAULT, [(key, value)]), files=False)
     assert [p for p in problems if named in p], problems
@@ -631,8 +631,9 @@ def test_a_plan_far_over_the_host_is_refused_and_a_near_miss_warned(monkeypatch,
     planned 500,000x the host, ran the warm start and evaluation, and GRPO then allocated until the
     OOM killer ended it. Past machine_rules.HOST_REFUSAL_FACTOR times the host it is refused before
     any work; between 90% of the host and that, the warning stays."""
-    from memsearcher_jax import config_rules, machine_rules, planner
     from memsearcher_jax.errors import UserInputError
+    from memsearcher_jax.plan import planner
+    from memsearcher_jax.rules import config_rules, machine_rules
     from memsearcher_jax.settings import load_settings
 
     cfg = load_settings(DEFAULT)
@@ -695,8 +696,8 @@ def test_a_world_cache_at_a_file_under_one_or_unwritable_is_named(tmp_path, caps
 
 def test_a_world_cache_that_holds_worlds_may_be_read_only(tmp_path, monkeypatch):
     """A shared cache of built worlds is read, not written: only an empty one must be writable."""
-    from memsearcher_jax.config_rules import config_problems
-    from memsearcher_jax.config_utils import load_config
+    from memsearcher_jax.rules.config_rules import config_problems
+    from memsearcher_jax.settings.config_utils import load_config
 
     cache = tmp_path / "worlds"
     (cache / "world-0").mkdir(parents=True)

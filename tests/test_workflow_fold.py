@@ -12,7 +12,7 @@ from memsearcher_jax.agent.workflows.base import observation_cap
 from memsearcher_jax.agent.workflows.fold import Fold, FoldRecorder, fold_context, fold_cost
 from memsearcher_jax.rl.batching import pack_rows
 from memsearcher_jax.rl.grpo import score_trajectories
-from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.rl.token_metrics import trajectory_token_metrics
 from tests.test_workflows import Docs, ScriptSampler, _assert_mask_is_generated, b, search, tok  # noqa: F401
 
 ROW = {"question": "Where was Alpha born?; Who founded Beta?", "golden_answers": [["Paris"], ["Paris"]],
@@ -183,7 +183,7 @@ def world(tmp_path_factory):
     from memsearcher_jax.data.synthetic import join_objectives
     from memsearcher_jax.data.tokenizer import load_tokenizer
     from memsearcher_jax.data.world_cache import prepare_world
-    from memsearcher_jax.jsonl import read_jsonl
+    from memsearcher_jax.runtime.jsonl import read_jsonl
     from retrieval.bm25 import BM25Retriever
 
     paths = prepare_world(str(tmp_path_factory.mktemp("world")), seed=3, num_entities=60)

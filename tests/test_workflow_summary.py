@@ -21,7 +21,7 @@ from memsearcher_jax.agent.workflows.summary import (
 )
 from memsearcher_jax.rl.batching import pack_rows
 from memsearcher_jax.rl.grpo import score_trajectories
-from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.rl.token_metrics import trajectory_token_metrics
 from tests.test_workflows import ANSWER, Docs, Q, ScriptSampler, _assert_mask_is_generated, b, search, tok  # noqa: F401
 
 FACT = "Paris is the capital."
@@ -215,7 +215,7 @@ def world(tmp_path_factory):
     from memsearcher_jax.data.synthetic import join_objectives
     from memsearcher_jax.data.tokenizer import load_tokenizer
     from memsearcher_jax.data.world_cache import prepare_world
-    from memsearcher_jax.jsonl import read_jsonl
+    from memsearcher_jax.runtime.jsonl import read_jsonl
     from retrieval.bm25 import BM25Retriever
 
     paths = prepare_world(str(tmp_path_factory.mktemp("world")), seed=3, num_entities=60)
@@ -229,8 +229,8 @@ def world(tmp_path_factory):
 def test_demonstrations_summarize_and_replay_exactly(world):
     """The demonstrator's episodes in summary's format (its budget: configs/default.py's) are what
     AgentRunner records when the model writes their text, summaries and segments included."""
-    from memsearcher_jax.config_utils import load_config
     from memsearcher_jax.data.demos import DemoConfig, make_demonstrations
+    from memsearcher_jax.settings.config_utils import load_config
     from tests.demo_checks import check_demonstration
     from tests.test_demos import _ReplaySampler
 

@@ -510,8 +510,8 @@ def test_whole_rows_stay_within_the_planners_bound(tok, b, reading_builder, work
     workflow's carried_tokens, no row is longer than conversation_tokens, no observation is longer
     than its cap, the adversary gets close to both bounds, and every tag is the builder's."""
     from memsearcher_jax.agent.workflows.base import observation_cap
-    from memsearcher_jax.memory_estimates import prompt_tokens
-    from memsearcher_jax.planner import conversation_tokens
+    from memsearcher_jax.plan.memory_estimates import prompt_tokens
+    from memsearcher_jax.plan.planner import conversation_tokens
     from memsearcher_jax.settings import Settings
 
     if tokenizer == "reading":
@@ -550,9 +550,9 @@ def test_whole_rows_stay_within_the_planners_bound(tok, b, reading_builder, work
 
 
 def test_config_and_cli_name_the_registered_workflows(capsys):
+    from memsearcher_jax.app.experiment import TrainConfigError, agent_config, validate
     from memsearcher_jax.cli import build_parser
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import TrainConfigError, agent_config, validate
+    from memsearcher_jax.settings.config_utils import load_config
 
     base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/default.py")
     from memsearcher_jax.settings import Settings
@@ -595,9 +595,9 @@ def test_train_cli_warm_starts_and_trains_one_step_of_each_new_workflow(tmp_path
         (step,) = [json.loads(line) for line in f]
     assert step["rows"] >= 8 and np.isfinite(step["grad_norm"])
     # The warm start imitated demonstrations recorded in this workflow's format.
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import build_setup
-    from memsearcher_jax.warm_start import flawed_demonstrations
+    from memsearcher_jax.app.experiment import build_setup
+    from memsearcher_jax.app.warm_start import flawed_demonstrations
+    from memsearcher_jax.settings.config_utils import load_config
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), list(overrides.items()))
     demos = flawed_demonstrations(cfg, build_setup(cfg))
@@ -672,9 +672,9 @@ def test_the_default_jobs_caps_never_bind(tmp_path):
     the job can make (that many searches of max_top_n of the world's longest passages, under every
     workflow's instruction) fits agent.max_observation_tokens."""
     from memsearcher_jax.agent.parsing import parse_tool_calls
-    from memsearcher_jax.config_utils import load_config
-    from memsearcher_jax.experiment import build_setup
-    from memsearcher_jax.jsonl import read_jsonl
+    from memsearcher_jax.app.experiment import build_setup
+    from memsearcher_jax.runtime.jsonl import read_jsonl
+    from memsearcher_jax.settings.config_utils import load_config
     from tests.test_train_step import ROOT
 
     cfg = load_config(os.path.join(ROOT, "configs/default.py"), [("world.cache_dir", str(tmp_path))])

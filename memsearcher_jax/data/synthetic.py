@@ -33,7 +33,7 @@ import os
 import random
 from typing import Any
 
-from memsearcher_jax.jsonl import read_jsonl, write_jsonl
+from memsearcher_jax.runtime.jsonl import read_jsonl, write_jsonl
 
 ONSETS = "bdfgklmnprstvz"
 VOWELS = "aeiou"

@@ -7,11 +7,11 @@ import os
 
 import ml_collections
 
-from memsearcher_jax.config_rules import TrainConfigError
 from memsearcher_jax.data.synthetic import WORDINGS
 from memsearcher_jax.data.vocab import MANIFEST as VOCAB_MANIFEST
 from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.pretrain.phases import phase_list, phase_problems
+from memsearcher_jax.rules.config_rules import TrainConfigError
 
 
 def check_base_export_dir(export_dir: str, out: str) -> None:

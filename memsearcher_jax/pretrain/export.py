@@ -13,11 +13,11 @@ import jax
 import ml_collections
 from safetensors import safe_open
 
-from memsearcher_jax.jsonl import read_jsonl_if_exists
 from memsearcher_jax.models import Qwen2, save_pretrained
 from memsearcher_jax.pretrain.phases import phase_records
 from memsearcher_jax.pretrain.probes import FINAL_SEED, base_probe, final_probe, pair_probe
-from memsearcher_jax.run_dir import write_json
+from memsearcher_jax.rules.run_dir import write_json
+from memsearcher_jax.runtime.jsonl import read_jsonl_if_exists
 
 BASE_MANIFEST = "base_manifest.json"
 

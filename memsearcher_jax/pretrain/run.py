@@ -21,9 +21,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder
-from memsearcher_jax.console import log
 from memsearcher_jax.data.tokenizer import load_tokenizer
 from memsearcher_jax.data.vocab import ReadingVocab, build_vocab, value_groups
 from memsearcher_jax.errors import UserInputError
@@ -46,7 +44,7 @@ from memsearcher_jax.pretrain.probes import (
 from memsearcher_jax.rl.checkpoints import item_problem
 from memsearcher_jax.rl.sft import SFTTrainer
 from memsearcher_jax.rl.trainer import MetricsWriter
-from memsearcher_jax.run_dir import (
+from memsearcher_jax.rules.run_dir import (
     BASE_DIR,
     CHECKPOINTS_DIR,
     LOG_DIR,
@@ -60,6 +58,8 @@ from memsearcher_jax.run_dir import (
     release_output_dir,
     write_json,
 )
+from memsearcher_jax.runtime import compile_stats
+from memsearcher_jax.runtime.console import log
 
 
 def _log(msg: str):

@@ -27,11 +27,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.models.sharding import BATCH
 from memsearcher_jax.rl.advantages import as_1d
 from memsearcher_jax.rl.losses import aggregation_weights
+from memsearcher_jax.runtime import distributed
 from memsearcher_jax.sampling.buckets import bucket
 
 # ----------------------------------------------------------------------------- rows

@@ -11,7 +11,7 @@ import numpy as np
 
 from memsearcher_jax.agent.rollout import AgentRunner, Trajectory
 from memsearcher_jax.rl.grpo import score_trajectories
-from memsearcher_jax.token_metrics import trajectory_token_metrics
+from memsearcher_jax.rl.token_metrics import trajectory_token_metrics
 
 COVERAGE_KEYS = ("coverage", "hop_coverage", "searches_per_question", "hops_per_question", "searches_per_hop",
                  "early_answer_rate", "passages", "passages_max")

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.qa_metrics import RewardResult, compute_reward
 from memsearcher_jax.rl.advantages import group_advantages
@@ -55,6 +54,7 @@ from memsearcher_jax.rl.losses import (
     tis_weights,
     weighted_loss_sum,
 )
+from memsearcher_jax.runtime import compile_stats
 from memsearcher_jax.sampling.distributions import token_logprobs
 
 # ----------------------------------------------------------------------------- rewards and advantages

@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 
-from memsearcher_jax import distributed
 from memsearcher_jax.agent.rollout import RolloutStats
+from memsearcher_jax.runtime import distributed
 
 
 def all_hosts_search_stats(stats: RolloutStats, counts: np.ndarray, said: list[str]) -> RolloutStats:

@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.prompts import PromptBuilder, Untrusted
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.qa_metrics import RewardResult, objective_golds, per_objective_scores
 from memsearcher_jax.rl.advantages import group_advantages
 from memsearcher_jax.rl.batching import RowBatch
 from memsearcher_jax.rl.grpo import trajectory_advantages
+from memsearcher_jax.runtime import compile_stats
 from memsearcher_jax.sampling.buckets import bucket
 
 INFO_MODES = ("off", "log", "reward")

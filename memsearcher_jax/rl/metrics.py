@@ -20,7 +20,7 @@ from etils import epath
 
 from memsearcher_jax.agent.rollout import Trajectory
 from memsearcher_jax.rl.advantages import zero_variance_fraction
-from memsearcher_jax.token_metrics import by_turn_metrics, prompt_tokens_by_turn, trajectory_token_metrics
+from memsearcher_jax.rl.token_metrics import by_turn_metrics, prompt_tokens_by_turn, trajectory_token_metrics
 
 LOG_DIR = "logs"  # a run's MetricsWriter directory, in its output directory
 LOG_FILES = {"metrics": "metrics.jsonl", "samples": "samples.jsonl"}

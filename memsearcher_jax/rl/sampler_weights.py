@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from memsearcher_jax import distributed
 from memsearcher_jax.models import CausalLM, ShardingConfig, shard_model
 from memsearcher_jax.rl.learner import Learner
+from memsearcher_jax.runtime import distributed
 
 
 def sampling_model(learner: Learner, mesh, sampler_mesh, dtype: str, params=None) -> CausalLM:

@@ -31,7 +31,6 @@ from etils import epath
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from memsearcher_jax import compile_stats, distributed
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.models import CausalLM
 from memsearcher_jax.qa_metrics import compute_reward
@@ -46,6 +45,7 @@ from memsearcher_jax.rl.information import information_advantages, merge_info
 from memsearcher_jax.rl.metrics import LOG_DIR, MetricsWriter, rollout_metrics, sample_records
 from memsearcher_jax.rl.sampler_weights import sampling_model
 from memsearcher_jax.rl.schedule import QuestionSchedule, batch_for_step
+from memsearcher_jax.runtime import compile_stats, distributed
 
 
 @dataclasses.dataclass(frozen=True)

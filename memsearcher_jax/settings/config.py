@@ -18,7 +18,8 @@ from typing import Any
 
 import ml_collections
 
-from memsearcher_jax.config_utils import (
+from memsearcher_jax.settings.agent import AgentSettings, SamplerSettings
+from memsearcher_jax.settings.config_utils import (
     ConfigError,
     Schema,
     apply_override,
@@ -27,7 +28,6 @@ from memsearcher_jax.config_utils import (
     schema_of,
     schema_problems,
 )
-from memsearcher_jax.settings.agent import AgentSettings, SamplerSettings
 from memsearcher_jax.settings.cross import cross_section_problems
 from memsearcher_jax.settings.fields import Section
 from memsearcher_jax.settings.model import (

@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from memsearcher_jax.config_utils import ConfigError
 from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.settings.config_utils import ConfigError
 
 
 class TrainConfigError(UserInputError):

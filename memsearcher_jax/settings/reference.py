@@ -13,8 +13,8 @@ import dataclasses
 import os
 import sys
 
-from memsearcher_jax.config_utils import CONFIGS_DIR, load_config_file
 from memsearcher_jax.settings.config import OPTIONAL_SECTIONS, SECTIONS, Settings
+from memsearcher_jax.settings.config_utils import CONFIGS_DIR, load_config_file
 from memsearcher_jax.settings.fields import doc_of
 
 ROOT = os.path.dirname(CONFIGS_DIR)

@@ -111,7 +111,7 @@ def output_dir_path(value: str, key: str = "train.output_dir") -> str:
 def check_cache_dir(configured: str | None) -> None:
     """The persistent compilation cache's directory (compile_stats.resolve_cache_dir): a blank
     one is refused before any work (it would become a directory named " ")."""
-    from memsearcher_jax.compile_stats import resolve_cache_dir
+    from memsearcher_jax.runtime.compile_stats import resolve_cache_dir
 
     try:
         resolve_cache_dir(configured)

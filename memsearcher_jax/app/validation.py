@@ -19,10 +19,10 @@ import os
 from memsearcher_jax.agent.config import AgentConfig, episode_turns
 from memsearcher_jax.agent.trajectory import Trajectory
 from memsearcher_jax.agent.workflows import get_workflow
-from memsearcher_jax.config_rules import TrainConfigError, agent_config, check_config, refuse
+from memsearcher_jax.app.experiment import Setup, demo_questions, eval_questions
 from memsearcher_jax.data.synthetic import objectives_of
-from memsearcher_jax.experiment import Setup, demo_questions, eval_questions
-from memsearcher_jax.run_dir import check_output_dir, check_same_experiment, existing_parent, output_dir_path
+from memsearcher_jax.rules.config_rules import TrainConfigError, agent_config, check_config, refuse
+from memsearcher_jax.rules.run_dir import check_output_dir, check_same_experiment, existing_parent, output_dir_path
 from memsearcher_jax.settings import RetrievalSettings, Settings
 
 # The first prompt grows with the question's length alone: the longest few questions bound it.

@@ -16,8 +16,8 @@ import re
 import types
 from collections.abc import Sequence
 
-from memsearcher_jax.distributed import batch_split_problems
 from memsearcher_jax.errors import UserInputError
+from memsearcher_jax.runtime.distributed import batch_split_problems
 from memsearcher_jax.settings import HardwareSettings, Settings
 
 GIB = 1024 ** 3

@@ -22,12 +22,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from memsearcher_jax import planner
-from memsearcher_jax.config_utils import split_overrides
-from memsearcher_jax.experiment import build_sampler
+from memsearcher_jax.app.experiment import build_sampler
 from memsearcher_jax.models import Qwen2, ShardingConfig, make_mesh
 from memsearcher_jax.models.hf_io import param_sharding
+from memsearcher_jax.plan import planner
 from memsearcher_jax.settings import Settings, load_settings
+from memsearcher_jax.settings.config_utils import split_overrides
 
 # The prefill row's calibrated range on XLA CPU (tests/test_planner.py): planned / measured.
 LOW, HIGH = 0.8, 1.35

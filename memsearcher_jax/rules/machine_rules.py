@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-from memsearcher_jax import planner
+from memsearcher_jax.plan import planner
 from memsearcher_jax.settings import Settings
 
 

@@ -24,17 +24,17 @@ import os
 import jax
 import ml_collections
 
-from memsearcher_jax import compile_stats, planner
 from memsearcher_jax.agent.config import AgentConfig
-from memsearcher_jax.config_utils import missing_keys, schema_problems
-from memsearcher_jax.distributed import batch_split_problems, staleness_host_problems
-from memsearcher_jax.machine_rules import host_plan_problem, input_path_problems, writable_dir_problem
-from memsearcher_jax.memory_estimates import PlanError
-from memsearcher_jax.planner import check_fits
+from memsearcher_jax.plan import planner
+from memsearcher_jax.plan.memory_estimates import PlanError
+from memsearcher_jax.plan.planner import check_fits
 from memsearcher_jax.rl.grpo import GRPOConfig
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.losses import LossConfig
 from memsearcher_jax.rl.trainer import LoopConfig
+from memsearcher_jax.rules.machine_rules import host_plan_problem, input_path_problems, writable_dir_problem
+from memsearcher_jax.runtime import compile_stats
+from memsearcher_jax.runtime.distributed import batch_split_problems, staleness_host_problems
 from memsearcher_jax.sampling.sampler import check_query_block
 from memsearcher_jax.settings import (  # the readers' and rules' old home: their names stay importable here
     SamplerSettings,
@@ -49,6 +49,7 @@ from memsearcher_jax.settings import (  # the readers' and rules' old home: thei
     schema,
     train_objective_counts as train_objective_counts,
 )
+from memsearcher_jax.settings.config_utils import missing_keys, schema_problems
 
 # ----------------------------------------------------------------------------- config -> typed
 # Every dataclass below takes its fields from its config sections by name, so a field and its

@@ -37,8 +37,7 @@ import os
 
 import jax
 
-from memsearcher_jax.console import log
-from memsearcher_jax.memory_estimates import (
+from memsearcher_jax.plan.memory_estimates import (
     GIB,
     ITEMSIZE,
     REAL_PRESETS,
@@ -60,6 +59,7 @@ from memsearcher_jax.memory_estimates import (
     turn_loop_buckets,
     weight_elements,
 )
+from memsearcher_jax.runtime.console import log
 from memsearcher_jax.settings import Settings
 
 # The planner's face: the plan and its verdict (here), and the shapes it plans for that callers

@@ -19,13 +19,13 @@ import time
 
 from tqdm.auto import tqdm
 
-from memsearcher_jax.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
+from memsearcher_jax.app.experiment import Setup, build_sampler, load_reward_fn, sampling_mesh, training_runner
+from memsearcher_jax.app.warm_start import continued_sft, embedding_row_groups
 from memsearcher_jax.models import from_pretrained
 from memsearcher_jax.rl.grpo import score_trajectories
 from memsearcher_jax.rl.sft import sft_train
 from memsearcher_jax.rl.trainer import batch_for_step
 from memsearcher_jax.settings import Settings
-from memsearcher_jax.warm_start import continued_sft, embedding_row_groups
 
 # A trajectory is kept when its reward reaches this: every objective answered exactly right
 # (the reward is F1-based, so 1.0 means token F1 1 on every part).

@@ -13,16 +13,16 @@ import dataclasses
 import math
 import os
 
-from memsearcher_jax.config_rules import auto_flag
-from memsearcher_jax.console import log
+from memsearcher_jax.app.experiment import Setup, demo_config, demo_questions, load_policy
 from memsearcher_jax.data.demos import DemoConfig, demo_conversations, demo_stats, make_demonstrations
 from memsearcher_jax.data.name_swap import name_swapped_conversations, world_name_table
 from memsearcher_jax.data.vocab import ReadingVocab, tied_row_groups
 from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import Setup, demo_config, demo_questions, load_policy
 from memsearcher_jax.models import Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sft import SFTConfig, sft_train
+from memsearcher_jax.rules.config_rules import auto_flag
+from memsearcher_jax.runtime.console import log
 from memsearcher_jax.settings import Settings, SFTSettings
 
 

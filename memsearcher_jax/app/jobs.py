@@ -15,13 +15,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from memsearcher_jax import compile_stats
 from memsearcher_jax.agent.rollout import SearchFailuresError
-from memsearcher_jax.config_rules import check_config, settings_of
-from memsearcher_jax.console import log
-from memsearcher_jax.curves import curve_table, plot_curves, read_metrics
-from memsearcher_jax.errors import UserInputError
-from memsearcher_jax.experiment import (
+from memsearcher_jax.app.curves import curve_table, plot_curves, read_metrics
+from memsearcher_jax.app.experiment import (
     Setup,
     TrainConfigError,
     assemble_trainer,
@@ -32,11 +28,16 @@ from memsearcher_jax.experiment import (
     evaluate,
     sampling_mesh,
 )
+from memsearcher_jax.app.validation import check_retriever, check_setup, check_training
+from memsearcher_jax.app.warm_start import prepare_warm_start, warm_start
+from memsearcher_jax.errors import UserInputError
 from memsearcher_jax.models import ModelConfig, Qwen2, from_pretrained, save_pretrained
 from memsearcher_jax.models.hf_io import save_adapters
 from memsearcher_jax.models.qwen2 import LoRAParam
 from memsearcher_jax.rl.checkpoints import item_problem
-from memsearcher_jax.run_dir import (
+from memsearcher_jax.rl.token_metrics import trajectory_token_metrics
+from memsearcher_jax.rules.config_rules import check_config, settings_of
+from memsearcher_jax.rules.run_dir import (
     BASE_DIR,
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -56,10 +57,9 @@ from memsearcher_jax.run_dir import (
     starts_over,
     write_json,
 )
+from memsearcher_jax.runtime import compile_stats
+from memsearcher_jax.runtime.console import log
 from memsearcher_jax.settings import Settings, WorldSettings
-from memsearcher_jax.token_metrics import trajectory_token_metrics
-from memsearcher_jax.validation import check_retriever, check_setup, check_training
-from memsearcher_jax.warm_start import prepare_warm_start, warm_start
 
 
 def held_out_em(cfg: Settings, setup: Setup, model: Qwen2) -> float:

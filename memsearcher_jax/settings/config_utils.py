@@ -29,7 +29,8 @@ class ConfigError(UserInputError):
     """A config file or command-line override is invalid."""
 
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "configs")  # the repo's configs/, three folders up from memsearcher_jax/settings/
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from memsearcher_jax.jsonl import read_jsonl_if_exists
+from memsearcher_jax.runtime.jsonl import read_jsonl_if_exists
 
 CURVES = (("reward_mean", "training reward"), ("em", "training EM"), ("turns_per_trajectory", "turns per trajectory"))
 

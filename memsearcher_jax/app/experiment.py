@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memsearcher_jax import distributed
 from memsearcher_jax.agent.prompts import (
     COMPACT_SYSTEM_PROMPT,
     COMPACT_UPDATE_INSTRUCTION,
@@ -34,7 +33,28 @@ from memsearcher_jax.agent.prompts import (
 )
 from memsearcher_jax.agent.rollout import AgentRunner
 from memsearcher_jax.agent.tools import tool_from_config
-from memsearcher_jax.config_rules import (  # validate, config_problems: the rules' face for library users
+from memsearcher_jax.data.demos import DemoConfig
+from memsearcher_jax.data.qa import evaluation_sets, training_questions
+from memsearcher_jax.data.synthetic import join_objectives, mix_objectives, parse_objectives_schedule
+from memsearcher_jax.data.tokenizer import load_tokenizer
+from memsearcher_jax.data.vocab import ReadingVocab
+from memsearcher_jax.data.world_cache import prepare_world
+from memsearcher_jax.models import (
+    CausalLM,
+    ModelConfig,
+    ShardingConfig,
+    from_pretrained,
+    save_pretrained,
+    shard_model,
+)
+from memsearcher_jax.models.hf_io import eos_token_ids
+from memsearcher_jax.plan.memory_estimates import lora_fields, turn_loop_buckets
+from memsearcher_jax.rl.evaluation import evaluate
+from memsearcher_jax.rl.grpo import GRPOLearner
+from memsearcher_jax.rl.sampler_weights import sampling_model
+from memsearcher_jax.rl.schedule import QuestionSchedule
+from memsearcher_jax.rl.trainer import Trainer
+from memsearcher_jax.rules.config_rules import (  # validate, config_problems: the rules' face for library users
     TrainConfigError,
     agent_config,
     check_config,
@@ -49,28 +69,8 @@ from memsearcher_jax.config_rules import (  # validate, config_problems: the rul
     train_objective_counts,
     validate as validate,
 )
-from memsearcher_jax.data.demos import DemoConfig
-from memsearcher_jax.data.qa import evaluation_sets, training_questions
-from memsearcher_jax.data.synthetic import join_objectives, mix_objectives, parse_objectives_schedule
-from memsearcher_jax.data.tokenizer import load_tokenizer
-from memsearcher_jax.data.vocab import ReadingVocab
-from memsearcher_jax.data.world_cache import prepare_world
-from memsearcher_jax.jsonl import read_jsonl
-from memsearcher_jax.memory_estimates import lora_fields, turn_loop_buckets
-from memsearcher_jax.models import (
-    CausalLM,
-    ModelConfig,
-    ShardingConfig,
-    from_pretrained,
-    save_pretrained,
-    shard_model,
-)
-from memsearcher_jax.models.hf_io import eos_token_ids
-from memsearcher_jax.rl.evaluation import evaluate
-from memsearcher_jax.rl.grpo import GRPOLearner
-from memsearcher_jax.rl.sampler_weights import sampling_model
-from memsearcher_jax.rl.schedule import QuestionSchedule
-from memsearcher_jax.rl.trainer import Trainer
+from memsearcher_jax.runtime import distributed
+from memsearcher_jax.runtime.jsonl import read_jsonl
 from memsearcher_jax.sampling import Sampler
 from memsearcher_jax.settings import ModelSettings, RetrievalSettings, Settings, TrainSettings, WorldSettings
 from retrieval.bm25 import BM25Retriever
