@@ -616,7 +616,7 @@ def test_retriever_killed_and_restarted_mid_run_is_counted_and_the_run_goes_on(t
     import socket
 
     from memsearcher_jax.app.experiment import build_setup, build_trainer
-    from memsearcher_jax.settings.config_utils import load_config
+    from memsearcher_jax.settings import load_settings
     from retrieval.client import HTTPRetriever
 
     with socket.socket() as s:
@@ -626,7 +626,7 @@ def test_retriever_killed_and_restarted_mid_run_is_counted_and_the_run_goes_on(t
     overrides = [("world.cache_dir", str(tmp_path / "worlds")), ("train.output_dir", str(tmp_path / "run")),
                  ("sft.steps", "0"), ("train.eval_questions", "0"), ("train.steps", "2"), ("train.save_every", "1"),
                  ("rl.batch_questions", "2"), ("rl.group_size", "2"), ("agent.max_turns", "3")]
-    corpus = build_setup(load_config(DEFAULT, overrides)).world.corpus  # the world's passages, for the server
+    corpus = build_setup(load_settings(DEFAULT, overrides)).world.corpus  # the world's passages, for the server
     assert main(["index", "--corpus", corpus, "--out", str(tmp_path / "idx"), "--index-type", "bm25"]) == 0
     server = {"proc": _start_server(str(tmp_path / "idx"), port)}
     injected = []
@@ -650,7 +650,7 @@ def test_retriever_killed_and_restarted_mid_run_is_counted_and_the_run_goes_on(t
                 injected.append(queries[0])
                 server["proc"] = _start_server(str(tmp_path / "idx"), port)
 
-    cfg = load_config(DEFAULT, overrides + [("retrieval.kind", "http"), ("retrieval.url", url)])
+    cfg = load_settings(DEFAULT, overrides + [("retrieval.kind", "http"), ("retrieval.url", url)])
     setup = build_setup(cfg)
     setup.retriever = Outage(url, max_retries=0, max_batch=1)
     try:

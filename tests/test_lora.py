@@ -333,11 +333,11 @@ LORA_SMALL = [("model.lora_rank", "4"), ("model.lora_alpha", "8.0"), ("optim.lea
 
 
 def _config(tmp_path, name, extra=()):
-    from memsearcher_jax.settings.config_utils import load_config
+    from memsearcher_jax.settings import load_settings
 
     overrides = SMALL + LORA_SMALL + [("world.cache_dir", str(tmp_path / "worlds")),
                                       ("train.output_dir", str(tmp_path / name))] + list(extra)
-    return load_config(os.path.join(ROOT, "configs/default.py"), overrides)
+    return load_settings(os.path.join(ROOT, "configs/default.py"), overrides)
 
 
 @pytest.mark.slow

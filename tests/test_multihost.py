@@ -139,11 +139,11 @@ def _train_step(spec, out_dir: str, tag: str, worlds: str, lora: bool) -> None:
 
     from memsearcher_jax.app.experiment import build_trainer
     from memsearcher_jax.models import param_dict
-    from memsearcher_jax.settings.config_utils import load_config
+    from memsearcher_jax.settings import load_settings
     from tests.test_train_step import SMALL
 
-    cfg = load_config(os.path.join(ROOT, "configs/default.py"),
-                      SMALL + TRAIN_MESH + (LORA if lora else []) + [
+    cfg = load_settings(os.path.join(ROOT, "configs/default.py"),
+                        SMALL + TRAIN_MESH + (LORA if lora else []) + [
                           ("world.cache_dir", worlds), ("train.output_dir", os.path.join(out_dir, f"run_{tag}"))])
     trainer = build_trainer(cfg, progress=False)
 

@@ -13,7 +13,7 @@ from memsearcher_jax.agent.prompts import PromptBuilder
 from memsearcher_jax.agent.rollout import AgentConfig, AgentRunner
 from memsearcher_jax.agent.tools import SearchTool, ToolConfigError, tool_from_config
 from memsearcher_jax.rl.advantages import groups_with_spread
-from memsearcher_jax.settings.config_utils import load_config
+from memsearcher_jax.settings import load_settings
 from tests.test_rollout import SEARCH, Docs, FixedSampler, Q
 from tests.test_train_step import ROOT, SMALL
 
@@ -59,7 +59,7 @@ def test_zero_std_filter_drops_tied_groups_and_refills(tmp_path):
 
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     base = SMALL + [("world.cache_dir", str(tmp_path / "w")), ("train.output_dir", str(tmp_path / "run"))]
-    cfg = load_config(os.path.join(ROOT, "configs/default.py"), base + [
+    cfg = load_settings(os.path.join(ROOT, "configs/default.py"), base + [
         ("rl.reward_fn", f"{tmp_path / 'my_rewards.py'}:constant"), ("rl.filter_groups", "zero_std"),
         ("rl.max_refill", "2")])
     trainer = build_trainer(cfg, progress=False)
@@ -70,7 +70,7 @@ def test_zero_std_filter_drops_tied_groups_and_refills(tmp_path):
     # Every group ties under a constant reward: all 4 dropped, 2 refill rounds of 4 more questions each.
     assert m["filtered_groups"] == 4 and m["refill_rounds"] == 2 and calls == [4, 4, 4]
     assert m["reward_mean"] == 0.5
-    cfg = load_config(os.path.join(ROOT, "configs/default.py"), base + [("rl.filter_groups", "zero_std")])
+    cfg = load_settings(os.path.join(ROOT, "configs/default.py"), base + [("rl.filter_groups", "zero_std")])
     assert build_trainer(cfg, progress=False).loop.max_refill == 2
 
 

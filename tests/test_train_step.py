@@ -14,7 +14,7 @@ import pytest
 
 from memsearcher_jax.models import param_dict
 from memsearcher_jax.runtime import compile_stats
-from memsearcher_jax.settings.config_utils import load_config
+from memsearcher_jax.settings import load_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +31,7 @@ SMALL = [
 def _config(tmp_path, name, extra=()):
     overrides = SMALL + [("world.cache_dir", str(tmp_path / "worlds")),
                          ("train.output_dir", str(tmp_path / name))] + list(extra)
-    return load_config(os.path.join(ROOT, "configs/default.py"), overrides)
+    return load_settings(os.path.join(ROOT, "configs/default.py"), overrides)
 
 
 @pytest.mark.slow
