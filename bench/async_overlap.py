@@ -29,13 +29,14 @@ import numpy as np  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from memsearcher_jax.settings.config_utils import load_config  # noqa: E402
+from memsearcher_jax.rules import run_dir  # noqa: E402
+from memsearcher_jax.settings import load_settings  # noqa: E402
 
 
 def job_config(k: int, out: str, extra: list[tuple[str, str]]):
     overrides = [("sft.steps", "0"), ("train.eval_questions", "0"), ("train.output_dir", out),
                  ("rl.max_staleness", str(k)), ("sampler.devices", "1")] + extra
-    return load_config(os.path.join(ROOT, "configs", "default.py"), overrides)
+    return load_settings(os.path.join(ROOT, "configs", "default.py"), overrides)
 
 
 def run_k(k: int, setup, args, tmp: str) -> dict:
@@ -96,8 +97,8 @@ def main(argv=None) -> str:
     text = report(rows, args)
     print(text, end="")
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        with run_dir.replaced(args.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)  # a link at --out is replaced, never written through
     return text
 
 

@@ -31,6 +31,7 @@ from memsearcher_jax.rl.grpo import GRPOConfig, GRPOLearner
 from memsearcher_jax.rl.learner import OptimConfig
 from memsearcher_jax.rl.sampler_weights import sampling_model
 from memsearcher_jax.rl.trainer import LoopConfig, Trainer
+from memsearcher_jax.rules import run_dir
 from memsearcher_jax.sampling import Sampler
 
 
@@ -154,8 +155,8 @@ def main(argv=None) -> str:
     text = table(device, config, samp, steps, args)
     print(text, end="")
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        with run_dir.replaced(args.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)  # a link at --out is replaced, never written through
     return text
 
 
