@@ -56,6 +56,7 @@ class TokenRunner:
         t0 = time.perf_counter()
         outs = self.sampler.generate(prompts, max_new_tokens=self.new_tokens, temperature=1.0, seed=seed,
                                      row_seeds=[tid for tid, _, _ in ids])
+        self.generated(seed, first_group_id)
         self.stats.sampler_seconds += time.perf_counter() - t0
         trajs = []
         for prompt, out, (tid, gid, q) in zip(prompts, outs, ids):
@@ -67,6 +68,10 @@ class TokenRunner:
             t.finish("answer")
             trajs.append(t)
         return trajs
+
+    def generated(self, seed: int, first_group_id: int) -> None:
+        """Called between a rollout's generation and its trajectories (tests/test_async_rollout.py
+        slows a step there and records the weights it sampled with); nothing here."""
 
 
 def parity_reward(blocks, ended_with_eos, golds):

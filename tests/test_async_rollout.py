@@ -16,50 +16,31 @@ import jax
 import numpy as np
 import pytest
 
+from tests.bench_loader import load_bench
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, G = 2, 2  # questions per step, samples per question
 
 
-class SamplingRunner:
-    """The Trainer's view of a turn loop on a real Sampler: each trajectory one conversation, a
-    6-token prompt drawn from its id and 5 tokens sampled (seeded by the step and its id), its gold
-    the parity of its first token (`parity_reward`: groups mostly with a spread). delays: seconds
-    the rollout of a step sleeps, by step (the adversarial slow episode). `seen`: per rollout call,
-    (its seed, the step's first group id, the sampler's head table it sampled with)."""
+_BENCH = load_bench("device_async")
+parity_reward = _BENCH.parity_reward  # golds[0] is the parity of the first sampled token
+
+
+class SamplingRunner(_BENCH.TokenRunner):
+    """The Trainer's view of a turn loop on a real Sampler (bench/device_async.py's TokenRunner): each
+    trajectory one conversation, a 6-token prompt drawn from its id and 5 tokens sampled (seeded by
+    the step and its id), its gold the parity of its first token (`parity_reward`: groups mostly with
+    a spread). delays: seconds the rollout of a step sleeps, by step (the adversarial slow episode).
+    `seen`: per rollout call, (its seed, the step's first group id, the sampler's head table it
+    sampled with)."""
 
     def __init__(self, sampler, delays: dict | None = None):
-        from memsearcher_jax.agent.rollout import RolloutStats
+        super().__init__(sampler, prompt=6, new_tokens=5, vocab=64)
+        self.delays, self.seen = dict(delays or {}), []
 
-        self.sampler, self.stats, self.delays, self.seen = sampler, RolloutStats(), dict(delays or {}), []
-
-    def run(self, questions, group_size=1, seed=0, first_group_id=0, first_traj_id=0):
-        from memsearcher_jax.agent.rollout import Conversation, Trajectory
-
-        ids = [(first_traj_id + i * group_size + g, first_group_id + i, q)
-               for i, q in enumerate(questions) for g in range(group_size)]
-        prompts = [np.random.default_rng([tid, 7]).integers(2, 64, 6).tolist() for tid, _, _ in ids]
-        t0 = time.perf_counter()
-        outs = self.sampler.generate(prompts, max_new_tokens=5, temperature=1.0, seed=seed,
-                                     row_seeds=[tid for tid, _, _ in ids])
+    def generated(self, seed: int, first_group_id: int) -> None:
         time.sleep(self.delays.get(first_group_id // B, 0.0))
         self.seen.append((seed, first_group_id, np.asarray(self.sampler._params["head"]).copy()))
-        self.stats.sampler_seconds += time.perf_counter() - t0
-        trajs = []
-        for prompt, out, (tid, gid, q) in zip(prompts, outs, ids):
-            t = Trajectory(traj_id=tid, group_id=gid, question=q["question"], golds=[str(out.tokens[0] % 2)])
-            conv = Conversation(prompt_ids=prompt, traj_id=tid, group_id=gid)
-            conv.add_generated(out.tokens, out.logprobs)
-            self.stats.generated_tokens += len(out.tokens)
-            t.conversations.append(conv)
-            t.finish("answer")
-            trajs.append(t)
-        return trajs
-
-
-def parity_reward(blocks, ended_with_eos, golds):
-    from memsearcher_jax.qa_metrics import RewardResult
-
-    return RewardResult(reward=float(golds[0]), em=float(golds[0]), f1=0.0, format_ok=True, answer=None)
 
 
 def tiny_trainer(tmp_path, k: int, name: str = "run", lora: bool = False, delays=None, mesh=None, sampler_mesh=None,
