@@ -130,3 +130,20 @@ def test_the_tables_report_coverage_and_reacts_history(bench):
     reading = bench.reading_table(results, limit, (2, 4))
     assert "| 2 | 7.5 / 20 | 900 / 1500 | 97.5% at 8 | beyond the probe (93.7% at 16) |" in reading
     assert reading.count("\n") == 2
+
+
+def test_the_coverage_reward_pays_each_searched_question_by_hand():
+    """rl.coverage_coef: a pair with both subjects searched gains the whole coefficient, a pair with
+    one of two half of it, an episode with no search nothing; EM and F1 never move; 0 returns the
+    very results."""
+    from memsearcher_jax.qa_metrics import RewardResult
+    from memsearcher_jax.rl.grpo import with_coverage
+
+    trajs = [_episode(["bolin year", "Zumatek founder"]), _episode(["Bolin year"]), _episode([])]
+    for t in trajs:
+        t.subjects = ["Bolin", "Zumatek"]
+    results = [RewardResult(reward=r, em=r, f1=r, format_ok=True, answer="x") for r in (1.0, 0.5, 0.5)]
+    shaped = with_coverage(results, trajs, 0.4)
+    assert [r.reward for r in shaped] == pytest.approx([1.4, 0.7, 0.5])
+    assert [(r.em, r.f1) for r in shaped] == [(r.em, r.f1) for r in results]
+    assert all(a is b for a, b in zip(with_coverage(results, trajs, 0.0), results))

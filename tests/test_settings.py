@@ -93,7 +93,8 @@ def test_the_run_record_of_the_default_job_and_the_recipe_is_the_one_before_the_
     (off) and left out of the digest (a recorded run without it resumes: run_dir.changed_keys)."""
     from memsearcher_jax.rules.run_dir import config_record
 
-    added_since = {("rl", "max_staleness"): 0, ("sampler", "devices"): 0}  # issue 85
+    added_since = {("rl", "max_staleness"): 0, ("sampler", "devices"): 0,  # issue 85
+                   ("rl", "coverage_coef"): 0.0}  # issue 83
 
     digests = {DEFAULT: "a4091bfd7344ec1d1a148820bd0b787e33d0b2745178d736a6921361e8b57d02",
                RECIPE_3B: "54c865bd9f8b4b1a037f6f30625990440e497c790047b926f06785cc26fefbf8",

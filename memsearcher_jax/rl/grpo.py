@@ -65,6 +65,17 @@ def score_trajectories(trajs: Sequence[Trajectory], reward_fn: Callable = comput
     return [reward_fn(t.final.blocks, t.final.ended_with_eos, t.golds) for t in trajs]
 
 
+def with_coverage(results: Sequence[RewardResult], trajs: Sequence[Trajectory], coef: float) -> list[RewardResult]:
+    """Each reward plus coef x the share of its task's questions some search named (issue 83: GRPO
+    otherwise learns that a short episode answering part of a task is a sure partial reward). A
+    question counts as searched as the hint counts it (Trajectory.unsearched_questions). coef 0:
+    the results themselves, untouched; EM and F1 are never changed."""
+    if coef == 0:
+        return list(results)
+    shares = [1.0 - t.unsearched_questions() / max(len(t.subjects), 1) for t in trajs]
+    return [dataclasses.replace(r, reward=r.reward + coef * share) for r, share in zip(results, shares)]
+
+
 def trajectory_advantages(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> np.ndarray:
     return group_advantages(np.asarray(rewards, np.float64), np.array([t.group_id for t in trajs]))
 

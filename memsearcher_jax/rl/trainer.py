@@ -39,7 +39,7 @@ from memsearcher_jax.rl.advantages import groups_with_spread
 from memsearcher_jax.rl.async_rollout import Collected
 from memsearcher_jax.rl.batching import gather_rows, pack_rows
 from memsearcher_jax.rl.checkpoints import CheckpointedLoop
-from memsearcher_jax.rl.grpo import GRPOLearner, score_trajectories
+from memsearcher_jax.rl.grpo import GRPOLearner, score_trajectories, with_coverage
 from memsearcher_jax.rl.hosts import check_search_errors
 from memsearcher_jax.rl.information import information_advantages, merge_info
 from memsearcher_jax.rl.metrics import LOG_DIR, MetricsWriter, rollout_metrics, sample_records
@@ -67,6 +67,7 @@ class LoopConfig:
     max_refill: int = 2                 # refill rounds of fresh questions per step (zero_std)
     info_signal: str = "off"            # "log" | "reward": per-question information signal (rl/information.py)
     info_coef: float = 0.0              # "reward": weight of its group-normalised bonus in the advantage
+    coverage_coef: float = 0.0          # reward + coef x the share of the task's questions searched (with_coverage)
     max_staleness: int = 0              # K > 0: steps t+1..t+K rolled out while step t learns (rl/async_rollout.py)
 
 
@@ -134,7 +135,8 @@ class Trainer(CheckpointedLoop):
         trajs = self.runner.run(questions, group_size=loop.group_size, seed=_step_seed(loop.seed, step),
                                 first_group_id=step * loop.batch_questions + first_q,
                                 first_traj_id=first_q * loop.group_size)
-        return trajs, score_trajectories(trajs, self.reward_fn), len(questions)
+        results = with_coverage(score_trajectories(trajs, self.reward_fn), trajs, loop.coverage_coef)
+        return trajs, results, len(questions)
 
     def _keep_groups_with_spread(self, trajs, results, n_groups: int, step: int, pool: list[dict]):
         """Dynamic sampling (filter_groups="zero_std"): drop groups whose rewards all tie and refill

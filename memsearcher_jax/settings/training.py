@@ -138,6 +138,8 @@ class RLSettings(Section):
     info_signal: str = setting("off", '"log": score log p(gold | each turn\'s carried context) after the rollout '
                                       '(info/* metrics); "reward": also shape the advantage (rl/information.py)')
     info_coef: float = setting(0.0, 'info_signal="reward": weight of the group-normalised information gain')
+    coverage_coef: float = setting(0.0, "added to a trajectory's reward x the share of its questions a search named "
+                                         "(0: the reward alone; rl/grpo.py:with_coverage)")
 
     def problems(self, training: bool = True) -> list[str]:
         """Batch sizes, groups, refills, old log-probs, the reward and the information signal."""
@@ -168,6 +170,8 @@ class RLSettings(Section):
             load_reward_fn(self.reward_fn)
         except TrainConfigError as e:
             problems.append(str(e))
+        if not (math.isfinite(self.coverage_coef) and self.coverage_coef >= 0):
+            problems.append(f"rl.coverage_coef must be a finite number >= 0 (0: off), got {self.coverage_coef!r}")
         return problems + info_problems(self.info_signal, self.info_coef)
 
 
