@@ -97,8 +97,7 @@ def main(argv=None) -> str:
     text = report(rows, args)
     print(text, end="")
     if args.out:
-        with run_dir.replaced(args.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)  # a link at --out is replaced, never written through
+        run_dir.write_text(args.out, text)  # a link at --out is replaced, never written through
     return text
 
 
